@@ -1,0 +1,42 @@
+# stethoscope: every target sets itself up (venv, dependencies, collection link).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+LINK := .collections/ansible_collections/aicluster/stethoscope
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+
+.PHONY: setup demo test lint collection lab clean
+
+setup: $(VENV)/.installed $(LINK)/galaxy.yml
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+$(LINK)/galaxy.yml: tools/link_collection.sh
+	bash tools/link_collection.sh
+
+demo: setup
+	$(BIN)/stethoscope db init
+	$(BIN)/python tools/lab.py build --nodes 8
+	$(BIN)/ansible-playbook playbooks/collect.yml
+	$(BIN)/ansible-playbook playbooks/collect.yml
+	$(BIN)/stethoscope summary
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/yamllint -s .
+	$(BIN)/ansible-lint
+
+collection: setup
+	bash tools/build_collection.sh
+
+clean:
+	rm -rf .stethoscope .lab build

@@ -1,0 +1,189 @@
+# -*- coding: utf-8 -*-
+# Copyright: stethoscope developers
+# Apache License 2.0
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: clickhouse
+type: aggregate
+short_description: Stores every stethoscope task result in ClickHouse
+version_added: "0.1.0"
+description:
+  - Ingests every task result that carries C(stethoscope_metrics), C(stethoscope_bench) or
+    C(ansible_facts.stethoscope_*) (it knows no module by name), and the inventory topology (rack,
+    switch, groups, slurm_name) into the C(nodes) table.
+  - Rows are batched and written from the controller's main process at I(batch_size) and at the end
+    of the playbook, through the C(stethoscope) controller package (embedded chdb or a server).
+  - A write that fails or runs past I(timeout) is spooled (fsynced NDJSON) and replayed on the next
+    write; the play is never failed or stalled by the sink, and results are never modified.
+requirements:
+  - the C(stethoscope) Python package (this repository's C(pip install -e .)) on the controller
+options:
+  dsn:
+    description: clickhouse-connect DSN; default the embedded database C(<project>/.stethoscope/db).
+    type: str
+    env:
+      - name: STETHOSCOPE_DSN
+    ini:
+      - section: callback_clickhouse
+        key: dsn
+  database:
+    description: Database name.
+    type: str
+    default: stethoscope
+    env:
+      - name: STETHOSCOPE_DATABASE
+    ini:
+      - section: callback_clickhouse
+        key: database
+  batch_size:
+    description: Metric rows buffered before a write.
+    type: int
+    default: 5000
+    env:
+      - name: STETHOSCOPE_BATCH_SIZE
+    ini:
+      - section: callback_clickhouse
+        key: batch_size
+  spool_dir:
+    description: Folder of the spool; default C(<project>/.stethoscope/spool).
+    type: path
+    env:
+      - name: STETHOSCOPE_SPOOL_DIR
+    ini:
+      - section: callback_clickhouse
+        key: spool_dir
+  timeout:
+    description: Seconds a write may take before its rows are spooled instead.
+    type: float
+    default: 10
+    env:
+      - name: STETHOSCOPE_WRITE_TIMEOUT
+    ini:
+      - section: callback_clickhouse
+        key: timeout
+"""
+
+import json
+import time
+import uuid
+
+from ansible.plugins.callback import CallbackBase
+
+try:
+    from stethoscope.batch import Batch
+    from stethoscope.catalog import default_catalog
+    from stethoscope.result_rows import rows_from_result
+    from stethoscope.writer import Writer
+
+    IMPORT_ERROR = None
+except ImportError as exc:  # the controller package is not installed in this Python
+    IMPORT_ERROR = exc
+
+TOPOLOGY_VARS = ("rack", "switch", "slurm_name")
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "aicluster.stethoscope.clickhouse"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self, display=None):
+        super().__init__(display=display)
+        self.disabled = IMPORT_ERROR is not None
+        self._batch = Batch() if not self.disabled else None
+        self._writer = None
+        self._run_id = uuid.uuid4().hex
+        self._warned = set()
+        self._catalog = None
+        if self.disabled:
+            self._display.warning("stethoscope clickhouse callback disabled: %s" % IMPORT_ERROR)
+
+    def set_options(self, task_keys=None, var_options=None, direct=None):
+        super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)
+        if self.disabled:
+            return
+        self._batch_size = max(1, int(self.get_option("batch_size")))
+        self._writer = Writer(self.get_option("dsn"), self.get_option("spool_dir"), float(self.get_option("timeout")))
+        self._database = self.get_option("database")
+        try:
+            self._catalog = default_catalog()
+        except Exception as exc:  # a broken catalog must not stop the play; rows are still stored
+            self._warn_once("catalog", "metric catalog unreadable (%s): names not checked" % exc)
+
+    def _warn_once(self, key, message):
+        if key not in self._warned:
+            self._warned.add(key)
+            self._display.warning("stethoscope: %s" % message)
+
+    # inventory topology -------------------------------------------------------------------------
+    def v2_playbook_on_play_start(self, play):
+        if self.disabled:
+            return
+        try:
+            manager = play.get_variable_manager()
+            inventory = manager._inventory
+            now = int(time.time() * 1000)
+            for host in inventory.get_hosts(play.hosts):
+                host_vars = manager.get_vars(play=play, host=host, include_hostvars=False,
+                                             include_delegate_to=False)
+                self._batch.nodes.append({
+                    "node_id": host.get_name(),
+                    "slurm_name": str(host_vars.get("slurm_name") or host.get_name()),
+                    "rack": str(host_vars.get("rack") or ""),
+                    "switch": str(host_vars.get("switch") or ""),
+                    "groups": sorted(g.get_name() for g in host.get_groups() if g.get_name() != "all"),
+                    "updated_at": now,
+                })
+        except Exception as exc:  # topology is a nicety; the sweep's rows matter more
+            self._warn_once("topology", "inventory topology not recorded: %s" % exc)
+
+    # task results -------------------------------------------------------------------------------
+    def v2_runner_on_ok(self, result):
+        self._ingest(result)
+
+    def v2_runner_on_failed(self, result, ignore_errors=False):
+        self._ingest(result)  # a failed collector still returns the rows of those that answered
+
+    def _ingest(self, result):
+        if self.disabled:
+            return
+        data = result._result
+        if not isinstance(data, dict) or not (
+            "stethoscope_metrics" in data
+            or "stethoscope_bench" in data
+            or any(k.startswith("stethoscope_") for k in (data.get("ansible_facts") or {}))
+        ):
+            return
+        node_id = result._host.get_name()
+        rows = rows_from_result(node_id, data, self._run_id, int(time.time() * 1000))
+        if self._catalog is not None:
+            for name in set(rows.metrics.metric_name):
+                if name not in self._catalog:
+                    self._warn_once("metric:" + name, "metric %r from %s is not in rules/metrics.yml (stored anyway)"
+                                    % (name, node_id))
+        self._batch.metrics.extend(rows.metrics)
+        self._batch.facts.extend(rows.facts)
+        self._batch.bench.extend(rows.bench)
+        self._batch.fingerprints.extend(rows.fingerprints)
+        if len(self._batch.metrics) >= self._batch_size or self._batch.bench:
+            self._flush()
+
+    def v2_playbook_on_stats(self, stats):
+        if not self.disabled:
+            self._flush()
+
+    def _flush(self):
+        if not len(self._batch):
+            return
+        report = self._writer.write(self._batch.take())
+        for problem in report.problems:
+            self._warn_once("spool:" + problem, "spool: " + problem)
+        if report.error:
+            self._warn_once("write-error", "ClickHouse write failed (%s); rows spooled and replayed on the next write"
+                            % report.error)
+        elif report.replayed:
+            self._display.vv("stethoscope: replayed %d spooled rows" % report.replayed)
+        self._display.vv("stethoscope: %s" % json.dumps(report.__dict__))

@@ -1,0 +1,70 @@
+# -*- coding: utf-8 -*-
+# Copyright: stethoscope developers
+# Apache License 2.0
+"""Adapts AnsibleModule to collectors: argv-only commands under `timeout`, C locale, one result shape."""
+
+from __future__ import annotations
+
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import CollectorError, Context
+
+COMMON_ARGUMENT_SPEC = {
+    "root": {"type": "path", "default": "/"},
+    "state_dir": {"type": "path", "default": "/var/lib/stethoscope"},
+    "timeout": {"type": "int", "default": 30},
+}
+C_LOCALE = {"LANGUAGE": "C", "LC_ALL": "C", "LANG": "C"}
+
+
+def argument_spec(**extra):
+    spec = dict(COMMON_ARGUMENT_SPEC)
+    spec.update(extra)
+    return spec
+
+
+def make_context(module):
+    timeout_bin = module.get_bin_path("timeout")
+
+    def which(name):
+        return module.get_bin_path(name)
+
+    def runner(argv, timeout):
+        path = module.get_bin_path(argv[0])
+        if path is None:
+            return 127, "", "%s: command not found" % argv[0]
+        command = [path] + list(argv[1:])
+        if timeout_bin:
+            command = [timeout_bin, "-k", "5", str(timeout)] + command
+        return module.run_command(command, environ_update=C_LOCALE, expand_user_and_vars=False, check_rc=False)
+
+    params = module.params
+    return Context(runner, which, root=params["root"], state_dir=params["state_dir"],
+                   check_mode=module.check_mode, timeout=params["timeout"])
+
+
+def run_collectors(module, collectors):
+    """collectors: [(name, callable(ctx, previous_results) -> result dict)]. Each runs even if another
+    failed; the module fails afterwards, naming every collector that could not answer."""
+    ctx = make_context(module)
+    facts, metrics, failures, done = {}, [], [], {}
+    for name, collect in collectors:
+        try:
+            outcome = collect(ctx, done)
+        except CollectorError as exc:
+            failures.append((name, exc))
+            continue
+        done[name] = outcome
+        fact = {"present": outcome["present"]}
+        fact.update(outcome["facts"])
+        facts["stethoscope_%s" % name] = fact
+        metrics.extend(outcome["metrics"])
+        for warning in outcome["warnings"]:
+            module.warn("%s: %s" % (name, warning))
+    if failures:
+        first = failures[0][1]
+        module.fail_json(
+            msg="; ".join(exc.msg for _name, exc in failures),
+            failed_collectors=[name for name, _exc in failures],
+            cmd=first.cmd, rc=first.rc, stdout=first.stdout, stderr=first.stderr,
+            ansible_facts=facts, stethoscope_metrics=metrics,
+        )
+    module.exit_json(changed=False, ansible_facts=facts, stethoscope_metrics=metrics)

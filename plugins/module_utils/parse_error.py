@@ -1,0 +1,47 @@
+# -*- coding: utf-8 -*-
+# Copyright: stethoscope developers
+# Apache License 2.0
+"""The one exception every parser raises on output it does not understand."""
+
+from __future__ import annotations
+
+
+class ParseError(ValueError):
+    """Unexpected tool output: names the tool, what was wrong and the first bad line."""
+
+    def __init__(self, tool, message, line_no=None, line=None):
+        self.tool = tool
+        self.message = message
+        self.line_no = line_no
+        self.line = line
+        super().__init__(str(self))
+
+    def __str__(self):
+        text = "%s: %s" % (self.tool, self.message)
+        if self.line_no is not None:
+            text += " at line %d" % self.line_no
+        if self.line is not None:
+            text += ": %r" % self.line[:200]
+        return text
+
+
+def first_nonblank(text):
+    """(line number, line) of the first non-blank line, for errors about a whole output."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            return number, line
+    return 1, ""
+
+
+def to_number(tool, raw, line_no=None):
+    """'16x', '35 C', '121.28 W', '0 %' -> float; 'N/A' and friends -> None."""
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not text or text in ("N/A", "[N/A]", "Not Supported", "[Not Supported]", "Unknown", "-", "Requested functionality has been deprecated"):
+        return None
+    token = text.split()[0].rstrip("x%")
+    try:
+        return float(token)
+    except ValueError:
+        raise ParseError(tool, "expected a number, got %r" % text, line_no, raw)

@@ -1,0 +1,116 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: stethoscope developers
+# Apache License 2.0
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: health_facts
+short_description: Every stethoscope health collector in one module invocation
+version_added: "0.1.0"
+description:
+  - Runs the collectors of M(aicluster.stethoscope.gpu_facts), M(aicluster.stethoscope.nvlink_facts),
+    M(aicluster.stethoscope.pcie_aer_facts), M(aicluster.stethoscope.rdma_facts),
+    M(aicluster.stethoscope.smart_facts) and M(aicluster.stethoscope.tuning_facts) in one process, so a
+    sweep costs one module transfer per host instead of six.
+  - Each collector runs even when another fails; the task then fails naming every collector that could
+    not answer, and still returns the metric rows of those that did.
+  - GPUs busy in this sweep (utilisation above zero) are passed to the PCIe collector, for which a lower
+    link speed then counts as degradation.
+extends_documentation_fragment:
+  - aicluster.stethoscope.node
+options:
+  collectors:
+    description: Which collectors to run, in this order.
+    type: list
+    elements: str
+    choices: [gpu, nvlink, pcie_aer, rdma, smart, tuning]
+    default: [gpu, nvlink, pcie_aer, rdma, smart, tuning]
+  dmon_samples:
+    description: Samples C(nvidia-smi dmon) takes (one a second).
+    type: int
+    default: 1
+  read_kernel_log:
+    description: Read XID events from C(dmesg).
+    type: bool
+    default: true
+author:
+  - stethoscope developers
+"""
+
+EXAMPLES = r"""
+- name: Sweep every health collector
+  aicluster.stethoscope.health_facts:
+
+- name: Only storage and tuning
+  aicluster.stethoscope.health_facts:
+    collectors: [smart, tuning]
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: One C(stethoscope_<collector>) fact per collector that answered (see the single modules).
+  returned: always
+  type: dict
+stethoscope_metrics:
+  description: Metric rows with catalog names from every collector that answered.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"name": "ib_port_state", "device": "mlx5_0/1", "value": 4.0, "labels": {}}]
+failed_collectors:
+  description: Collectors whose tool output could not be understood.
+  returned: failure
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.aicluster.stethoscope.plugins.module_utils import (
+    collect_gpu,
+    collect_nvlink,
+    collect_pcie,
+    collect_rdma,
+    collect_smart,
+    collect_tuning,
+)
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import argument_spec, run_collectors
+
+ORDER = ("gpu", "nvlink", "pcie_aer", "rdma", "smart", "tuning")
+
+
+def busy_gpu_addresses(done):
+    """PCI addresses of GPUs with utilisation above zero, in sysfs form (0000:19:00.0)."""
+    gpu = done.get("gpu") or {}
+    busy = []
+    for entry in gpu.get("facts", {}).get("gpus", []):
+        if (entry.get("utilization_percent") or 0) > 0 and entry.get("bus_id"):
+            busy.append(entry["bus_id"].lower()[-12:])
+    return busy
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=argument_spec(
+            collectors={"type": "list", "elements": "str", "choices": list(ORDER), "default": list(ORDER)},
+            dmon_samples={"type": "int", "default": 1},
+            read_kernel_log={"type": "bool", "default": True},
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    available = {
+        "gpu": lambda ctx, _done: collect_gpu.collect(ctx, params["dmon_samples"], params["read_kernel_log"]),
+        "nvlink": lambda ctx, _done: collect_nvlink.collect(ctx),
+        "pcie_aer": lambda ctx, done: collect_pcie.collect(ctx, busy_gpu_addresses(done)),
+        "rdma": lambda ctx, _done: collect_rdma.collect(ctx),
+        "smart": lambda ctx, _done: collect_smart.collect(ctx),
+        "tuning": lambda ctx, _done: collect_tuning.collect(ctx),
+    }
+    wanted = [name for name in ORDER if name in params["collectors"]]
+    run_collectors(module, [(name, available[name]) for name in wanted])
+
+
+if __name__ == "__main__":
+    main()

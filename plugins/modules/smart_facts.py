@@ -1,0 +1,70 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: stethoscope developers
+# Apache License 2.0
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: smart_facts
+short_description: SMART and NVMe health of every disk
+version_added: "0.1.0"
+description:
+  - Runs C(smartctl -j -a) on every disk under C(/sys/block) (or the listed ones).
+  - ATA attributes become C(smart_<name>) (raw as smartctl decodes it: the first number of its raw
+    string) and C(smart_<name>_normalized); NVMe drives report percentage used, media errors, critical
+    warning and available spare.
+extends_documentation_fragment:
+  - aicluster.stethoscope.node
+options:
+  devices:
+    description: Block device names (C(sda), C(nvme0n1)); default every disk under C(/sys/block).
+    type: list
+    elements: str
+    default: []
+author:
+  - stethoscope developers
+"""
+
+EXAMPLES = r"""
+- name: Collect smart facts
+  aicluster.stethoscope.smart_facts:
+  register: __smart
+
+- name: Collect from a node root prefix (the lab)
+  aicluster.stethoscope.smart_facts:
+    root: /srv/lab/node01/root
+    state_dir: /srv/lab/node01/state
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts under C(stethoscope_smart); C(present=false) with a C(reason) where the node has no such hardware or tool.
+  returned: always
+  type: dict
+  contains:
+    stethoscope_smart:
+      description: Per disk model, firmware, health verdict, ATA attributes or NVMe health log.
+      returned: always
+      type: dict
+      sample: {"present": true, "disks": {"sda": {"model": "INTEL SSDSC2KB240G7", "health_passed": true}}}
+stethoscope_metrics:
+  description: Metric rows with catalog names (rules/metrics.yml), read by the ClickHouse callback.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"name": "gpu_temperature_celsius", "device": "gpu0", "value": 35.0, "labels": {}}]
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.aicluster.stethoscope.plugins.module_utils import collect_smart
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import argument_spec, run_collectors
+
+
+def main():
+    module = AnsibleModule(argument_spec=argument_spec(devices={"type": "list", "elements": "str", "default": []}), supports_check_mode=True)
+    run_collectors(module, [("smart", lambda ctx, _done: collect_smart.collect(ctx, module.params["devices"]))])
+
+
+if __name__ == "__main__":
+    main()

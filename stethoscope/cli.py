@@ -1,0 +1,108 @@
+"""The `stethoscope` command. Exit codes: 0 healthy, 1 findings, 2 usage or config error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from stethoscope.catalog import Catalog, CatalogError
+from stethoscope.dsn import ConfigError, redact
+from stethoscope.ingest import parse_ndjson
+from stethoscope.paths import default_spool_dir
+from stethoscope.spool import Spool
+from stethoscope.store import Store, StoreError
+from stethoscope.summary import render, summarize
+from stethoscope.writer import Writer
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stethoscope", description=__doc__)
+    parser.add_argument("--dsn", help="clickhouse-connect DSN (default $STETHOSCOPE_DSN, else embedded)")
+    parser.add_argument("--database", help="database name (default stethoscope)")
+    parser.add_argument("--spool-dir", type=Path, help="spool folder (default .stethoscope/spool)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    db = commands.add_parser("db", help="database schema")
+    db_commands = db.add_subparsers(dest="db_command", required=True)
+    init = db_commands.add_parser("init", help="create the tables (idempotent)")
+    init.add_argument("--ttl-days", type=int, default=30, help="raw metrics TTL (default 30)")
+    ddl = db_commands.add_parser("ddl", help="print the DDL")
+    ddl.add_argument("--cluster", metavar="NAME", help="print the Replicated + Distributed variant")
+
+    ingest = commands.add_parser("ingest", help="store metric rows from an NDJSON file")
+    ingest.add_argument("file", type=Path)
+
+    commands.add_parser("summary", help="per node: rows stored and the unhealthy values seen")
+
+    spool = commands.add_parser("spool", help="the spool of rows not yet stored")
+    spool_commands = spool.add_subparsers(dest="spool_command", required=True)
+    spool_commands.add_parser("status", help="how many rows wait in the spool")
+    spool_commands.add_parser("replay", help="write the spool to the store now")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (ConfigError, CatalogError, StoreError) as exc:
+        print(f"stethoscope: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _run(args: argparse.Namespace) -> int:
+    spool_dir = args.spool_dir or default_spool_dir()
+    if args.command == "db" and args.db_command == "ddl":
+        from stethoscope.schema import cluster_ddl, single_node_ddl
+
+        database = args.database or "stethoscope"
+        statements = cluster_ddl(database, args.cluster) if args.cluster else single_node_ddl(database)
+        print(";\n\n".join(statements) + ";")
+        return EXIT_OK
+    if args.command == "db":
+        with Store(args.dsn, args.database) as store:
+            store.init_schema(args.ttl_days)
+            replayed = Spool(spool_dir).replay(store)
+        print(f"schema ready in {redact(store.dsn)} (database {store.database})")
+        if replayed.rows:
+            print(f"replayed {replayed.rows} spooled rows")
+        return EXIT_OK
+    if args.command == "ingest":
+        return _ingest(args, spool_dir)
+    if args.command == "summary":
+        with Store(args.dsn, args.database) as store:
+            print(render(summarize(store, Catalog.load())))
+        return EXIT_OK
+    if args.spool_command == "status":
+        print(f"{Spool(spool_dir).pending_rows()} rows waiting in {spool_dir}")
+        return EXIT_OK
+    with Store(args.dsn, args.database) as store:
+        report = Spool(spool_dir).replay(store)
+    for problem in report.problems:
+        print(f"stethoscope: spool: {problem}", file=sys.stderr)
+    print(f"replayed {report.rows} rows from {report.files} files")
+    return EXIT_OK
+
+
+def _ingest(args: argparse.Namespace, spool_dir: Path) -> int:
+    if not args.file.is_file():
+        print(f"stethoscope: ingest: {args.file}: no such file", file=sys.stderr)
+        return EXIT_USAGE
+    parsed = parse_ndjson(args.file, Catalog.load())
+    for error in parsed.errors:
+        print(f"stethoscope: ingest: {error}", file=sys.stderr)
+    from stethoscope.batch import Batch
+
+    report = Writer(args.dsn, spool_dir).write(Batch(metrics=parsed.metrics))
+    if report.error:
+        print(f"stethoscope: ingest: {report.error}; {report.spooled} rows spooled in {spool_dir}", file=sys.stderr)
+    else:
+        print(f"stored {report.stored} rows" + (f" (+{report.replayed} replayed)" if report.replayed else ""))
+    return EXIT_USAGE if parsed.errors else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

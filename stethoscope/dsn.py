@@ -1,0 +1,59 @@
+"""clickhouse-connect DSNs: the embedded default made absolute, and passwords kept out of messages."""
+
+from __future__ import annotations
+
+import os
+import re
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from stethoscope.paths import default_db_path
+
+DEFAULT_DATABASE = "stethoscope"
+
+
+class ConfigError(ValueError):
+    """A setting the user gave cannot be used (exit code 2 on the CLI)."""
+
+
+def resolve_dsn(dsn: str | None = None, database: str | None = None) -> str:
+    """Return the DSN to connect with.
+
+    Order: the argument, $STETHOSCOPE_DSN, the embedded default at <project>/.stethoscope/db.
+    clickhouse-connect reads ``chdb://X/Y`` as host X and database Y; only ``chdb:///abs`` is a path,
+    so a relative embedded path is made absolute here.
+    """
+    dsn = dsn or os.environ.get("STETHOSCOPE_DSN") or f"chdb://{default_db_path()}"
+    database = database or os.environ.get("STETHOSCOPE_DATABASE") or DEFAULT_DATABASE
+    parts = urlsplit(dsn)
+    if parts.scheme not in ("chdb", "http", "https", "clickhouse", "clickhouses"):
+        raise ConfigError(f"unsupported DSN scheme {parts.scheme!r} in {redact(dsn)}")
+    query = dict(parse_qsl(parts.query))
+    if parts.scheme == "chdb":
+        path = dsn[len("chdb://") :].split("?", 1)[0]
+        path = os.path.abspath(os.path.expanduser(path))
+        query.setdefault("database", database)
+        return f"chdb://{path}?{urlencode(query)}"
+    if not parts.path.strip("/") and "database" not in query:
+        parts = parts._replace(path=f"/{database}")
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def database_of(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    query = dict(parse_qsl(parts.query))
+    if parts.scheme == "chdb":
+        return query.get("database", DEFAULT_DATABASE)
+    return query.get("database") or parts.path.strip("/") or DEFAULT_DATABASE
+
+
+def is_embedded(dsn: str) -> bool:
+    return dsn.startswith("chdb://")
+
+
+def embedded_path(dsn: str) -> str:
+    return dsn[len("chdb://") :].split("?", 1)[0]
+
+
+def redact(text: str) -> str:
+    """Mask the password of any URL in text (user:secret@host -> user:***@host)."""
+    return re.sub(r"(://[^:/@\s]+:)[^@/\s]+@", r"\1***@", str(text))

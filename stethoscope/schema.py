@@ -1,0 +1,218 @@
+"""Table definitions of DESIGN.md, rendered for one server (embedded or not) or for a cluster.
+
+One definition per table; `single_node_ddl` and `cluster_ddl` render it, so the two never drift.
+Rows that differ only in labels must not collapse while a replayed row does: the sorting keys carry
+`labels_key`, a canonical (key-sorted) string of the labels map.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LABELS_KEY = "labels_key String MATERIALIZED toString(mapSort(labels))"
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    columns: tuple[str, ...]
+    engine: str  # MergeTree family name without "Replicated", e.g. "ReplacingMergeTree"
+    order_by: str
+    engine_args: str = ""
+    partition_by: str = ""
+    ttl: str = ""
+    settings: tuple[str, ...] = field(default_factory=tuple)
+
+
+def tables(raw_ttl_days: int = 30, daily_ttl_days: int = 730) -> list[Table]:
+    return [
+        Table(
+            "metrics",
+            (
+                "node_id LowCardinality(String)",
+                "metric_name LowCardinality(String)",
+                "device LowCardinality(String)",
+                "labels Map(String, String)",
+                "value Float64",
+                "timestamp DateTime64(3, 'UTC')",
+                LABELS_KEY,
+            ),
+            "ReplacingMergeTree",
+            "(node_id, metric_name, device, labels_key, timestamp)",
+            partition_by="toYYYYMMDD(timestamp)",
+            ttl=f"toDateTime(timestamp) + INTERVAL {int(raw_ttl_days)} DAY",
+        ),
+        Table(
+            "metrics_daily",
+            (
+                "node_id LowCardinality(String)",
+                "metric_name LowCardinality(String)",
+                "device LowCardinality(String)",
+                "labels SimpleAggregateFunction(any, Map(String, String))",
+                "labels_key String",
+                "day Date",
+                "min_value SimpleAggregateFunction(min, Float64)",
+                "max_value SimpleAggregateFunction(max, Float64)",
+                "avg_value AggregateFunction(avg, Float64)",
+                "last_value AggregateFunction(argMax, Float64, DateTime64(3, 'UTC'))",
+                "samples SimpleAggregateFunction(sum, UInt64)",
+            ),
+            "AggregatingMergeTree",
+            "(node_id, metric_name, device, labels_key, day)",
+            partition_by="toYYYYMM(day)",
+            ttl=f"day + INTERVAL {int(daily_ttl_days)} DAY",
+        ),
+        Table(
+            "facts",
+            (
+                "node_id LowCardinality(String)",
+                "collector LowCardinality(String)",
+                "run_id String",
+                "collected_at DateTime64(3, 'UTC')",
+                "facts String",
+            ),
+            "ReplacingMergeTree",
+            "(node_id, collector, collected_at, run_id)",
+            partition_by="toYYYYMM(collected_at)",
+            ttl=f"toDateTime(collected_at) + INTERVAL {int(raw_ttl_days)} DAY",
+        ),
+        Table(
+            "bench_results",
+            (
+                "run_id String",
+                "node_id LowCardinality(String)",
+                "suite LowCardinality(String)",
+                "metric_name LowCardinality(String)",
+                "device LowCardinality(String)",
+                "labels Map(String, String)",
+                "value Float64",
+                "unit LowCardinality(String)",
+                "repetition UInt16",
+                "class_fingerprint String",
+                "node_fingerprint String",
+                "unstable UInt8",
+                "timestamp DateTime64(3, 'UTC')",
+                LABELS_KEY,
+            ),
+            "ReplacingMergeTree",
+            "(suite, metric_name, node_id, device, labels_key, run_id, repetition)",
+            partition_by="toYYYYMM(timestamp)",
+        ),
+        Table(
+            "fingerprints",
+            (
+                "fingerprint String",
+                "kind LowCardinality(String)",
+                "node_id LowCardinality(String)",
+                "detail String",
+                "first_seen DateTime64(3, 'UTC')",
+            ),
+            "ReplacingMergeTree",
+            "(fingerprint, kind, node_id)",
+        ),
+        Table(
+            "nodes",
+            (
+                "node_id String",
+                "slurm_name String",
+                "rack LowCardinality(String)",
+                "switch LowCardinality(String)",
+                "groups Array(String)",
+                "updated_at DateTime64(3, 'UTC')",
+            ),
+            "ReplacingMergeTree",
+            "node_id",
+            engine_args="updated_at",
+        ),
+        Table(
+            "findings",
+            (
+                "finding_id String",
+                "txn_id String",
+                "rule_id LowCardinality(String)",
+                "node_id LowCardinality(String)",
+                "device String",
+                "severity LowCardinality(String)",
+                "confidence Float32",
+                "level LowCardinality(String)",
+                "message String",
+                "evidence String",
+                "first_seen DateTime64(3, 'UTC')",
+                "last_seen DateTime64(3, 'UTC')",
+                "status LowCardinality(String)",
+                "version UInt64",
+            ),
+            "ReplacingMergeTree",
+            "finding_id",
+            engine_args="version",
+        ),
+        Table(
+            "actions",
+            (
+                "txn_id String",
+                "finding_id String",
+                "action LowCardinality(String)",
+                "target String",
+                "status LowCardinality(String)",
+                "detail String",
+                "started_at DateTime64(3, 'UTC')",
+                "finished_at Nullable(DateTime64(3, 'UTC'))",
+                "version UInt64",
+            ),
+            "ReplacingMergeTree",
+            "(txn_id, finding_id, action, target)",
+            engine_args="version",
+        ),
+    ]
+
+
+DAILY_VIEW = """CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.metrics_daily_mv{on_cluster} TO {db}.{target}
+AS SELECT node_id, metric_name, device, any(labels) AS labels, labels_key, toDate(timestamp) AS day,
+  min(value) AS min_value, max(value) AS max_value, avgState(value) AS avg_value,
+  argMaxState(value, timestamp) AS last_value, count() AS samples
+FROM {db}.{source}
+GROUP BY node_id, metric_name, device, labels_key, day"""
+
+
+def _table_ddl(db: str, table: Table, name: str, engine: str, on_cluster: str) -> str:
+    parts = [
+        f"CREATE TABLE IF NOT EXISTS {db}.{name}{on_cluster}\n(\n    " + ",\n    ".join(table.columns) + "\n)",
+        f"ENGINE = {engine}",
+    ]
+    if table.partition_by:
+        parts.append(f"PARTITION BY {table.partition_by}")
+    parts.append(f"ORDER BY {table.order_by}")
+    if table.ttl:
+        parts.append(f"TTL {table.ttl}")
+    if table.settings:
+        parts.append("SETTINGS " + ", ".join(table.settings))
+    return "\n".join(parts)
+
+
+def single_node_ddl(db: str, raw_ttl_days: int = 30) -> list[str]:
+    statements = [f"CREATE DATABASE IF NOT EXISTS {db}"]
+    for table in tables(raw_ttl_days):
+        statements.append(_table_ddl(db, table, table.name, f"{table.engine}({table.engine_args})", ""))
+    statements.append(DAILY_VIEW.format(db=db, on_cluster="", target="metrics_daily", source="metrics"))
+    return statements
+
+
+def cluster_ddl(db: str, cluster: str = "{cluster}", raw_ttl_days: int = 30) -> list[str]:
+    """Replicated local tables `<name>_local` plus Distributed tables under the contract's names."""
+    on_cluster = f" ON CLUSTER '{cluster}'"
+    statements = [f"CREATE DATABASE IF NOT EXISTS {db}{on_cluster}"]
+    for table in tables(raw_ttl_days):
+        args = f"'/clickhouse/tables/{{shard}}/{db}/{table.name}', '{{replica}}'"
+        if table.engine_args:
+            args += f", {table.engine_args}"
+        local = f"{table.name}_local"
+        statements.append(_table_ddl(db, table, local, f"Replicated{table.engine}({args})", on_cluster))
+        shard_key = "cityHash64(node_id)" if "node_id" in " ".join(table.columns) else "rand()"
+        statements.append(
+            f"CREATE TABLE IF NOT EXISTS {db}.{table.name}{on_cluster} AS {db}.{local}\n"
+            f"ENGINE = Distributed('{cluster}', '{db}', '{local}', {shard_key})"
+        )
+    statements.append(
+        DAILY_VIEW.format(db=db, on_cluster=on_cluster, target="metrics_daily_local", source="metrics_local")
+    )
+    return statements

@@ -1,0 +1,173 @@
+"""ClickHouse access through clickhouse-connect: the embedded chdb engine and a server alike.
+
+Writers open, write and close: one process at a time may hold an embedded path. Every statement
+names the database; values travel as parameters or columnar inserts, never spliced into SQL.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from stethoscope.batch import METRIC_COLUMNS, Batch, MetricColumns
+from stethoscope.dsn import database_of, embedded_path, is_embedded, redact, resolve_dsn
+from stethoscope.schema import cluster_ddl, single_node_ddl
+
+# clickhouse-connect logs a traceback for every failed insert; our callers report the error themselves.
+logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)
+
+ROW_TABLES: dict[str, tuple[str, ...]] = {
+    "facts": ("node_id", "collector", "run_id", "collected_at", "facts"),
+    "bench_results": (
+        "run_id",
+        "node_id",
+        "suite",
+        "metric_name",
+        "device",
+        "labels",
+        "value",
+        "unit",
+        "repetition",
+        "class_fingerprint",
+        "node_fingerprint",
+        "unstable",
+        "timestamp",
+    ),
+    "fingerprints": ("fingerprint", "kind", "node_id", "detail", "first_seen"),
+    "nodes": ("node_id", "slurm_name", "rack", "switch", "groups", "updated_at"),
+}
+
+
+class StoreError(RuntimeError):
+    """The store could not do what was asked; the message is meant for a human."""
+
+
+def _explain(dsn: str, exc: Exception) -> str:
+    text = str(exc)
+    if is_embedded(dsn) and ("Unable to open the chdb engine" in text or "Cannot lock file" in text):
+        return f"embedded database in use by another process: {embedded_path(dsn)}"
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return f"ClickHouse at {redact(dsn)}: {redact(first)[:300]}"
+
+
+class Store:
+    def __init__(self, dsn: str | None = None, database: str | None = None, timeout: float = 10.0):
+        self.dsn = resolve_dsn(dsn, database)
+        self.database = database_of(self.dsn)
+        self.timeout = timeout
+        self._client: Any = None
+
+    # connection -------------------------------------------------------------------------------
+    def open(self) -> Store:
+        if self._client is not None:
+            return self
+        import clickhouse_connect
+
+        # Statements name the database, so the session may start in `default`: before `db init` the
+        # database does not exist, and a failed embedded open keeps its lock until the process ends.
+        kwargs: dict[str, Any] = {"dsn": self.dsn, "database": "default" if is_embedded(self.dsn) else self.database}
+        if not is_embedded(self.dsn):
+            kwargs.update(connect_timeout=self.timeout, send_receive_timeout=self.timeout)
+        try:
+            try:
+                self._client = clickhouse_connect.get_client(**kwargs)
+            except Exception as exc:
+                if "UNKNOWN_DATABASE" not in str(exc):
+                    raise
+                # Before `db init` the database does not exist yet; statements name it anyway.
+                self._client = clickhouse_connect.get_client(**{**kwargs, "database": "default"})
+        except Exception as exc:
+            raise StoreError(_explain(self.dsn, exc)) from None
+        return self
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception as exc:  # closing must not hide the result of the work done
+                logging.getLogger(__name__).warning("closing %s: %s", redact(self.dsn), exc)
+
+    def __enter__(self) -> Store:
+        return self.open()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self.open()
+        return self._client
+
+    # schema -----------------------------------------------------------------------------------
+    def ensure_schema(self) -> None:
+        """Create the schema unless the metrics table is already there (writers call this)."""
+        exists = self.query(
+            "SELECT count() FROM system.tables WHERE database = {db:String} AND name = 'metrics'",
+            {"db": self.database},
+        )
+        if not exists or not exists[0][0]:
+            self.init_schema()
+
+    def init_schema(self, raw_ttl_days: int = 30) -> list[str]:
+        statements = single_node_ddl(self.database, raw_ttl_days)
+        for statement in statements:
+            self.command(statement)
+        return statements
+
+    def check_cluster_ddl(self, cluster: str = "{cluster}") -> list[str]:
+        """Parse the cluster variant with ClickHouse's own parser (formatQuery); nothing is created."""
+        statements = cluster_ddl(self.database, cluster)
+        for statement in statements:
+            self.query("SELECT formatQuery({sql:String})", {"sql": statement})
+        return statements
+
+    # statements -------------------------------------------------------------------------------
+    def command(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
+        try:
+            return self.client.command(sql, parameters=parameters)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(_explain(self.dsn, exc)) from None
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
+        try:
+            return self.client.query(sql, parameters=parameters).result_rows
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(_explain(self.dsn, exc)) from None
+
+    def _insert(self, table: str, columns: Sequence[Sequence[Any]], names: Sequence[str]) -> None:
+        try:
+            self.client.insert(
+                f"{self.database}.{table}", list(columns), column_names=list(names), column_oriented=True
+            )
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(_explain(self.dsn, exc)) from None
+
+    # writes -----------------------------------------------------------------------------------
+    def insert_metrics(self, metrics: MetricColumns) -> int:
+        if len(metrics):
+            self._insert("metrics", metrics.columns(), METRIC_COLUMNS)
+        return len(metrics)
+
+    def insert_rows(self, table: str, rows: list[dict[str, Any]]) -> int:
+        if not rows:
+            return 0
+        names = ROW_TABLES[table]
+        self._insert(table, [[row[name] for row in rows] for name in names], names)
+        return len(rows)
+
+    def write_batch(self, batch: Batch) -> int:
+        written = self.insert_metrics(batch.metrics)
+        written += self.insert_rows("facts", batch.facts)
+        written += self.insert_rows("bench_results", batch.bench)
+        written += self.insert_rows("fingerprints", batch.fingerprints)
+        written += self.insert_rows("nodes", batch.nodes)
+        return written

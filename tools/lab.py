@@ -1,0 +1,407 @@
+#!/usr/bin/env python3
+"""The lab: a simulated GPU cluster built from real tool captures (tests/fixtures).
+
+Each node gets a root prefix (sysfs/procfs files, read by the fact modules through their `root`
+option) and a tool folder put first on PATH, whose nvidia-smi, smartctl, dmesg, ibv_devinfo, rdma,
+nvme and lspci replay recorded output chosen by their arguments (the process boundary).
+
+Faulted variants are derived here, from the real outputs, by the functions named in FAULTS: anyone
+can read what was changed and regenerate it. Outputs no real sample exists for (`nvidia-smi nvlink
+-e`, `-gt d`, `rdma -j res show qp`, `nvme get-feature`) are constructed in the tools' documented
+formats and carry SYNTHETIC in their file names.
+
+The replay advances one step per sweep (`advance`, run by playbooks/collect.yml): counters on faulted
+nodes grow, so rates and trends are real across several sweeps.
+
+    python tools/lab.py build [--nodes N] [--inventory PATH]   # (re)build .lab at step 0
+    python tools/lab.py advance                                # next step (builds first if needed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TOP = Path(__file__).resolve().parent.parent
+FIXTURES = TOP / "tests" / "fixtures"
+REAL = FIXTURES / "real" / "h200-vm"
+PUBLIC = FIXTURES / "public"
+LAB = TOP / ".lab"
+DEFAULT_NODES = 8
+
+
+@dataclass
+class Profile:
+    """What a node is made of: a GPU capture, optional IB/NVLink/disks, and its faults."""
+
+    gpu: str  # h200 | a100 | t4
+    disks: dict[str, str] = field(default_factory=dict)  # block name -> smartctl fixture
+    ib: str | None = None  # gpud (H100 ConnectX-7 tree) | procfs (mlx5_0 EDR)
+    nvlink: bool = False
+    aer: bool = False
+    faults: tuple[str, ...] = ()
+
+
+PROFILES = [
+    Profile("h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}),
+    Profile("h200", {"nvme0n1": "nvme_corsair_mp510_healthy.json"}, ib="gpud", aer=True),
+    Profile("h200", {"sda": "sata_ssd_samsung_pm883_healthy.json"}, faults=("thermal_throttle",)),
+    Profile("h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, faults=("row_remap_pending",)),
+    Profile("a100", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, ib="procfs", nvlink=True, aer=True),
+    Profile("a100", {"sda": "sata_ssd_samsung_pm883_healthy.json"}, ib="procfs", nvlink=True, aer=True,
+            faults=("nvlink_crc", "aer_storm")),
+    Profile("t4", {"sda": "sata_ssd_intel_s4500_realloc4_wear55.json", "sdb": "sata_hdd_seagate_realloc304.json"},
+            faults=("worn_ssd",)),
+    Profile("h200", {"nvme0n1": "nvme_intel_p4500_worn_pctused75.json"}, ib="gpud", aer=True,
+            faults=("ib_port_down", "ib_symbol_errors", "qp_error", "mtu_mismatch")),
+]
+GPU_XML = {
+    "h200": REAL / "commands" / "nvidia-smi_-q_-x.xml",
+    "a100": PUBLIC / "nvidia-smi" / "q_xml_a100-sxm4-80gb_mig_535.54.03.xml",
+    "t4": PUBLIC / "nvidia-smi" / "q_xml_tesla-t4_515.105.01.xml",
+}
+DMON = REAL / "commands" / "nvidia-smi_dmon_-c5_-s_pucvmet.txt"
+DMESG = REAL / "commands" / "dmesg_nvrm_lines.txt"
+# The real XID line (gcm's dmesg sample) whose shape the injected events keep.
+XID_TEMPLATE = (PUBLIC / "dmesg" / "xid_31_48_dmesg-T_gcm.txt").read_text().splitlines()[0]
+
+
+def node_name(index: int) -> str:
+    return f"node{index + 1:02d}"
+
+
+def profile_of(index: int) -> Profile:
+    return PROFILES[index % len(PROFILES)]
+
+
+# ---------------------------------------------------------------------------------------------
+# faults: each takes the real text and the step, and returns the derived text
+# ---------------------------------------------------------------------------------------------
+def xml_set(text: str, tag: str, value: str) -> str:
+    derived, count = re.subn(rf"<{tag}>[^<]*</{tag}>", f"<{tag}>{value}</{tag}>", text, count=1)
+    if not count:
+        raise SystemExit(f"lab: <{tag}> not in the capture; cannot derive the fault")
+    return derived
+
+
+def thermal_throttle(xml: str, step: int) -> str:
+    xml = xml_set(xml, "gpu_temp", f"{88 + min(step, 6)} C")
+    xml = xml_set(xml, "clocks_event_reason_hw_thermal_slowdown", "Active")
+    xml = xml_set(xml, "clocks_event_reason_sw_thermal_slowdown", "Active")
+    xml = xml_set(xml, "clocks_event_reason_gpu_idle", "Not Active")
+    return xml_set(xml, "sm_clock", "1095 MHz")
+
+
+def row_remap_pending(xml: str, step: int) -> str:
+    xml = xml_set(xml, "remapped_row_unc", str(1 + step // 2))
+    xml = xml_set(xml, "remapped_row_pending", "Yes")
+    return xml_set(xml, "dram_uncorrectable", str(1 + step))
+
+
+def xid_lines(bus: str, codes: list[int], step: int) -> str:
+    """One XID line per code per step so far, timestamps rising; same shape as the real line."""
+    lines = []
+    for s in range(step + 1):
+        for offset, code in enumerate(codes):
+            seconds = 1000.0 + s * 60 + offset
+            body = XID_TEMPLATE.split("] ", 1)[1]
+            body = re.sub(r"PCI:[0-9a-f:]+\)", f"PCI:{bus})", body)
+            body = re.sub(r"\): \d+,", f"): {code},", body)
+            lines.append(f"[{seconds:12.6f}] {body}")
+    return "\n".join(lines) + "\n"
+
+
+def worn_ssd(data: dict, step: int) -> dict:
+    for attribute in data["ata_smart_attributes"]["table"]:
+        if attribute["name"] == "Reallocated_Sector_Ct":
+            raw = 4 + 60 * step  # from the real 4, growing each sweep past the 100 threshold
+            attribute["raw"] = {"string": str(raw), "value": raw}
+        if attribute["name"] == "Media_Wearout_Indicator":
+            attribute["value"] = max(8, 55 - 16 * step)  # real 55 % life left, wearing out to 8
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# node materialisation
+# ---------------------------------------------------------------------------------------------
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def load_ttar(path: Path, dest: Path, strip_prefix: str) -> None:
+    """Unpack the records of a ttar text archive (prometheus' fixture format) under dest."""
+    lines = path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("Path: "):
+            rel = line[6:].strip()
+            kind = lines[i + 1] if i + 1 < len(lines) else ""
+            if kind.startswith("Lines: "):
+                count = int(kind[7:])
+                content = "\n".join(lines[i + 2 : i + 2 + count]) + "\n"
+                content = content.replace("EOF\n", "") if content.endswith("EOF\n") else content
+                target = dest / rel.removeprefix(strip_prefix).lstrip("/")
+                write(target, content)
+                i += 2 + count
+                continue
+            if kind.startswith("SymlinkTo: "):
+                i += 2
+                continue
+        i += 1
+
+
+def static_root(node: Path, profile: Profile, index: int) -> None:
+    root = node / "root"
+    if root.exists():
+        shutil.rmtree(root)
+    shutil.copytree(REAL / "root", root)
+    write(root / "proc/sys/kernel/random/boot_id", f"6f1c2c1e-0000-4000-8000-{index:012d}\n")
+    for iface, mtu in (("eth0", 1500), ("ib0", 4096 if "mtu_mismatch" in profile.faults else 2044)):
+        write(root / f"sys/class/net/{iface}/mtu", f"{mtu}\n")
+    for disk in profile.disks:
+        (root / "sys/block" / disk).mkdir(parents=True, exist_ok=True)
+        if disk.startswith("nvme"):
+            (root / "sys/class/nvme" / disk[:5]).mkdir(parents=True, exist_ok=True)
+    if profile.ib == "gpud":
+        shutil.copytree(PUBLIC / "sysfs/sys-class-infiniband-h100_gpud", root / "sys/class/infiniband")
+    elif profile.ib == "procfs":
+        load_ttar(PUBLIC / "sysfs/infiniband_mlx5_0_hw_counters_procfs.ttar", root, "fixtures")
+    if profile.aer:
+        gpu_dev = root / "sys/bus/pci/devices/0000:00:06.0"
+        for kind in ("correctable", "nonfatal", "fatal"):
+            shutil.copy(PUBLIC / f"sysfs/aer/aer_dev_{kind}_zero.txt", gpu_dev / f"aer_dev_{kind}")
+
+
+def dynamic_files(node: Path, profile: Profile, step: int) -> None:
+    """Everything that changes with the replay step."""
+    out, root = node / "outputs", node / "root"
+    xml = GPU_XML[profile.gpu].read_text()
+    if "thermal_throttle" in profile.faults:
+        xml = thermal_throttle(xml, step)
+    if "row_remap_pending" in profile.faults:
+        xml = row_remap_pending(xml, step)
+    write(out / "nvidia-smi_-q_-x.xml", xml)
+    write(out / "nvidia-smi_dmon.txt", DMON.read_text())
+    dmesg = DMESG.read_text()
+    if "row_remap_pending" in profile.faults:
+        dmesg += xid_lines("0000:00:06", [63, 48] if step % 2 else [63], step)
+    write(out / "dmesg.txt", dmesg)
+    write(out / "nvidia-smi_nvlink_-s.txt", nvlink_status(profile))
+    write(out / "SYNTHETIC_nvidia-smi_nvlink_-e.txt", nvlink_errors(profile, step))
+    write(out / "SYNTHETIC_nvidia-smi_nvlink_-gt_d.txt", nvlink_data(profile, step))
+    for disk, fixture in profile.disks.items():
+        data = json.loads((PUBLIC / "smartctl" / fixture).read_text())
+        if "worn_ssd" in profile.faults and "Media_Wearout_Indicator" in json.dumps(data):
+            data = worn_ssd(data, step)
+        data.setdefault("device", {})["name"] = f"/dev/{disk}"
+        write(out / f"smartctl_{disk}.json", json.dumps(data, indent=1))
+        if disk.startswith("nvme"):
+            write(out / f"SYNTHETIC_nvme_get-feature_{disk[:5]}.txt",
+                  "get-feature:0x06 (Volatile Write Cache), Current value:0x00000001\n")
+    write(out / "SYNTHETIC_rdma_res_show_qp.json", rdma_qps(profile, step))
+    if profile.ib == "gpud":
+        write(out / "ibv_devinfo.txt", ibv_devinfo(profile))
+        port = root / "sys/class/infiniband/mlx5_0/ports/1"
+        if "ib_port_down" in profile.faults:
+            write(port / "state", "1: DOWN\n")
+            write(port / "phys_state", "3: Disabled\n")
+        if "ib_symbol_errors" in profile.faults:
+            write(root / "sys/class/infiniband/mlx5_1/ports/1/counters/symbol_error", f"{150 * step}\n")
+        if "qp_error" in profile.faults:
+            write(root / "sys/class/infiniband/mlx5_1/ports/1/hw_counters/out_of_buffer", f"{5000 * step}\n")
+    if profile.aer and "aer_storm" in profile.faults:
+        base = (PUBLIC / "sysfs/aer/aer_dev_correctable_zero.txt").read_text()
+        count = 250 * step
+        derived = re.sub(r"^RxErr \d+", f"RxErr {count}", base, flags=re.M)
+        derived = re.sub(r"^TOTAL_ERR_COR \d+", f"TOTAL_ERR_COR {count}", derived, flags=re.M)
+        write(root / "sys/bus/pci/devices/0000:00:06.0/aer_dev_correctable", derived)
+
+
+def nvlink_status(profile: Profile) -> str:
+    if not profile.nvlink:
+        return ""  # as the H200 VM prints: no NVLink
+    return (PUBLIC / "nvidia-smi/nvlink_status_8xA100_gpud.txt").read_text()
+
+
+def _links() -> list[tuple[int, int]]:
+    text = (PUBLIC / "nvidia-smi/nvlink_status_8xA100_gpud.txt").read_text()
+    pairs, gpu = [], -1
+    for line in text.splitlines():
+        if line.startswith("GPU "):
+            gpu = int(line.split()[1].rstrip(":"))
+        elif "Link " in line:
+            pairs.append((gpu, int(line.split("Link ")[1].split(":")[0])))
+    return pairs
+
+
+def _per_link(profile: Profile, render) -> str:
+    if not profile.nvlink:
+        return ""
+    out, current = [], None
+    for gpu, link in _links():
+        if gpu != current:
+            out.append(f"GPU {gpu}: NVIDIA A100-SXM4-80GB (UUID: GPU-00000000-0000-0000-0000-00000000000{gpu})")
+            current = gpu
+        out.extend("\t " + line for line in render(gpu, link))
+    return "\n".join(out) + "\n"
+
+
+def nvlink_errors(profile: Profile, step: int) -> str:
+    def render(gpu: int, link: int) -> list[str]:
+        crc = 40 * step if "nvlink_crc" in profile.faults and gpu == 2 and link == 3 else 0
+        return [f"Link {link}: Replay Errors: 0", f"Link {link}: Recovery Errors: 0", f"Link {link}: CRC Errors: {crc}"]
+
+    return _per_link(profile, render)
+
+
+def nvlink_data(profile: Profile, step: int) -> str:
+    def render(gpu: int, link: int) -> list[str]:
+        kib = 1_000_000 * (step + 1)
+        return [f"Link {link}: Data Tx: {kib} KiB", f"Link {link}: Data Rx: {kib} KiB"]
+
+    return _per_link(profile, render)
+
+
+def rdma_qps(profile: Profile, step: int) -> str:
+    if profile.ib is None:
+        return "[]\n"
+    hcas = ["mlx5_0", "mlx5_1"] if profile.ib == "gpud" else ["mlx5_0"]
+    qps = []
+    for hca in hcas:
+        for lqpn in range(4):
+            error = "qp_error" in profile.faults and hca == "mlx5_1" and lqpn < 1 + min(step, 2)
+            qps.append({"ifindex": 1, "ifname": hca, "port": 1, "lqpn": 100 + lqpn, "type": "RC",
+                        "state": "ERR" if error else "RTS", "sq-psn": 0, "pid": 4242, "comm": "all_reduce_perf"})
+    return json.dumps(qps) + "\n"
+
+
+def ibv_devinfo(profile: Profile) -> str:
+    """The real ConnectX-7 ibv_devinfo capture, one block per HCA of the node's sysfs tree."""
+    real = (PUBLIC / "infiniband/ibv_devinfo_cx7_mt4129_ethernet_stelline.txt").read_text()
+    blocks = []
+    for hca in ("mlx5_0", "mlx5_1"):
+        block = real.replace("hca_id: mlx5_1", f"hca_id: {hca}").replace("Ethernet", "InfiniBand")
+        if hca == "mlx5_1" and "mtu_mismatch" in profile.faults:
+            block = re.sub(r"active_mtu:(\s+)4096 \(5\)", r"active_mtu:\g<1>2048 (4)", block)
+        blocks.append(block.rstrip("\n"))
+    return "\n".join(blocks) + "\n"
+
+
+TOOLS = {
+    "nvidia-smi": {
+        "-q -x": "nvidia-smi_-q_-x.xml",
+        "dmon -c * -s pucvmet": "nvidia-smi_dmon.txt",
+        "nvlink -s": "nvidia-smi_nvlink_-s.txt",
+        "nvlink -e": "SYNTHETIC_nvidia-smi_nvlink_-e.txt",
+        "nvlink -gt d": "SYNTHETIC_nvidia-smi_nvlink_-gt_d.txt",
+    },
+    "dmesg": {"": "dmesg.txt"},
+    "rdma": {"-j res show qp": "SYNTHETIC_rdma_res_show_qp.json"},
+}
+
+
+def tool_scripts(node: Path, profile: Profile) -> None:
+    """sh scripts that cat the recorded output matching their arguments (no Python start per call)."""
+    bindir, out = node / "bin", node / "outputs"
+    if bindir.exists():
+        shutil.rmtree(bindir)
+    bindir.mkdir(parents=True)
+    tools = {name: dict(cases) for name, cases in TOOLS.items()}
+    tools["smartctl"] = {f"-j -a /dev/{disk}": f"smartctl_{disk}.json" for disk in profile.disks}
+    nvme = {f"get-feature /dev/{d[:5]} --feature-id=0x06": f"SYNTHETIC_nvme_get-feature_{d[:5]}.txt"
+            for d in profile.disks if d.startswith("nvme")}
+    if nvme:
+        tools["nvme"] = nvme
+    if profile.ib == "gpud":
+        tools["ibv_devinfo"] = {"": "ibv_devinfo.txt"}
+    if profile.ib is None:
+        tools.pop("rdma")
+    for name, cases in tools.items():
+        lines = ["#!/bin/sh", f"# lab replay of {name}: recorded output chosen by the arguments", f'd="{out}"',
+                 'case "$*" in']
+        for args, file_name in cases.items():
+            status = "4" if name == "smartctl" and "failed" in file_name else "0"
+            pattern = '"' + args.replace("*", '"*"') + '"'
+            lines.append(f'  {pattern}) cat "$d/{file_name}"; exit {status};;')
+        lines += [f'  *) echo "lab: no recording of {name} $*" >&2; exit 2;;', "esac", ""]
+        script = bindir / name
+        script.write_text("\n".join(lines))
+        script.chmod(0o755)
+
+
+def build(count: int, inventory: Path | None) -> None:
+    if LAB.exists():
+        shutil.rmtree(LAB)
+    nodes = LAB / "nodes"
+    for index in range(count):
+        node, profile = nodes / node_name(index), profile_of(index)
+        static_root(node, profile, index)
+        dynamic_files(node, profile, 0)
+        tool_scripts(node, profile)
+        (node / "state").mkdir(parents=True, exist_ok=True)
+    write(LAB / "step", "0\n")
+    write(LAB / "nodes.json", json.dumps({"count": count}))
+    if inventory:
+        write_inventory(count, inventory)
+    print(f"lab: {count} nodes at step 0 in {LAB}")
+
+
+def write_inventory(count: int, path: Path) -> None:
+    """An inventory like inventories/lab/hosts.yml, for N nodes (benchmarks)."""
+    racks: dict[str, dict] = {}
+    for index in range(count):
+        rack = f"rack{index // 4 + 1}"
+        racks.setdefault(rack, {"hosts": {}, "vars": {"rack": rack, "switch": f"leaf{index // 4 + 1}"}})
+        racks[rack]["hosts"][node_name(index)] = {"slurm_name": node_name(index)}
+    lines = ["---", "all:", "  children:", "    gpu_nodes:", "      children:"]
+    for rack, group in racks.items():
+        lines.append(f"        {rack}:")
+        lines.append("          hosts:")
+        lines.extend(f"            {host}: {{slurm_name: {v['slurm_name']}}}" for host, v in group["hosts"].items())
+        lines.append(f"          vars: {{rack: {group['vars']['rack']}, switch: {group['vars']['switch']}}}")
+    write(path, "\n".join(lines) + "\n")
+    group_vars = path.parent / "group_vars"
+    if group_vars.resolve() != (TOP / "inventories/lab/group_vars").resolve():
+        if group_vars.exists():
+            shutil.rmtree(group_vars)
+        shutil.copytree(TOP / "inventories/lab/group_vars", group_vars)
+
+
+def advance() -> int:
+    if not (LAB / "step").exists():
+        build(DEFAULT_NODES, None)
+        return 0
+    step = int((LAB / "step").read_text()) + 1
+    count = json.loads((LAB / "nodes.json").read_text())["count"]
+    for index in range(count):
+        dynamic_files(LAB / "nodes" / node_name(index), profile_of(index), step)
+    write(LAB / "step", f"{step}\n")
+    return step
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    build_cmd = commands.add_parser("build", help="rebuild .lab at step 0")
+    build_cmd.add_argument("--nodes", type=int, default=DEFAULT_NODES)
+    build_cmd.add_argument("--inventory", type=Path, help="also write an inventory for these nodes")
+    commands.add_parser("advance", help="advance the replay one step")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        if args.nodes < 1:
+            parser.error("--nodes must be at least 1")
+        build(args.nodes, args.inventory)
+    else:
+        print(f"lab: step {advance()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
