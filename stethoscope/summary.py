@@ -21,17 +21,27 @@ class NodeSummary:
     notable: list[str] = field(default_factory=list)
 
 
+# Bits of gpu_throttle_reasons_active that mean trouble (a power cap under load is healthy on an H200).
+THROTTLE_TROUBLE = 0x8 | 0x20 | 0x40 | 0x80  # hw_slowdown, sw/hw thermal, hw power brake
+WEAR_LEFT = ("smart_media_wearout_indicator_normalized", "smart_wear_leveling_count_normalized")
+NOT_ERRORS = ("ib_port_xmit_wait_total",)  # congestion ticks: always counting on a busy port
+
+
 def _is_notable(name: str, value: float, catalog: Catalog) -> bool:
     spec = catalog.get(name)
-    if spec is None:
+    if spec is None or name in NOT_ERRORS:
         return False
     if name == "ib_port_state":
         return value != 4
-    if name in ("nvme_percentage_used",):
+    if name == "gpu_throttle_reasons_active":
+        return bool(int(value) & THROTTLE_TROUBLE)
+    if name == "nvme_percentage_used":
         return value >= 80
-    if name.endswith("_normalized") or name.startswith("smart_") and name not in ("smart_health_passed",):
+    if name in WEAR_LEFT:
+        return value < 20
+    if name.startswith("smart_") and name != "smart_health_passed":
         return name in ("smart_reallocated_sector_ct", "smart_current_pending_sector") and value > 0
-    if spec.kind == "counter" and spec.better == "lower":
+    if spec.better == "lower" and (spec.kind == "counter" or spec.unit == "count"):
         return value > 0
     if spec.unit in ("bool", "bitmask"):
         return (spec.better == "lower" and value != 0) or (spec.better == "higher" and value == 0)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import sys
@@ -31,7 +32,7 @@ TOP = Path(__file__).resolve().parent.parent
 FIXTURES = TOP / "tests" / "fixtures"
 REAL = FIXTURES / "real" / "h200-vm"
 PUBLIC = FIXTURES / "public"
-LAB = TOP / ".lab"
+LAB = Path(os.environ.get("STETHOSCOPE_LAB_DIR") or TOP / ".lab").resolve()
 DEFAULT_NODES = 8
 
 

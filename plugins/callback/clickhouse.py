@@ -127,8 +127,7 @@ class CallbackModule(CallbackBase):
             inventory = manager._inventory
             now = int(time.time() * 1000)
             for host in inventory.get_hosts(play.hosts):
-                host_vars = manager.get_vars(play=play, host=host, include_hostvars=False,
-                                             include_delegate_to=False)
+                host_vars = manager.get_vars(play=play, host=host, include_hostvars=False)
                 self._batch.nodes.append({
                     "node_id": host.get_name(),
                     "slurm_name": str(host_vars.get("slurm_name") or host.get_name()),

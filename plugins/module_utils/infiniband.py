@@ -5,10 +5,14 @@
 
 from __future__ import annotations
 
-import json
 import re
 
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError, first_nonblank
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import (
+    ParseError,
+    expect,
+    first_nonblank,
+    load_json,
+)
 
 # Legacy (non-extended) port counters are narrow and stop at their maximum instead of wrapping.
 LEGACY_COUNTER_MAX = {
@@ -79,6 +83,8 @@ def parse_ibv_devinfo(text):
         elif key == "port":
             if hca is None:
                 raise ParseError(tool, "port before hca_id", number, line)
+            if not value.isdigit():
+                raise ParseError(tool, "port number %r is not a number" % value, number, line)
             port = int(value)
             ports[(hca, port)] = {}
         elif port is not None and key in ("state", "active_mtu", "max_mtu", "link_layer"):
@@ -136,18 +142,11 @@ def parse_ibstat(text):
 def parse_rdma_qp_json(text):
     """`rdma -j res show qp` -> {"mlx5_0/1": {"total": n, "error": n}} (QPs in ERR state)."""
     tool = "rdma -j res show qp"
-    try:
-        data = json.loads(text or "[]")
-    except ValueError as exc:
-        lines = text.splitlines()
-        line_no = getattr(exc, "lineno", 1)
-        raise ParseError(tool, "not JSON (%s)" % exc, line_no, lines[line_no - 1] if lines else "")
-    if not isinstance(data, list):
-        raise ParseError(tool, "expected a JSON list of queue pairs", 1, text.splitlines()[0] if text else "")
+    data = expect(tool, load_json(tool, text or "[]"), list, "queue pairs")
     counts = {}
     for qp in data:
         if not isinstance(qp, dict) or "ifname" not in qp:
-            raise ParseError(tool, "queue pair without 'ifname': %r" % (qp,), 1, None)
+            raise ParseError(tool, "queue pair without 'ifname': %r" % (qp,))
         key = "%s/%s" % (qp["ifname"], qp.get("port", 1))
         entry = counts.setdefault(key, {"total": 0, "error": 0})
         entry["total"] += 1

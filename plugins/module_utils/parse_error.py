@@ -45,3 +45,23 @@ def to_number(tool, raw, line_no=None):
         return float(token)
     except ValueError:
         raise ParseError(tool, "expected a number, got %r" % text, line_no, raw)
+
+
+def load_json(tool, text):
+    """json.loads with the failure as a ParseError naming the line."""
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        lines = (text or "").splitlines()
+        line_no = getattr(exc, "lineno", 1) or 1
+        line = lines[line_no - 1] if 0 < line_no <= len(lines) else ""
+        raise ParseError(tool, "not JSON (%s)" % getattr(exc, "msg", exc), line_no, line)
+
+
+def expect(tool, value, kind, what):
+    """value if it is of `kind`, else a ParseError saying what was expected (wrong JSON shape)."""
+    if not isinstance(value, kind):
+        raise ParseError(tool, "%s: expected %s, got %s" % (what, kind.__name__, type(value).__name__))
+    return value

@@ -1,0 +1,87 @@
+"""The metric catalog: well formed, and every name a module emits is in it."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvidia_smi import (
+    dmon_metrics,
+    gpu_metrics,
+    parse_dmon,
+    parse_query_xml,
+)
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.smartctl import parse_smartctl_json, smart_metrics
+from stethoscope.catalog import Catalog, CatalogError, default_path
+
+from conftest import FIXTURES, TOP, fixture_text
+
+CATALOG = Catalog.load()
+UNIT_SUFFIXES = ("_celsius", "_watts", "_mhz", "_mib", "_percent", "_us", "_ms", "_gbit_per_s", "_gb_per_s",
+                 "_mb_per_s", "_total", "_per_second")
+
+
+def emitted_names_in_source() -> set[str]:
+    """Every metric name literal the node-side code passes to metric()/add() or keeps in a name map."""
+    names = set()
+    for path in (TOP / "plugins/module_utils").glob("*.py"):
+        text = path.read_text()
+        names.update(re.findall(r'(?:metric|add)\((?:rows, )?"([a-z0-9_]+)"', text))
+        names.update(re.findall(r'"((?:ib|rdma|nvlink|pcie)_[a-z0-9_]+(?:_total|_count|_percent))"', text))
+    return names
+
+
+def test_every_literal_name_is_catalogued():
+    names = emitted_names_in_source()
+    assert len(names) > 40
+    assert sorted(n for n in names if n not in CATALOG) == []
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in (FIXTURES / "public/smartctl").glob("*.json")))
+def test_smart_attributes_of_every_real_sample_are_catalogued(fixture):
+    disk = parse_smartctl_json(fixture_text(f"public/smartctl/{fixture}"))
+    rows = smart_metrics(disk)
+    assert rows
+    assert [r["name"] for r in rows if r["name"] not in CATALOG.metrics] == []
+
+
+def test_gpu_metric_rows_from_real_captures_are_catalogued():
+    gpus = parse_query_xml(fixture_text("real/h200-vm/commands/nvidia-smi_-q_-x.xml"))["gpus"]
+    rows = gpu_metrics(gpus) + dmon_metrics(parse_dmon(fixture_text("real/h200-vm/commands/nvidia-smi_dmon_-c5_-s_pucvmet.txt")))
+    assert {r["name"] for r in rows} <= set(CATALOG.metrics)
+
+
+def test_names_carry_their_unit_or_are_known_exceptions():
+    exceptions = {"gpu_pcie_link_gen", "gpu_pcie_link_width", "gpu_remapped_rows_correctable",
+                  "gpu_remapped_rows_uncorrectable", "gpu_remapped_rows_pending", "gpu_remapping_failure",
+                  "gpu_throttle_reasons_active", "gpu_thermal_violation", "nvlink_link_up", "pcie_link_degraded",
+                  "ib_port_state", "ib_port_phys_state", "ib_port_active_mtu", "rdma_qp_error_count",
+                  "smart_health_passed", "smart_exit_status", "nvme_percentage_used", "nvme_critical_warning",
+                  "cpu_governor_performance", "cpu_max_cstate", "numa_balancing_enabled", "net_mtu",
+                  "nvme_volatile_write_cache_enabled", "train_loss_variance", "cuda_memory_fragmentation_ratio",
+                  "bench_gemm_tflops", "bench_fio_randread_iops", "gpu_retired_pages_pending",
+                  "pcie_aer_status_flags"}
+    for name, spec in CATALOG.metrics.items():
+        if name.startswith("smart_") and name not in exceptions:
+            continue  # SMART attributes keep their vendor names
+        assert name.endswith(UNIT_SUFFIXES) or name in exceptions, name
+        if spec.kind == "counter":
+            assert name.endswith("_total"), name
+
+
+def test_family_prefix_accepts_vendor_attributes_but_not_strangers():
+    assert "smart_some_vendor_attribute" in CATALOG
+    assert "gpu_made_up_metric" not in CATALOG
+
+
+def test_broken_catalog_is_reported_with_the_file(tmp_path):
+    bad = tmp_path / "metrics.yml"
+    bad.write_text("metrics:\n  x_total: {unit: count, kind: weird, better: lower, interval: 60}\n")
+    with pytest.raises(CatalogError, match=r"metrics.yml: x_total: kind"):
+        Catalog.load(bad)
+
+
+def test_catalog_file_is_the_default():
+    assert default_path() == TOP / "rules" / "metrics.yml"
+    assert json.dumps(sorted(CATALOG.metrics)).count("smart_") >= 100
