@@ -32,13 +32,13 @@ def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "gpu-check")
     out.mkdir(parents=True, exist_ok=True)
     importable_collection()
-    from ansible_collections.aicluster.stethoscope.plugins.module_utils import (  # noqa: PLC0415
+    from ansible_collections.aicluster.stethoscope.plugins.module_utils import (
         collect_gpu,
         collect_nvlink,
         collect_pcie,
         collect_tuning,
     )
-    from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import (  # noqa: PLC0415
+    from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import (
         CollectorError,
         Context,
     )
@@ -49,16 +49,25 @@ def main() -> int:
         path = shutil.which(argv[0])
         if path is None:
             return 127, "", f"{argv[0]}: not found"
-        proc = subprocess.run(["timeout", str(timeout), path, *argv[1:]], capture_output=True, text=True,
-                              env={**os.environ, "LC_ALL": "C", "LANGUAGE": "C"}, check=False)
+        proc = subprocess.run(
+            ["timeout", str(timeout), path, *argv[1:]],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "LC_ALL": "C", "LANGUAGE": "C"},
+            check=False,
+        )
         raw.append({"argv": argv, "rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr})
         return proc.returncode, proc.stdout, proc.stderr
 
     state = tempfile.mkdtemp()
     ctx = Context(runner, shutil.which, root="/", state_dir=state, timeout=30)
     report = {}
-    for name, collect in (("gpu", lambda: collect_gpu.collect(ctx, 2)), ("nvlink", lambda: collect_nvlink.collect(ctx)),
-                          ("pcie_aer", lambda: collect_pcie.collect(ctx)), ("tuning", lambda: collect_tuning.collect(ctx))):
+    for name, collect in (
+        ("gpu", lambda: collect_gpu.collect(ctx, 2)),
+        ("nvlink", lambda: collect_nvlink.collect(ctx)),
+        ("pcie_aer", lambda: collect_pcie.collect(ctx)),
+        ("tuning", lambda: collect_tuning.collect(ctx)),
+    ):
         started = time.perf_counter()
         try:
             report[name] = collect()
@@ -69,8 +78,10 @@ def main() -> int:
     (out / "raw_outputs.json").write_text(json.dumps(raw, indent=1))
     for name, item in report.items():
         rows = item.get("metrics", [])
-        print(f"{name}: present={item.get('present')} rows={len(rows)} error={item.get('error')} "
-              f"warnings={item.get('warnings')} {item['seconds']}s")
+        print(
+            f"{name}: present={item.get('present')} rows={len(rows)} error={item.get('error')} "
+            f"warnings={item.get('warnings')} {item['seconds']}s"
+        )
         for row in rows[:40]:
             print(f"   {row['name']}{{{row['device']}}} {row['labels'] or ''} = {row['value']}")
     return 0 if all("error" not in item for item in report.values()) else 1

@@ -35,14 +35,21 @@ class MetricColumns:
         return [getattr(self, name) for name in METRIC_COLUMNS]
 
     def rows(self) -> list[dict[str, Any]]:
-        return [dict(zip(METRIC_COLUMNS, values, strict=True)) for values in zip(*self.columns(), strict=True)]
+        return [
+            dict(zip(METRIC_COLUMNS, values, strict=True)) for values in zip(*self.columns(), strict=True)
+        ]
 
     @classmethod
     def from_rows(cls, rows: list[dict[str, Any]]) -> MetricColumns:
         batch = cls()
         for row in rows:
             batch.append(
-                row["node_id"], row["metric_name"], row["device"], row["labels"], row["value"], row["timestamp"]
+                row["node_id"],
+                row["metric_name"],
+                row["device"],
+                row["labels"],
+                row["value"],
+                row["timestamp"],
             )
         return batch
 
@@ -59,7 +66,9 @@ class Batch:
     nodes: list[dict[str, Any]] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.metrics) + len(self.facts) + len(self.bench) + len(self.fingerprints) + len(self.nodes)
+        return (
+            len(self.metrics) + len(self.facts) + len(self.bench) + len(self.fingerprints) + len(self.nodes)
+        )
 
     def take(self) -> Batch:
         """Hand over the content and leave this batch empty."""

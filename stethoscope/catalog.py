@@ -67,7 +67,9 @@ def _specs(path: Path, entries: dict) -> dict[str, MetricSpec]:
         interval = entry.get("interval")
         if not isinstance(interval, int) or interval <= 0:
             raise CatalogError(f"{path}: {name}: interval must be a positive number of seconds")
-        specs[name] = MetricSpec(name, str(entry.get("unit", "")), kind, better, interval, entry.get("help", ""))
+        specs[name] = MetricSpec(
+            name, str(entry.get("unit", "")), kind, better, interval, entry.get("help", "")
+        )
     return specs
 
 

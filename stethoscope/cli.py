@@ -98,7 +98,10 @@ def _ingest(args: argparse.Namespace, spool_dir: Path) -> int:
 
     report = Writer(args.dsn, spool_dir).write(Batch(metrics=parsed.metrics))
     if report.error:
-        print(f"stethoscope: ingest: {report.error}; {report.spooled} rows spooled in {spool_dir}", file=sys.stderr)
+        print(
+            f"stethoscope: ingest: {report.error}; {report.spooled} rows spooled in {spool_dir}",
+            file=sys.stderr,
+        )
     else:
         print(f"stored {report.stored} rows" + (f" (+{report.replayed} replayed)" if report.replayed else ""))
     return EXIT_USAGE if parsed.errors else EXIT_OK

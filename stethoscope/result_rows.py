@@ -24,17 +24,20 @@ def rows_from_result(node_id: str, result: dict[str, Any], run_id: str, now_ms: 
             continue
         if math.isnan(value) or math.isinf(value):
             continue
-        batch.metrics.append(node_id, str(row["name"]), str(row.get("device") or ""), _labels(row.get("labels")),
-                             value, now_ms)
+        batch.metrics.append(
+            node_id, str(row["name"]), str(row.get("device") or ""), _labels(row.get("labels")), value, now_ms
+        )
     for key, value in (result.get("ansible_facts") or {}).items():
         if key.startswith("stethoscope_"):
-            batch.facts.append({
-                "node_id": node_id,
-                "collector": key[len("stethoscope_"):],
-                "run_id": run_id,
-                "collected_at": now_ms,
-                "facts": json.dumps(value, sort_keys=True, default=str),
-            })
+            batch.facts.append(
+                {
+                    "node_id": node_id,
+                    "collector": key[len("stethoscope_") :],
+                    "run_id": run_id,
+                    "collected_at": now_ms,
+                    "facts": json.dumps(value, sort_keys=True, default=str),
+                }
+            )
     bench = result.get("stethoscope_bench")
     if isinstance(bench, dict):
         _bench_rows(batch, node_id, bench, run_id, now_ms)
@@ -47,23 +50,31 @@ def _bench_rows(batch: Batch, node_id: str, bench: dict[str, Any], run_id: str, 
     for kind, fingerprint in (("class", class_fp), ("node", node_fp)):
         if fingerprint:
             batch.fingerprints.append(
-                {"fingerprint": fingerprint, "kind": kind, "node_id": node_id, "detail": detail, "first_seen": now_ms}
+                {
+                    "fingerprint": fingerprint,
+                    "kind": kind,
+                    "node_id": node_id,
+                    "detail": detail,
+                    "first_seen": now_ms,
+                }
             )
     for item in bench.get("results") or []:
         if not isinstance(item, dict) or "metric_name" not in item:
             continue
-        batch.bench.append({
-            "run_id": str(bench.get("run_id") or run_id),
-            "node_id": node_id,
-            "suite": str(bench.get("suite", "")),
-            "metric_name": str(item["metric_name"]),
-            "device": str(item.get("device") or ""),
-            "labels": _labels(item.get("labels")),
-            "value": float(item["value"]),
-            "unit": str(item.get("unit") or ""),
-            "repetition": int(item.get("repetition") or 0),
-            "class_fingerprint": class_fp,
-            "node_fingerprint": node_fp,
-            "unstable": int(bool(item.get("unstable"))),
-            "timestamp": now_ms,
-        })
+        batch.bench.append(
+            {
+                "run_id": str(bench.get("run_id") or run_id),
+                "node_id": node_id,
+                "suite": str(bench.get("suite", "")),
+                "metric_name": str(item["metric_name"]),
+                "device": str(item.get("device") or ""),
+                "labels": _labels(item.get("labels")),
+                "value": float(item["value"]),
+                "unit": str(item.get("unit") or ""),
+                "repetition": int(item.get("repetition") or 0),
+                "class_fingerprint": class_fp,
+                "node_fingerprint": node_fp,
+                "unstable": int(bool(item.get("unstable"))),
+                "timestamp": now_ms,
+            }
+        )

@@ -176,7 +176,9 @@ GROUP BY node_id, metric_name, device, labels_key, day"""
 
 def _table_ddl(db: str, table: Table, name: str, engine: str, on_cluster: str) -> str:
     parts = [
-        f"CREATE TABLE IF NOT EXISTS {db}.{name}{on_cluster}\n(\n    " + ",\n    ".join(table.columns) + "\n)",
+        f"CREATE TABLE IF NOT EXISTS {db}.{name}{on_cluster}\n(\n    "
+        + ",\n    ".join(table.columns)
+        + "\n)",
         f"ENGINE = {engine}",
     ]
     if table.partition_by:

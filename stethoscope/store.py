@@ -66,7 +66,10 @@ class Store:
 
         # Statements name the database, so the session may start in `default`: before `db init` the
         # database does not exist, and a failed embedded open keeps its lock until the process ends.
-        kwargs: dict[str, Any] = {"dsn": self.dsn, "database": "default" if is_embedded(self.dsn) else self.database}
+        kwargs: dict[str, Any] = {
+            "dsn": self.dsn,
+            "database": "default" if is_embedded(self.dsn) else self.database,
+        }
         if not is_embedded(self.dsn):
             kwargs.update(connect_timeout=self.timeout, send_receive_timeout=self.timeout)
         try:

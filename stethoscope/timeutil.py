@@ -15,20 +15,20 @@ def to_ms(value: object) -> int:
     if isinstance(value, bool):
         raise ValueError(f"not a timestamp: {value!r}")
     if isinstance(value, int | float):
-        return int(round(float(value) * 1000))
+        return round(float(value) * 1000)
     if isinstance(value, dt.datetime):
         moment = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-        return int(round(moment.timestamp() * 1000))
+        return round(moment.timestamp() * 1000)
     if isinstance(value, str):
         text = value.strip()
         try:
-            return int(round(float(text) * 1000))
+            return round(float(text) * 1000)
         except ValueError:
             pass
         moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=dt.UTC)
-        return int(round(moment.timestamp() * 1000))
+        return round(moment.timestamp() * 1000)
     raise ValueError(f"not a timestamp: {value!r}")
 
 

@@ -11,29 +11,44 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import TOP, ansible_env
+
 from stethoscope.spool import Spool
 from stethoscope.store import Store
-
-from conftest import TOP, ansible_env
 
 PLAYBOOK = TOP / "playbooks" / "collect.yml"
 
 
 def lab(tmp_path: Path) -> Path:
     lab_dir = tmp_path / "lab"
-    subprocess.run([sys.executable, str(TOP / "tools/lab.py"), "build", "--nodes", "8"], check=True,
-                   capture_output=True, env={**ansible_env(tmp_path), "STETHOSCOPE_LAB_DIR": str(lab_dir)})
+    subprocess.run(
+        [sys.executable, str(TOP / "tools/lab.py"), "build", "--nodes", "8"],
+        check=True,
+        capture_output=True,
+        env={**ansible_env(tmp_path), "STETHOSCOPE_LAB_DIR": str(lab_dir)},
+    )
     return lab_dir
 
 
 def collect(tmp_path: Path, lab_dir: Path, dsn: str, timeout_s: float = 10) -> dict[str, list]:
     """Run collect.yml; return each host's stethoscope_metrics as the tree callback saw them."""
     tree = tmp_path / "tree"
-    env = ansible_env(tmp_path, dsn, STETHOSCOPE_LAB_DIR=str(lab_dir), STETHOSCOPE_WRITE_TIMEOUT=str(timeout_s),
-                      ANSIBLE_CALLBACKS_ENABLED="aicluster.stethoscope.clickhouse,ansible.builtin.tree",
-                      ANSIBLE_CALLBACK_TREE_DIR=str(tree))
-    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), str(PLAYBOOK)], env=env,
-                          capture_output=True, text=True, timeout=180, check=False)
+    env = ansible_env(
+        tmp_path,
+        dsn,
+        STETHOSCOPE_LAB_DIR=str(lab_dir),
+        STETHOSCOPE_WRITE_TIMEOUT=str(timeout_s),
+        ANSIBLE_CALLBACKS_ENABLED="aicluster.stethoscope.clickhouse,ansible.builtin.tree",
+        ANSIBLE_CALLBACK_TREE_DIR=str(tree),
+    )
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), str(PLAYBOOK)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = {}
     for host_file in tree.iterdir():
@@ -57,9 +72,12 @@ def test_sink_up_stores_exactly_what_the_modules_returned(tmp_path, tmp_dsn):
         db = "stethoscope"
         nodes = store.query(f"SELECT node_id, rack, switch, groups FROM {db}.nodes FINAL ORDER BY node_id")
         facts = store.query(f"SELECT count() FROM {db}.facts WHERE collector = 'gpu'")[0][0]
-        rates = dict(store.query(
-            f"SELECT metric_name, max(value) FROM {db}.metrics FINAL WHERE metric_name IN "
-            f"('rdma_qps_dropped_per_second', 'nvlink_error_rate_percent') GROUP BY metric_name"))
+        rates = dict(
+            store.query(
+                f"SELECT metric_name, max(value) FROM {db}.metrics FINAL WHERE metric_name IN "
+                f"('rdma_qps_dropped_per_second', 'nvlink_error_rate_percent') GROUP BY metric_name"
+            )
+        )
     assert nodes[0] == ("node01", "rack1", "leaf1", ["gpu_nodes", "rack1"]) and len(nodes) == 8
     assert facts == 16  # one gpu fact per node per sweep
     # rates need two sweeps: the faulted nodes' counters grew between them

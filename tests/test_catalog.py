@@ -12,14 +12,29 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvidia_smi i
     parse_dmon,
     parse_query_xml,
 )
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.smartctl import parse_smartctl_json, smart_metrics
-from stethoscope.catalog import Catalog, CatalogError, default_path
-
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.smartctl import (
+    parse_smartctl_json,
+    smart_metrics,
+)
 from conftest import FIXTURES, TOP, fixture_text
 
+from stethoscope.catalog import Catalog, CatalogError, default_path
+
 CATALOG = Catalog.load()
-UNIT_SUFFIXES = ("_celsius", "_watts", "_mhz", "_mib", "_percent", "_us", "_ms", "_gbit_per_s", "_gb_per_s",
-                 "_mb_per_s", "_total", "_per_second")
+UNIT_SUFFIXES = (
+    "_celsius",
+    "_watts",
+    "_mhz",
+    "_mib",
+    "_percent",
+    "_us",
+    "_ms",
+    "_gbit_per_s",
+    "_gb_per_s",
+    "_mb_per_s",
+    "_total",
+    "_per_second",
+)
 
 
 def emitted_names_in_source() -> set[str]:
@@ -48,20 +63,44 @@ def test_smart_attributes_of_every_real_sample_are_catalogued(fixture):
 
 def test_gpu_metric_rows_from_real_captures_are_catalogued():
     gpus = parse_query_xml(fixture_text("real/h200-vm/commands/nvidia-smi_-q_-x.xml"))["gpus"]
-    rows = gpu_metrics(gpus) + dmon_metrics(parse_dmon(fixture_text("real/h200-vm/commands/nvidia-smi_dmon_-c5_-s_pucvmet.txt")))
+    rows = gpu_metrics(gpus) + dmon_metrics(
+        parse_dmon(fixture_text("real/h200-vm/commands/nvidia-smi_dmon_-c5_-s_pucvmet.txt"))
+    )
     assert {r["name"] for r in rows} <= set(CATALOG.metrics)
 
 
 def test_names_carry_their_unit_or_are_known_exceptions():
-    exceptions = {"gpu_pcie_link_gen", "gpu_pcie_link_width", "gpu_remapped_rows_correctable",
-                  "gpu_remapped_rows_uncorrectable", "gpu_remapped_rows_pending", "gpu_remapping_failure",
-                  "gpu_throttle_reasons_active", "gpu_thermal_violation", "nvlink_link_up", "pcie_link_degraded",
-                  "ib_port_state", "ib_port_phys_state", "ib_port_active_mtu", "rdma_qp_error_count",
-                  "smart_health_passed", "smart_exit_status", "nvme_percentage_used", "nvme_critical_warning",
-                  "cpu_governor_performance", "cpu_max_cstate", "numa_balancing_enabled", "net_mtu",
-                  "nvme_volatile_write_cache_enabled", "train_loss_variance", "cuda_memory_fragmentation_ratio",
-                  "bench_gemm_tflops", "bench_fio_randread_iops", "gpu_retired_pages_pending",
-                  "pcie_aer_status_flags"}
+    exceptions = {
+        "gpu_pcie_link_gen",
+        "gpu_pcie_link_width",
+        "gpu_remapped_rows_correctable",
+        "gpu_remapped_rows_uncorrectable",
+        "gpu_remapped_rows_pending",
+        "gpu_remapping_failure",
+        "gpu_throttle_reasons_active",
+        "gpu_thermal_violation",
+        "nvlink_link_up",
+        "pcie_link_degraded",
+        "ib_port_state",
+        "ib_port_phys_state",
+        "ib_port_active_mtu",
+        "rdma_qp_error_count",
+        "smart_health_passed",
+        "smart_exit_status",
+        "nvme_percentage_used",
+        "nvme_critical_warning",
+        "cpu_governor_performance",
+        "cpu_max_cstate",
+        "numa_balancing_enabled",
+        "net_mtu",
+        "nvme_volatile_write_cache_enabled",
+        "train_loss_variance",
+        "cuda_memory_fragmentation_ratio",
+        "bench_gemm_tflops",
+        "bench_fio_randread_iops",
+        "gpu_retired_pages_pending",
+        "pcie_aer_status_flags",
+    }
     for name, spec in CATALOG.metrics.items():
         if name.startswith("smart_") and name not in exceptions:
             continue  # SMART attributes keep their vendor names

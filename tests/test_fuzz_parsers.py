@@ -13,10 +13,9 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils import (
     smartctl,
 )
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
+from conftest import fixture_text
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from conftest import fixture_text
 
 PARSERS = {
     "nvidia-smi -q -x": nvidia_smi.parse_query_xml,
@@ -77,12 +76,29 @@ def test_mutated_real_output(name, data):
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
+    ),
     max_leaves=20,
 )
 SMARTCTL_KEYS = st.sampled_from(
-    ["smartctl", "device", "ata_smart_attributes", "table", "raw", "string", "value", "name", "smart_status",
-     "passed", "temperature", "current", "nvme_smart_health_information_log", "messages", "exit_status"]
+    [
+        "smartctl",
+        "device",
+        "ata_smart_attributes",
+        "table",
+        "raw",
+        "string",
+        "value",
+        "name",
+        "smart_status",
+        "passed",
+        "temperature",
+        "current",
+        "nvme_smart_health_information_log",
+        "messages",
+        "exit_status",
+    ]
 )
 SHAPED = st.recursive(
     st.none() | st.integers() | st.text(max_size=8),
@@ -107,6 +123,7 @@ def test_json_of_the_wrong_shape(name, value):
         ("ibstat", "CA 'mlx5_0'\n\tPort x:\n"),
         ("nvidia-smi dmon", "# gpu pwr\n# Idx W\n 0 x\n"),
         ("nvlink -e", "GPU 0: X\n\t Link 0: CRC Errors: 9999999999999999999999\n"),
+        ("nvlink -s", "GPU 0: X\n\t Link 0: 26..562 GB/s\n"),
         ("smartctl -j", '{"smartctl": {"exit_status": "x"}, "ata_smart_attributes": {"table": [1]}}'),
     ],
 )

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, REAL, ansible_env
 
 
@@ -34,12 +33,28 @@ def fake_tools(bindir: Path, log: Path, tools: dict[str, dict[str, str] | str]) 
 
 def run_module(tmp_path: Path, module: str, args: dict, bindir: Path, check: bool = False) -> dict:
     tree = tmp_path / "tree"
-    env = ansible_env(tmp_path, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}",
-                      ANSIBLE_CALLBACKS_ENABLED="ansible.builtin.tree", ANSIBLE_CALLBACK_TREE_DIR=str(tree),
-                      ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
+    env = ansible_env(
+        tmp_path,
+        PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}",
+        ANSIBLE_CALLBACKS_ENABLED="ansible.builtin.tree",
+        ANSIBLE_CALLBACK_TREE_DIR=str(tree),
+        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+    )
     shutil.rmtree(tree, ignore_errors=True)
-    command = [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", f"aicluster.stethoscope.{module}",
-               "-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"]
+    command = [
+        str(Path(sys.executable).parent / "ansible"),
+        "localhost",
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-m",
+        f"aicluster.stethoscope.{module}",
+        "-a",
+        json.dumps(args),
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+    ]
     if check:
         command.append("--check")
     proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
@@ -52,12 +67,18 @@ def run_module(tmp_path: Path, module: str, args: dict, bindir: Path, check: boo
 @pytest.fixture
 def h200(tmp_path):
     bindir, log = tmp_path / "bin", tmp_path / "argv.log"
-    fake_tools(bindir, log, {
-        "nvidia-smi": {"-q -x": "real/h200-vm/commands/nvidia-smi_-q_-x.xml",
-                       "dmon -c 1 -s pucvmet": "real/h200-vm/commands/nvidia-smi_dmon_-c5_-s_pucvmet.txt",
-                       "nvlink -s": "real/h200-vm/commands/nvidia-smi_nvlink_--status.txt"},
-        "dmesg": "real/h200-vm/commands/dmesg_nvrm_lines.txt",
-    })
+    fake_tools(
+        bindir,
+        log,
+        {
+            "nvidia-smi": {
+                "-q -x": "real/h200-vm/commands/nvidia-smi_-q_-x.xml",
+                "dmon -c 1 -s pucvmet": "real/h200-vm/commands/nvidia-smi_dmon_-c5_-s_pucvmet.txt",
+                "nvlink -s": "real/h200-vm/commands/nvidia-smi_nvlink_--status.txt",
+            },
+            "dmesg": "real/h200-vm/commands/dmesg_nvrm_lines.txt",
+        },
+    )
     return bindir, log
 
 
@@ -99,7 +120,9 @@ def test_garbage_output_fails_naming_tool_and_line(tmp_path):
     root = tmp_path / "root"
     (root / "sys/block/sda").mkdir(parents=True)
     fake_tools(bindir, log, {"smartctl": "echo 'smartctl 7.3 2022-02-28 r5338'; echo 'not json at all'"})
-    result = run_module(tmp_path, "smart_facts", {"root": str(root), "state_dir": str(tmp_path / "s")}, bindir)
+    result = run_module(
+        tmp_path, "smart_facts", {"root": str(root), "state_dir": str(tmp_path / "s")}, bindir
+    )
     assert result["failed"] is True
     assert result["msg"].startswith("smartctl -j: not JSON") and "at line 1" in result["msg"]
     assert "module_stderr" not in result and "Traceback" not in json.dumps(result)
@@ -118,9 +141,12 @@ def test_tuning_reads_the_volatile_write_cache_feature_0x06(tmp_path):
     root = tmp_path / "root"
     shutil.copytree(REAL / "root", root)
     (root / "sys/class/nvme/nvme0").mkdir(parents=True)
-    fake_tools(bindir, log, {"nvme": "echo 'get-feature:0x06 (Volatile Write Cache), Current value:0x00000001'"})
-    result = run_module(tmp_path, "tuning_facts", {"root": str(root), "state_dir": str(tmp_path / "s")}, bindir,
-                        check=True)
+    fake_tools(
+        bindir, log, {"nvme": "echo 'get-feature:0x06 (Volatile Write Cache), Current value:0x00000001'"}
+    )
+    result = run_module(
+        tmp_path, "tuning_facts", {"root": str(root), "state_dir": str(tmp_path / "s")}, bindir, check=True
+    )
     assert log.read_text().splitlines() == ["nvme get-feature /dev/nvme0 --feature-id=0x06"]
     tuning = result["ansible_facts"]["stethoscope_tuning"]
     assert tuning["nvme_volatile_write_cache"] == {"nvme0": {"enabled": 1}}
@@ -134,7 +160,9 @@ def test_health_facts_reports_the_failed_collector_and_keeps_the_others(tmp_path
     root = tmp_path / "root"
     shutil.copytree(REAL / "root", root)
     (root / "sys/block/nvme0n1").mkdir(parents=True)
-    result = run_module(tmp_path, "health_facts", {"root": str(root), "state_dir": str(tmp_path / "s")}, bindir)
+    result = run_module(
+        tmp_path, "health_facts", {"root": str(root), "state_dir": str(tmp_path / "s")}, bindir
+    )
     assert result["failed"] is True and result["failed_collectors"] == ["smart"]
     assert "stethoscope_gpu" in result["ansible_facts"] and "stethoscope_tuning" in result["ansible_facts"]
     assert any(row["name"] == "gpu_temperature_celsius" for row in result["stethoscope_metrics"])

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.kernel_log import normalize_bdf, parse_xid_events
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.kernel_log import (
+    normalize_bdf,
+    parse_xid_events,
+)
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvlink import (
     parse_errors,
     parse_status,
     parse_throughput,
 )
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
-
 from conftest import fixture_text
 
 
@@ -39,7 +41,9 @@ def test_bus_ids_from_xid_and_nvidia_smi_agree(raw, expected):
 def test_nvlink_status_8xa100():
     gpus = parse_status(fixture_text("public/nvidia-smi/nvlink_status_8xA100_gpud.txt"))
     assert sorted(gpus) == list(range(8))
-    assert all(len(g["links"]) == 12 and all(link["up"] for link in g["links"].values()) for g in gpus.values())
+    assert all(
+        len(g["links"]) == 12 and all(link["up"] for link in g["links"].values()) for g in gpus.values()
+    )
     assert gpus[0]["links"][0]["speed_gb_s"] == 25
 
 
@@ -50,8 +54,14 @@ def test_nvlink_status_h100_tab_indented():
 
 def test_all_links_inactive_is_a_fact_not_absence():
     gpus = parse_status(fixture_text("public/nvidia-smi/nvlink_status_a100_all_links_inactive_UNHEALTHY.txt"))
-    assert gpus == {6: {"name": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-9667d95e-6d22-0c22-1f57-c481f13e7c44",
-                        "all_inactive": True, "links": {}}}
+    assert gpus == {
+        6: {
+            "name": "NVIDIA A100-SXM4-80GB",
+            "uuid": "GPU-9667d95e-6d22-0c22-1f57-c481f13e7c44",
+            "all_inactive": True,
+            "links": {},
+        }
+    }
 
 
 def test_h200_without_nvlink_prints_nothing():
@@ -63,7 +73,9 @@ def test_error_and_throughput_counters():
     # No real `nvlink -e` / `-gt d` sample exists (fixtures README); these follow nvidia-smi's format.
     errors = parse_errors("GPU 0: X (UUID: GPU-1)\n\t Link 0: Replay Errors: 1\n\t Link 0: CRC Errors: 7\n")
     assert errors == {0: {0: {"replay": 1, "crc": 7}}}
-    data = parse_throughput("GPU 0: X (UUID: GPU-1)\n\t Link 1: Data Tx: 2 MiB\n\t Link 1: Data Rx: 512 KiB\n")
+    data = parse_throughput(
+        "GPU 0: X (UUID: GPU-1)\n\t Link 1: Data Tx: 2 MiB\n\t Link 1: Data Rx: 512 KiB\n"
+    )
     assert data == {0: {1: {"data_kib": 2560}}}
 
 

@@ -11,7 +11,6 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvidia_smi i
     parse_query_xml,
 )
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
-
 from conftest import fixture_text
 
 

@@ -21,7 +21,6 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.pcie import 
     parse_link_speed,
     parse_lspci_vvv,
 )
-
 from conftest import PUBLIC, fixture_text
 
 GPUD = PUBLIC / "sysfs/sys-class-infiniband-h100_gpud"
@@ -51,7 +50,9 @@ def test_aer_garbage():
 
 
 def test_lspci_h100_correctable_status_bits():
-    (device,) = parse_lspci_vvv(fixture_text("public/lspci/lspci_vvv_H100-SXM5_10de-2330_AER_CESta_RxErr_BadTLP.txt"))
+    (device,) = parse_lspci_vvv(
+        fixture_text("public/lspci/lspci_vvv_H100-SXM5_10de-2330_AER_CESta_RxErr_BadTLP.txt")
+    )
     assert device["bdf"] == "0000:19:00.0"
     assert device["cesta"] == ["RxErr", "BadTLP", "Timeout"] and device["uesta"] == []
     assert (device["lnk_sta_speed"], device["lnk_sta_width"]) == (32.0, 16)
@@ -64,14 +65,24 @@ def test_lspci_switch_uncorrectable_status_bits():
 
 @pytest.mark.parametrize(
     "width, max_width, speed, max_speed, busy, degraded",
-    [(8, 16, 8.0, 8.0, False, 1), (16, 16, 2.5, 32.0, False, 0), (16, 16, 2.5, 32.0, True, 1), (16, 16, 32, 32, True, 0)],
+    [
+        (8, 16, 8.0, 8.0, False, 1),
+        (16, 16, 2.5, 32.0, False, 0),
+        (16, 16, 2.5, 32.0, True, 1),
+        (16, 16, 32, 32, True, 0),
+    ],
 )
 def test_link_degradation_rule(width, max_width, speed, max_speed, busy, degraded):
     assert link_degraded(width, max_width, speed, max_speed, busy) == degraded
 
 
 def test_real_h200_sysfs_link_speed():
-    assert parse_link_speed(fixture_text("real/h200-vm/root/sys/bus/pci/devices/0000:00:06.0/current_link_speed")) == 32.0
+    assert (
+        parse_link_speed(
+            fixture_text("real/h200-vm/root/sys/bus/pci/devices/0000:00:06.0/current_link_speed")
+        )
+        == 32.0
+    )
 
 
 def test_gpud_sysfs_port_attributes():
@@ -87,7 +98,9 @@ def test_i40iw_counter_without_pma_is_unknown():
 
 def test_ibv_devinfo_cx7():
     ports = parse_ibv_devinfo(fixture_text("public/infiniband/ibv_devinfo_cx7_mt4129_ethernet_stelline.txt"))
-    assert ports == {("mlx5_1", 1): {"state": 4, "max_mtu": 4096, "active_mtu": 4096, "link_layer": "Ethernet"}}
+    assert ports == {
+        ("mlx5_1", 1): {"state": 4, "max_mtu": 4096, "active_mtu": 4096, "link_layer": "Ethernet"}
+    }
 
 
 def test_ibstat_all_active():
@@ -104,7 +117,10 @@ def test_ibstat_ibpanic_is_a_failure_naming_the_line():
 
 def test_rdma_qp_json_counts_err_state():
     # iproute2 documents these keys; no permissively licensed capture exists (fixtures README).
-    qps = [{"ifname": "mlx5_0", "port": 1, "lqpn": 1, "state": "RTS"}, {"ifname": "mlx5_0", "port": 1, "state": "ERR"}]
+    qps = [
+        {"ifname": "mlx5_0", "port": 1, "lqpn": 1, "state": "RTS"},
+        {"ifname": "mlx5_0", "port": 1, "state": "ERR"},
+    ]
     assert parse_rdma_qp_json(json.dumps(qps)) == {"mlx5_0/1": {"total": 2, "error": 1}}
     with pytest.raises(ParseError):
         parse_rdma_qp_json('{"not": "a list"}')

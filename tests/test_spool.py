@@ -15,13 +15,21 @@ from stethoscope.spool import Spool
 from stethoscope.store import Store
 from stethoscope.writer import Writer
 
-
 NOW = time.time_ns() // 1_000_000 - 3_600_000  # within the raw TTL
 
 
 def rows(n, node="n1", start=NOW):
-    return [{"node_id": node, "metric_name": "gpu_power_watts", "device": "gpu0", "labels": {}, "value": float(i),
-             "timestamp": start + i} for i in range(n)]
+    return [
+        {
+            "node_id": node,
+            "metric_name": "gpu_power_watts",
+            "device": "gpu0",
+            "labels": {},
+            "value": float(i),
+            "timestamp": start + i,
+        }
+        for i in range(n)
+    ]
 
 
 def stored(dsn, database="stethoscope"):
@@ -65,11 +73,25 @@ def test_unreachable_sink_spools_and_the_next_write_replays(tmp_path, tmp_dsn):
 
 
 def test_bench_rows_are_on_disk_before_the_write_and_gone_after(tmp_path, tmp_dsn):
-    bench = {"run_id": "r1", "node_id": "n1", "suite": "storage", "metric_name": "bench_fio_randread_iops",
-             "device": "nvme0n1", "labels": {}, "value": 1e6, "unit": "iops", "repetition": 1,
-             "class_fingerprint": "c", "node_fingerprint": "n", "unstable": 0, "timestamp": NOW}
+    bench = {
+        "run_id": "r1",
+        "node_id": "n1",
+        "suite": "storage",
+        "metric_name": "bench_fio_randread_iops",
+        "device": "nvme0n1",
+        "labels": {},
+        "value": 1e6,
+        "unit": "iops",
+        "repetition": 1,
+        "class_fingerprint": "c",
+        "node_fingerprint": "n",
+        "unstable": 0,
+        "timestamp": NOW,
+    }
     down = Writer("http://127.0.0.1:9/x", tmp_path / "spool", timeout=3).write(Batch(bench=[bench]))
-    assert down.spooled == 1 and [p.name.split("-")[0] for p in Spool(tmp_path / "spool").pending()] == ["bench_results"]
+    assert down.spooled == 1 and [p.name.split("-")[0] for p in Spool(tmp_path / "spool").pending()] == [
+        "bench_results"
+    ]
     Writer(tmp_dsn, tmp_path / "spool").write(Batch())
     assert Spool(tmp_path / "spool").pending() == []
     with Store(tmp_dsn) as store:
@@ -79,7 +101,11 @@ def test_bench_rows_are_on_disk_before_the_write_and_gone_after(tmp_path, tmp_ds
 def test_kill_9_mid_write_loses_nothing_acknowledged(tmp_path, tmp_dsn):
     """A writer appends batches and prints each acknowledgement; it is killed at a random moment."""
     spool_dir = tmp_path / "spool"
-    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         from stethoscope.spool import Spool
         spool = Spool({str(spool_dir)!r})
         for batch in range(100000):
@@ -87,7 +113,11 @@ def test_kill_9_mid_write_loses_nothing_acknowledged(tmp_path, tmp_dsn):
                 "device": "gpu0", "labels": {{}}, "value": float(i), "timestamp": {NOW} + i}}
                 for i in range(500)])
             print(batch, flush=True)
-    """)], stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 30
     acknowledged = -1
     while acknowledged < 20 and time.time() < deadline:

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+
 from stethoscope.batch import Batch, MetricColumns
 from stethoscope.dsn import redact, resolve_dsn
 from stethoscope.schema import cluster_ddl
@@ -29,10 +30,23 @@ def count(store, where="1"):
 
 def test_schema_is_idempotent(store):
     store.init_schema()
-    tables = {row[0] for row in store.query(
-        "SELECT name FROM system.tables WHERE database = {db:String}", {"db": store.database})}
-    assert {"metrics", "metrics_daily", "metrics_daily_mv", "facts", "bench_results", "fingerprints", "nodes",
-            "findings", "actions"} <= tables
+    tables = {
+        row[0]
+        for row in store.query(
+            "SELECT name FROM system.tables WHERE database = {db:String}", {"db": store.database}
+        )
+    }
+    assert {
+        "metrics",
+        "metrics_daily",
+        "metrics_daily_mv",
+        "facts",
+        "bench_results",
+        "fingerprints",
+        "nodes",
+        "findings",
+        "actions",
+    } <= tables
 
 
 def test_rows_differing_only_in_labels_never_collapse_but_a_resent_row_does(store):
@@ -53,19 +67,29 @@ def test_label_order_does_not_make_a_new_series(store):
 
 
 def test_daily_rollup(store):
-    store.insert_metrics(metrics(*[("n1", "gpu_temperature_celsius", "gpu0", {}, v, T0 + i * 60_000)
-                                   for i, v in enumerate([30, 50, 40])]))
+    store.insert_metrics(
+        metrics(
+            *[
+                ("n1", "gpu_temperature_celsius", "gpu0", {}, v, T0 + i * 60_000)
+                for i, v in enumerate([30, 50, 40])
+            ]
+        )
+    )
     row = store.query(
         f"SELECT min(min_value), max(max_value), avgMerge(avg_value), argMaxMerge(last_value), sum(samples) "
-        f"FROM {store.database}.metrics_daily WHERE node_id = 'n1'")[0]
+        f"FROM {store.database}.metrics_daily WHERE node_id = 'n1'"
+    )[0]
     assert row == (30, 50, 40, 40, 3)
 
 
 def test_row_tables(store):
     batch = Batch()
-    batch.facts.append({"node_id": "n1", "collector": "gpu", "run_id": "r", "collected_at": T0, "facts": "{}"})
-    batch.nodes.append({"node_id": "n1", "slurm_name": "n1", "rack": "r1", "switch": "s1", "groups": ["g"],
-                        "updated_at": T0})
+    batch.facts.append(
+        {"node_id": "n1", "collector": "gpu", "run_id": "r", "collected_at": T0, "facts": "{}"}
+    )
+    batch.nodes.append(
+        {"node_id": "n1", "slurm_name": "n1", "rack": "r1", "switch": "s1", "groups": ["g"], "updated_at": T0}
+    )
     assert store.write_batch(batch) == 2
     assert store.query(f"SELECT rack, groups FROM {store.database}.nodes FINAL") == [("r1", ["g"])]
 
@@ -100,11 +124,18 @@ def test_password_never_printed():
 def test_embedded_database_held_by_another_process(tmp_path):
     path = tmp_path / "db"
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import sys, time
             from stethoscope.store import Store
             s = Store("chdb://{path}").open(); s.init_schema(); print("held", flush=True); time.sleep(60)
-        """)], stdout=subprocess.PIPE, text=True)
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(StoreError, match="embedded database in use by another process"):

@@ -54,12 +54,26 @@ PROFILES = [
     Profile("h200", {"sda": "sata_ssd_samsung_pm883_healthy.json"}, faults=("thermal_throttle",)),
     Profile("h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, faults=("row_remap_pending",)),
     Profile("a100", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, ib="procfs", nvlink=True, aer=True),
-    Profile("a100", {"sda": "sata_ssd_samsung_pm883_healthy.json"}, ib="procfs", nvlink=True, aer=True,
-            faults=("nvlink_crc", "aer_storm")),
-    Profile("t4", {"sda": "sata_ssd_intel_s4500_realloc4_wear55.json", "sdb": "sata_hdd_seagate_realloc304.json"},
-            faults=("worn_ssd",)),
-    Profile("h200", {"nvme0n1": "nvme_intel_p4500_worn_pctused75.json"}, ib="gpud", aer=True,
-            faults=("ib_port_down", "ib_symbol_errors", "qp_error", "mtu_mismatch")),
+    Profile(
+        "a100",
+        {"sda": "sata_ssd_samsung_pm883_healthy.json"},
+        ib="procfs",
+        nvlink=True,
+        aer=True,
+        faults=("nvlink_crc", "aer_storm"),
+    ),
+    Profile(
+        "t4",
+        {"sda": "sata_ssd_intel_s4500_realloc4_wear55.json", "sdb": "sata_hdd_seagate_realloc304.json"},
+        faults=("worn_ssd",),
+    ),
+    Profile(
+        "h200",
+        {"nvme0n1": "nvme_intel_p4500_worn_pctused75.json"},
+        ib="gpud",
+        aer=True,
+        faults=("ib_port_down", "ib_symbol_errors", "qp_error", "mtu_mismatch"),
+    ),
 ]
 GPU_XML = {
     "h200": REAL / "commands" / "nvidia-smi_-q_-x.xml",
@@ -204,8 +218,10 @@ def dynamic_files(node: Path, profile: Profile, step: int) -> None:
         data.setdefault("device", {})["name"] = f"/dev/{disk}"
         write(out / f"smartctl_{disk}.json", json.dumps(data, indent=1))
         if disk.startswith("nvme"):
-            write(out / f"SYNTHETIC_nvme_get-feature_{disk[:5]}.txt",
-                  "get-feature:0x06 (Volatile Write Cache), Current value:0x00000001\n")
+            write(
+                out / f"SYNTHETIC_nvme_get-feature_{disk[:5]}.txt",
+                "get-feature:0x06 (Volatile Write Cache), Current value:0x00000001\n",
+            )
     write(out / "SYNTHETIC_rdma_res_show_qp.json", rdma_qps(profile, step))
     if profile.ib == "gpud":
         write(out / "ibv_devinfo.txt", ibv_devinfo(profile))
@@ -248,7 +264,9 @@ def _per_link(profile: Profile, render) -> str:
     out, current = [], None
     for gpu, link in _links():
         if gpu != current:
-            out.append(f"GPU {gpu}: NVIDIA A100-SXM4-80GB (UUID: GPU-00000000-0000-0000-0000-00000000000{gpu})")
+            out.append(
+                f"GPU {gpu}: NVIDIA A100-SXM4-80GB (UUID: GPU-00000000-0000-0000-0000-00000000000{gpu})"
+            )
             current = gpu
         out.extend("\t " + line for line in render(gpu, link))
     return "\n".join(out) + "\n"
@@ -257,7 +275,11 @@ def _per_link(profile: Profile, render) -> str:
 def nvlink_errors(profile: Profile, step: int) -> str:
     def render(gpu: int, link: int) -> list[str]:
         crc = 40 * step if "nvlink_crc" in profile.faults and gpu == 2 and link == 3 else 0
-        return [f"Link {link}: Replay Errors: 0", f"Link {link}: Recovery Errors: 0", f"Link {link}: CRC Errors: {crc}"]
+        return [
+            f"Link {link}: Replay Errors: 0",
+            f"Link {link}: Recovery Errors: 0",
+            f"Link {link}: CRC Errors: {crc}",
+        ]
 
     return _per_link(profile, render)
 
@@ -278,8 +300,19 @@ def rdma_qps(profile: Profile, step: int) -> str:
     for hca in hcas:
         for lqpn in range(4):
             error = "qp_error" in profile.faults and hca == "mlx5_1" and lqpn < 1 + min(step, 2)
-            qps.append({"ifindex": 1, "ifname": hca, "port": 1, "lqpn": 100 + lqpn, "type": "RC",
-                        "state": "ERR" if error else "RTS", "sq-psn": 0, "pid": 4242, "comm": "all_reduce_perf"})
+            qps.append(
+                {
+                    "ifindex": 1,
+                    "ifname": hca,
+                    "port": 1,
+                    "lqpn": 100 + lqpn,
+                    "type": "RC",
+                    "state": "ERR" if error else "RTS",
+                    "sq-psn": 0,
+                    "pid": 4242,
+                    "comm": "all_reduce_perf",
+                }
+            )
     return json.dumps(qps) + "\n"
 
 
@@ -316,8 +349,11 @@ def tool_scripts(node: Path, profile: Profile) -> None:
     bindir.mkdir(parents=True)
     tools = {name: dict(cases) for name, cases in TOOLS.items()}
     tools["smartctl"] = {f"-j -a /dev/{disk}": f"smartctl_{disk}.json" for disk in profile.disks}
-    nvme = {f"get-feature /dev/{d[:5]} --feature-id=0x06": f"SYNTHETIC_nvme_get-feature_{d[:5]}.txt"
-            for d in profile.disks if d.startswith("nvme")}
+    nvme = {
+        f"get-feature /dev/{d[:5]} --feature-id=0x06": f"SYNTHETIC_nvme_get-feature_{d[:5]}.txt"
+        for d in profile.disks
+        if d.startswith("nvme")
+    }
     if nvme:
         tools["nvme"] = nvme
     if profile.ib == "gpud":
@@ -325,8 +361,12 @@ def tool_scripts(node: Path, profile: Profile) -> None:
     if profile.ib is None:
         tools.pop("rdma")
     for name, cases in tools.items():
-        lines = ["#!/bin/sh", f"# lab replay of {name}: recorded output chosen by the arguments", f'd="{out}"',
-                 'case "$*" in']
+        lines = [
+            "#!/bin/sh",
+            f"# lab replay of {name}: recorded output chosen by the arguments",
+            f'd="{out}"',
+            'case "$*" in',
+        ]
         for args, file_name in cases.items():
             status = "4" if name == "smartctl" and "failed" in file_name else "0"
             pattern = '"' + args.replace("*", '"*"') + '"'
@@ -365,7 +405,9 @@ def write_inventory(count: int, path: Path) -> None:
     for rack, group in racks.items():
         lines.append(f"        {rack}:")
         lines.append("          hosts:")
-        lines.extend(f"            {host}: {{slurm_name: {v['slurm_name']}}}" for host, v in group["hosts"].items())
+        lines.extend(
+            f"            {host}: {{slurm_name: {v['slurm_name']}}}" for host, v in group["hosts"].items()
+        )
         lines.append(f"          vars: {{rack: {group['vars']['rack']}, switch: {group['vars']['switch']}}}")
     write(path, "\n".join(lines) + "\n")
     group_vars = path.parent / "group_vars"
@@ -388,7 +430,9 @@ def advance() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     build_cmd = commands.add_parser("build", help="rebuild .lab at step 0")
     build_cmd.add_argument("--nodes", type=int, default=DEFAULT_NODES)

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 
@@ -106,7 +105,9 @@ class CallbackModule(CallbackBase):
         if self.disabled:
             return
         self._batch_size = max(1, int(self.get_option("batch_size")))
-        self._writer = Writer(self.get_option("dsn"), self.get_option("spool_dir"), float(self.get_option("timeout")))
+        self._writer = Writer(
+            self.get_option("dsn"), self.get_option("spool_dir"), float(self.get_option("timeout"))
+        )
         self._database = self.get_option("database")
         try:
             self._catalog = default_catalog()
@@ -128,14 +129,16 @@ class CallbackModule(CallbackBase):
             now = int(time.time() * 1000)
             for host in inventory.get_hosts(play.hosts):
                 host_vars = manager.get_vars(play=play, host=host, include_hostvars=False)
-                self._batch.nodes.append({
-                    "node_id": host.get_name(),
-                    "slurm_name": str(host_vars.get("slurm_name") or host.get_name()),
-                    "rack": str(host_vars.get("rack") or ""),
-                    "switch": str(host_vars.get("switch") or ""),
-                    "groups": sorted(g.get_name() for g in host.get_groups() if g.get_name() != "all"),
-                    "updated_at": now,
-                })
+                self._batch.nodes.append(
+                    {
+                        "node_id": host.get_name(),
+                        "slurm_name": str(host_vars.get("slurm_name") or host.get_name()),
+                        "rack": str(host_vars.get("rack") or ""),
+                        "switch": str(host_vars.get("switch") or ""),
+                        "groups": sorted(g.get_name() for g in host.get_groups() if g.get_name() != "all"),
+                        "updated_at": now,
+                    }
+                )
         except Exception as exc:  # topology is a nicety; the sweep's rows matter more
             self._warn_once("topology", "inventory topology not recorded: %s" % exc)
 
@@ -161,8 +164,10 @@ class CallbackModule(CallbackBase):
         if self._catalog is not None:
             for name in set(rows.metrics.metric_name):
                 if name not in self._catalog:
-                    self._warn_once("metric:" + name, "metric %r from %s is not in rules/metrics.yml (stored anyway)"
-                                    % (name, node_id))
+                    self._warn_once(
+                        "metric:" + name,
+                        "metric %r from %s is not in rules/metrics.yml (stored anyway)" % (name, node_id),
+                    )
         self._batch.metrics.extend(rows.metrics)
         self._batch.facts.extend(rows.facts)
         self._batch.bench.extend(rows.bench)
@@ -181,8 +186,10 @@ class CallbackModule(CallbackBase):
         for problem in report.problems:
             self._warn_once("spool:" + problem, "spool: " + problem)
         if report.error:
-            self._warn_once("write-error", "ClickHouse write failed (%s); rows spooled and replayed on the next write"
-                            % report.error)
+            self._warn_once(
+                "write-error",
+                "ClickHouse write failed (%s); rows spooled and replayed on the next write" % report.error,
+            )
         elif report.replayed:
             self._display.vv("stethoscope: replayed %d spooled rows" % report.replayed)
         self._display.vv("stethoscope: %s" % json.dumps(report.__dict__))

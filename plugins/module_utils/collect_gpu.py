@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """GPU health: `nvidia-smi -q -x`, `nvidia-smi dmon` and XID events from the kernel log."""
@@ -10,7 +9,10 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector im
     result,
     run_checked,
 )
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.kernel_log import normalize_bdf, parse_xid_events
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.kernel_log import (
+    normalize_bdf,
+    parse_xid_events,
+)
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.metric_rows import metric
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvidia_smi import (
     dmon_metrics,
@@ -36,7 +38,7 @@ def collect(ctx, dmon_samples=1, read_kernel_log=True):
     try:
         query = parse_query_xml(out)
     except ParseError as exc:
-        raise CollectorError(str(exc), argv, rc, out, err)
+        raise CollectorError(str(exc), argv, rc, out, err) from None
     gpus = query["gpus"]
     if not gpus:
         return result(False, {"reason": "nvidia-smi lists no GPU", "driver_version": query["driver_version"]})
@@ -58,13 +60,15 @@ def _dmon(ctx, samples, warnings):
     argv = ["nvidia-smi", "dmon", "-c", str(samples), "-s", "pucvmet"]
     rc, out, err = ctx.run(argv)
     if rc != 0:
-        warnings.append("nvidia-smi dmon: exit code %s: %s; PCIe rx/tx and violation metrics skipped"
-                        % (rc, (err or out).strip()[:200]))
+        warnings.append(
+            "nvidia-smi dmon: exit code %s: %s; PCIe rx/tx and violation metrics skipped"
+            % (rc, (err or out).strip()[:200])
+        )
         return []
     try:
         return dmon_metrics(parse_dmon(out))
     except ParseError as exc:
-        raise CollectorError(str(exc), argv, rc, out, err)
+        raise CollectorError(str(exc), argv, rc, out, err) from None
 
 
 def _xid(ctx, gpus, warnings):
@@ -76,8 +80,10 @@ def _xid(ctx, gpus, warnings):
     cursor = state.get("cursor", {}) if same_boot else {}
     rc, out, err = ctx.run(["dmesg"])
     if rc != 0:
-        warnings.append("dmesg: exit code %s (%s): XID events not read this sweep; root may be needed"
-                        % (rc, (err or out).strip()[:200]))
+        warnings.append(
+            "dmesg: exit code %s (%s): XID events not read this sweep; root may be needed"
+            % (rc, (err or out).strip()[:200])
+        )
         return {"source": "dmesg", "readable": False, "events": [], "metrics": _xid_rows(counts)}
     events = parse_xid_events(out)
     by_bus = {normalize_bdf(gpu["bus_id"]): gpu["device"] for gpu in gpus if gpu.get("bus_id")}
@@ -96,13 +102,21 @@ def _xid(ctx, gpus, warnings):
         counts[key] = counts.get(key, 0) + 1
         new_events.append(dict(event, device=device))
     timed = [e["monotonic"] for e in events if e["monotonic"] is not None]
-    ctx.save_state("gpu_xid", {
+    ctx.save_state(
+        "gpu_xid",
+        {
+            "boot_id": boot_id,
+            "cursor": {"monotonic": max([*timed, last_seen]), "untimed": max(untimed, seen_untimed)},
+            "counts": counts,
+        },
+    )
+    return {
+        "source": "dmesg",
+        "readable": True,
         "boot_id": boot_id,
-        "cursor": {"monotonic": max(timed + [last_seen]), "untimed": max(untimed, seen_untimed)},
-        "counts": counts,
-    })
-    return {"source": "dmesg", "readable": True, "boot_id": boot_id, "events": new_events,
-            "metrics": _xid_rows(counts)}
+        "events": new_events,
+        "metrics": _xid_rows(counts),
+    }
 
 
 def _xid_rows(counts):

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """NVLink state and error counters; the error rate comes from deltas between sweeps."""
@@ -19,8 +18,11 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvlink impor
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
 
 NAME = "nvlink"
-COUNTER_METRICS = {"crc": "nvlink_crc_errors_total", "replay": "nvlink_replay_errors_total",
-                   "recovery": "nvlink_recovery_errors_total"}
+COUNTER_METRICS = {
+    "crc": "nvlink_crc_errors_total",
+    "replay": "nvlink_replay_errors_total",
+    "recovery": "nvlink_recovery_errors_total",
+}
 
 
 def _parsed(ctx, argv, parser, required=True):
@@ -33,7 +35,7 @@ def _parsed(ctx, argv, parser, required=True):
     try:
         return parser(out)
     except ParseError as exc:
-        raise CollectorError(str(exc), argv, 0, out, "")
+        raise CollectorError(str(exc), argv, 0, out, "") from None
 
 
 def collect(ctx):
@@ -66,6 +68,8 @@ def collect(ctx):
                 if d_err >= 0 and d_data > 0:
                     add(rows, "nvlink_error_rate_percent", device, d_err / d_data * 100.0)
     if throughput is None:
-        warnings.append("nvidia-smi nvlink -gt d not available: nvlink_error_rate_percent skipped, counters only")
+        warnings.append(
+            "nvidia-smi nvlink -gt d not available: nvlink_error_rate_percent skipped, counters only"
+        )
     ctx.save_state("nvlink", {"at": now, "links": snapshot})
     return result(True, {"gpus": {str(k): v for k, v in status.items()}, "errors": errors}, rows, warnings)

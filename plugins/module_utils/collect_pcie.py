@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """PCIe AER counts from sysfs for every device, link degradation, and lspci status bits as fallback."""
@@ -34,8 +33,11 @@ def collect(ctx, busy_devices=()):
     rows, devices, with_aer = [], {}, 0
     for bdf in bdfs:
         base = "%s/%s/" % (DEVICES, bdf)
-        entry = {"class": ctx.read(base + "class"), "vendor": ctx.read(base + "vendor"),
-                 "device": ctx.read(base + "device")}
+        entry = {
+            "class": ctx.read(base + "class"),
+            "vendor": ctx.read(base + "vendor"),
+            "device": ctx.read(base + "device"),
+        }
         for file_name, (_total_key, metric_name) in AER_FILES.items():
             text = ctx.read(base + file_name)
             if text is None:
@@ -43,19 +45,32 @@ def collect(ctx, busy_devices=()):
             try:
                 counts = parse_aer_file(file_name, text)
             except ParseError as exc:
-                raise CollectorError("%s (%s)" % (exc, ctx.path(base + file_name)))
+                raise CollectorError("%s (%s)" % (exc, ctx.path(base + file_name))) from None
             entry[file_name] = counts
             rows.append(metric(metric_name, bdf, aer_total(file_name, counts)))
         if any(name in entry for name in AER_FILES):
             with_aer += 1
-        width, max_width = parse_link_width(ctx.read(base + "current_link_width")), parse_link_width(
-            ctx.read(base + "max_link_width"))
-        speed, max_speed = parse_link_speed(ctx.read(base + "current_link_speed")), parse_link_speed(
-            ctx.read(base + "max_link_speed"))
+        width, max_width = (
+            parse_link_width(ctx.read(base + "current_link_width")),
+            parse_link_width(ctx.read(base + "max_link_width")),
+        )
+        speed, max_speed = (
+            parse_link_speed(ctx.read(base + "current_link_speed")),
+            parse_link_speed(ctx.read(base + "max_link_speed")),
+        )
         if max_width is not None or max_speed is not None:
-            entry.update(link_width=width, max_link_width=max_width, link_speed_gt_s=speed,
-                         max_link_speed_gt_s=max_speed)
-            add(rows, "pcie_link_degraded", bdf, link_degraded(width, max_width, speed, max_speed, bdf in busy))
+            entry.update(
+                link_width=width,
+                max_link_width=max_width,
+                link_speed_gt_s=speed,
+                max_link_speed_gt_s=max_speed,
+            )
+            add(
+                rows,
+                "pcie_link_degraded",
+                bdf,
+                link_degraded(width, max_width, speed, max_speed, bdf in busy),
+            )
         devices[bdf] = entry
     facts = {"devices": devices, "aer_source": "sysfs" if with_aer else None}
     warnings = []
@@ -75,7 +90,7 @@ def _lspci_fallback(ctx, facts, warnings):
     try:
         parsed = parse_lspci_vvv(out)
     except ParseError as exc:
-        raise CollectorError(str(exc), argv, 0, out, "")
+        raise CollectorError(str(exc), argv, 0, out, "") from None
     rows = []
     for device in parsed:
         for key, kind in (("cesta", "correctable"), ("uesta", "uncorrectable")):

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """RDMA/InfiniBand ports from /sys/class/infiniband, active MTU from ibv_devinfo, QP states from rdma."""
@@ -35,7 +34,7 @@ def _parse(ctx, parser, *args):
     try:
         return parser(*args)
     except ParseError as exc:
-        raise CollectorError(str(exc))
+        raise CollectorError(str(exc)) from None
 
 
 def _port(ctx, hca, port):
@@ -49,8 +48,9 @@ def _port(ctx, hca, port):
         rows.append(metric("ib_port_state", device, entry["state"]))
     phys_text = ctx.read(base + "phys_state")
     if phys_text is not None:
-        entry["phys_state"], entry["phys_state_name"] = _parse(ctx, parse_numbered_state, tool + "phys_state",
-                                                               phys_text)
+        entry["phys_state"], entry["phys_state_name"] = _parse(
+            ctx, parse_numbered_state, tool + "phys_state", phys_text
+        )
         rows.append(metric("ib_port_phys_state", device, entry["phys_state"]))
     rate_text = ctx.read(base + "rate")
     if rate_text is not None:
@@ -135,21 +135,27 @@ def _drop_rates(ctx, ports):
             continue
         snapshot[key] = sum(known)
         if "at" in previous:
-            add(rows, "rdma_qps_dropped_per_second", key,
-                rate(previous.get("drops", {}).get(key), snapshot[key], now - previous["at"]))
+            add(
+                rows,
+                "rdma_qps_dropped_per_second",
+                key,
+                rate(previous.get("drops", {}).get(key), snapshot[key], now - previous["at"]),
+            )
     ctx.save_state("rdma", {"at": now, "drops": snapshot})
     return rows
 
 
 def _ibstat_fallback(ctx):
     if not ctx.which("ibstat"):
-        return result(False, {"reason": "no %s and no ibstat: no InfiniBand/RDMA on this node" % ctx.path(CLASS)})
+        return result(
+            False, {"reason": "no %s and no ibstat: no InfiniBand/RDMA on this node" % ctx.path(CLASS)}
+        )
     argv = ["ibstat"]
     rc, out, err = ctx.run(argv)
     try:
         ports = parse_ibstat(out)
     except ParseError as exc:
-        raise CollectorError(str(exc), argv, rc, out, err)
+        raise CollectorError(str(exc), argv, rc, out, err) from None
     if rc != 0:
         run_checked(ctx, argv, "ibstat")
     if not ports:

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """SMART and NVMe health of every disk through `smartctl -j -a`."""
@@ -32,16 +31,20 @@ def collect(ctx, devices=None):
         argv = ["smartctl", "-j", "-a", "/dev/%s" % name]
         rc, out, err = ctx.run(argv)
         if rc == 124:
-            raise CollectorError("smartctl -j -a /dev/%s: timed out after %ss" % (name, ctx.timeout), argv, rc, out, err)
+            raise CollectorError(
+                "smartctl -j -a /dev/%s: timed out after %ss" % (name, ctx.timeout), argv, rc, out, err
+            )
         try:
             disk = parse_smartctl_json(out)
         except ParseError as exc:
-            raise CollectorError(str(exc) + " (/dev/%s)" % name, argv, rc, out, err)
+            raise CollectorError(str(exc) + " (/dev/%s)" % name, argv, rc, out, err) from None
         disk["device"] = disk["device"] or name
         disks[name] = disk
         if rc & EXIT_CANNOT_READ:
-            warnings.append("smartctl /dev/%s: exit status %d, device not readable: %s"
-                            % (name, rc, "; ".join(disk["messages"]) or (err or "").strip()))
+            warnings.append(
+                "smartctl /dev/%s: exit status %d, device not readable: %s"
+                % (name, rc, "; ".join(disk["messages"]) or (err or "").strip())
+            )
             continue
         rows += smart_metrics(disk)
     return result(True, {"disks": disks}, rows, warnings)

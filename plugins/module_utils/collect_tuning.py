@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """Tuning state that makes benchmarks comparable: governor, C-states, NUMA balancing, MTU,
@@ -37,11 +36,20 @@ def _cstates(ctx):
         if not re.match(r"state\d+$", state):
             continue
         base = "%s/cpu0/cpuidle/%s/" % (CPU, state)
-        states.append({"index": int(state[5:]), "name": ctx.read(base + "name"),
-                       "disabled": ctx.read(base + "disable") == "1"})
+        states.append(
+            {
+                "index": int(state[5:]),
+                "name": ctx.read(base + "name"),
+                "disabled": ctx.read(base + "disable") == "1",
+            }
+        )
     enabled = [s["index"] for s in states if not s["disabled"]]
     limit = ctx.read("/sys/module/intel_idle/parameters/max_cstate")
-    facts = {"driver": driver, "states": states, "intel_idle_max_cstate": int(limit) if limit and limit.isdigit() else None}
+    facts = {
+        "driver": driver,
+        "states": states,
+        "intel_idle_max_cstate": int(limit) if limit and limit.isdigit() else None,
+    }
     if enabled:
         facts["max_cstate"] = max(enabled)
     elif facts["intel_idle_max_cstate"] is not None:
@@ -56,7 +64,9 @@ def _volatile_write_cache(ctx, warnings):
     if not controllers:
         return {}
     if not ctx.which("nvme"):
-        warnings.append("nvme-cli not found: volatile write cache state of %s not read" % ", ".join(controllers))
+        warnings.append(
+            "nvme-cli not found: volatile write cache state of %s not read" % ", ".join(controllers)
+        )
         return {}
     caches = {}
     for controller in controllers:
@@ -64,12 +74,15 @@ def _volatile_write_cache(ctx, warnings):
         rc, out, err = ctx.run(argv)
         if rc != 0:
             # A drive without a volatile write cache rejects the feature: skipped with the reason.
-            caches[controller] = {"enabled": None, "reason": (err or out).strip()[:200] or "exit code %s" % rc}
+            caches[controller] = {
+                "enabled": None,
+                "reason": (err or out).strip()[:200] or "exit code %s" % rc,
+            }
             continue
         try:
             caches[controller] = {"enabled": parse_get_feature(out) & 0x1}
         except ParseError as exc:
-            raise CollectorError(str(exc) + " (/dev/%s)" % controller, argv, rc, out, err)
+            raise CollectorError(str(exc) + " (/dev/%s)" % controller, argv, rc, out, err) from None
     return caches
 
 
@@ -102,7 +115,9 @@ def collect(ctx):
         "mtu": mtus,
         "nvme_volatile_write_cache": caches,
         "kernel_cmdline": cmdline,
-        "kernel_cmdline_sha256": hashlib.sha256(cmdline.encode()).hexdigest() if cmdline is not None else None,
+        "kernel_cmdline_sha256": hashlib.sha256(cmdline.encode()).hexdigest()
+        if cmdline is not None
+        else None,
     }
     if not governors:
         facts["cpufreq_reason"] = "no cpufreq under %s (VM or driver absent)" % ctx.path(CPU)

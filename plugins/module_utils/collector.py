@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """What every collector gets (the node seen through a root prefix, a command runner, a state file)
@@ -30,8 +29,16 @@ class Context:
     the command ran past `timeout`. Paths are absolute as on the node and read under `root`.
     """
 
-    def __init__(self, runner, which, root="/", state_dir="/var/lib/stethoscope", check_mode=False,
-                 timeout=30, clock=time.time):
+    def __init__(
+        self,
+        runner,
+        which,
+        root="/",
+        state_dir="/var/lib/stethoscope",
+        check_mode=False,
+        timeout=30,
+        clock=time.time,
+    ):
         self._runner = runner
         self.which = which
         self.root = root or "/"
@@ -95,7 +102,9 @@ def run_checked(ctx, argv, tool_label=None, ok_rcs=(0,)):
         raise CollectorError("%s: timed out after %ss" % (label, ctx.timeout), argv, rc, out, err)
     if rc not in ok_rcs:
         detail = (err or out or "").strip().splitlines()
-        raise CollectorError("%s: exit code %s%s" % (label, rc, ": " + detail[0] if detail else ""), argv, rc, out, err)
+        raise CollectorError(
+            "%s: exit code %s%s" % (label, rc, ": " + detail[0] if detail else ""), argv, rc, out, err
+        )
     return out
 
 

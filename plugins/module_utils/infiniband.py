@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """Pure parsers for /sys/class/infiniband attributes, `ibv_devinfo`, `ibstat` and `rdma -j res show qp`."""
@@ -49,7 +48,7 @@ def parse_numbered_state(tool, text):
 
 def parse_rate(tool, text):
     """'400 Gb/sec (4X NDR)' -> 400.0."""
-    match = re.match(r"\s*([\d.]+)\s*Gb/sec", text or "")
+    match = re.match(r"\s*(\d+(?:\.\d+)?)\s*Gb/sec", text or "")
     if not match:
         raise ParseError(tool, "expected '<N> Gb/sec ...'", 1, text)
     return float(match.group(1))
@@ -63,7 +62,7 @@ def parse_counter(tool, text):
     try:
         return int(text)
     except ValueError:
-        raise ParseError(tool, "counter %r is not an integer" % text, 1, text)
+        raise ParseError(tool, "counter %r is not an integer" % text, 1, text) from None
 
 
 def parse_ibv_devinfo(text):

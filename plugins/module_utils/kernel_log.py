@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """Pure parser for NVIDIA XID events in kernel log text (dmesg, dmesg -T, /dev/kmsg records)."""
@@ -26,7 +25,7 @@ def normalize_bdf(text):
     """'PCI:0000:00:06' / '000d:00:00' / '00000000:00:06.0' -> 'dddd:bb:dd' (lower case, no function)."""
     parts = text.lower().replace("pci:", "").split(":")
     if len(parts) == 2:
-        parts = ["0"] + parts
+        parts = ["0", *parts]
     domain, bus, device = parts[-3], parts[-2], parts[-1].split(".")[0]
     return "%04x:%02x:%02x" % (int(domain, 16), int(bus, 16), int(device, 16))
 
@@ -41,11 +40,13 @@ def parse_xid_events(text):
         match = _XID.search(line)
         if not match:
             continue
-        events.append({
-            "monotonic": _monotonic(line),
-            "bdf": normalize_bdf(match.group(1)),
-            "xid": int(match.group(2)),
-            "detail": (match.group(3) or "").strip(),
-            "line": line.strip(),
-        })
+        events.append(
+            {
+                "monotonic": _monotonic(line),
+                "bdf": normalize_bdf(match.group(1)),
+                "xid": int(match.group(2)),
+                "detail": (match.group(3) or "").strip(),
+                "line": line.strip(),
+            }
+        )
     return events

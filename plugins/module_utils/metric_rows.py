@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """Rows of `stethoscope_metrics`: {name, device, value, labels} with catalog names (DESIGN.md)."""

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """Adapts AnsibleModule to collectors: argv-only commands under `timeout`, C locale, one result shape."""
@@ -31,14 +30,22 @@ def make_context(module):
         path = module.get_bin_path(argv[0])
         if path is None:
             return 127, "", "%s: command not found" % argv[0]
-        command = [path] + list(argv[1:])
+        command = [path, *list(argv[1:])]
         if timeout_bin:
-            command = [timeout_bin, "-k", "5", str(timeout)] + command
-        return module.run_command(command, environ_update=C_LOCALE, expand_user_and_vars=False, check_rc=False)
+            command = [timeout_bin, "-k", "5", str(timeout), *command]
+        return module.run_command(
+            command, environ_update=C_LOCALE, expand_user_and_vars=False, check_rc=False
+        )
 
     params = module.params
-    return Context(runner, which, root=params["root"], state_dir=params["state_dir"],
-                   check_mode=module.check_mode, timeout=params["timeout"])
+    return Context(
+        runner,
+        which,
+        root=params["root"],
+        state_dir=params["state_dir"],
+        check_mode=module.check_mode,
+        timeout=params["timeout"],
+    )
 
 
 def run_collectors(module, collectors):
@@ -64,7 +71,11 @@ def run_collectors(module, collectors):
         module.fail_json(
             msg="; ".join(exc.msg for _name, exc in failures),
             failed_collectors=[name for name, _exc in failures],
-            cmd=first.cmd, rc=first.rc, stdout=first.stdout, stderr=first.stderr,
-            ansible_facts=facts, stethoscope_metrics=metrics,
+            cmd=first.cmd,
+            rc=first.rc,
+            stdout=first.stdout,
+            stderr=first.stderr,
+            ansible_facts=facts,
+            stethoscope_metrics=metrics,
         )
     module.exit_json(changed=False, ansible_facts=facts, stethoscope_metrics=metrics)

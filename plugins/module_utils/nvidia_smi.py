@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """Pure parsers for `nvidia-smi -q -x` and `nvidia-smi dmon` output."""
@@ -83,7 +82,7 @@ def _clock_events(gpu):
         return None, []
     mask, active = 0, []
     for child in block:
-        reason = child.tag[len(prefix):] if child.tag.startswith(prefix) else child.tag
+        reason = child.tag[len(prefix) :] if child.tag.startswith(prefix) else child.tag
         if (child.text or "").strip() == "Active":
             active.append(reason)
             mask |= CLOCK_EVENT_BITS.get(reason, 0)
@@ -92,7 +91,7 @@ def _clock_events(gpu):
 
 def _remapped_rows(gpu):
     block = gpu.find("remapped_rows")
-    if block is None or (block.text or "").strip() == "N/A" and len(block) == 0:
+    if block is None or ((block.text or "").strip() == "N/A" and len(block) == 0):
         return None
     if block.find("remapped_row_corr") is not None:
         return {
@@ -129,10 +128,14 @@ def parse_query_xml(text):
         line_no = exc.position[0]
         lines = text.splitlines()
         line = lines[line_no - 1] if 0 < line_no <= len(lines) else None
-        raise ParseError(TOOL_XML, "not XML (%s)" % exc.msg if hasattr(exc, "msg") else "not XML", line_no, line)
+        raise ParseError(
+            TOOL_XML, "not XML (%s)" % exc.msg if hasattr(exc, "msg") else "not XML", line_no, line
+        ) from None
     if root.tag != "nvidia_smi_log":
         line_no, line = first_nonblank(text)
-        raise ParseError(TOOL_XML, "root element is <%s>, expected <nvidia_smi_log>" % root.tag, line_no, line)
+        raise ParseError(
+            TOOL_XML, "root element is <%s>, expected <nvidia_smi_log>" % root.tag, line_no, line
+        )
     gpus = []
     for index, gpu in enumerate(root.findall("gpu")):
         corrected_v, uncorrected_v = _ecc(gpu.find("ecc_errors/volatile"))
@@ -140,38 +143,40 @@ def parse_query_xml(text):
         mask, active = _clock_events(gpu)
         power, power_limit = _power(gpu)
         pending = _yes(gpu, "retired_pages/pending_retirement")
-        gpus.append({
-            "index": index,
-            "device": "gpu%d" % index,
-            "bus_id": gpu.get("id") or _text(gpu, "pci/pci_bus_id"),
-            "name": _text(gpu, "product_name"),
-            "uuid": _text(gpu, "uuid"),
-            "serial": _text(gpu, "serial"),
-            "vbios_version": _text(gpu, "vbios_version"),
-            "pcie_link_gen": _num(gpu, "pci/pci_gpu_link_info/pcie_gen/current_link_gen"),
-            "pcie_link_gen_max": _num(gpu, "pci/pci_gpu_link_info/pcie_gen/max_link_gen"),
-            "pcie_link_width": _num(gpu, "pci/pci_gpu_link_info/link_widths/current_link_width"),
-            "pcie_link_width_max": _num(gpu, "pci/pci_gpu_link_info/link_widths/max_link_width"),
-            "pcie_replay_counter": _num(gpu, "pci/replay_counter"),
-            "clock_event_mask": mask,
-            "clock_events_active": active,
-            "memory_used_mib": _num(gpu, "fb_memory_usage/used"),
-            "utilization_percent": _num(gpu, "utilization/gpu_util"),
-            "ecc_corrected_volatile": corrected_v,
-            "ecc_uncorrected_volatile": uncorrected_v,
-            "ecc_corrected_aggregate": corrected_a,
-            "ecc_uncorrected_aggregate": uncorrected_a,
-            "retired_pages_sbe": _num(gpu, "retired_pages/multiple_single_bit_retirement/retired_count"),
-            "retired_pages_dbe": _num(gpu, "retired_pages/double_bit_retirement/retired_count"),
-            "retired_pages_pending": pending,
-            "remapped_rows": _remapped_rows(gpu),
-            "temperature_celsius": _num(gpu, "temperature/gpu_temp"),
-            "memory_temperature_celsius": _num(gpu, "temperature/memory_temp"),
-            "power_watts": power,
-            "power_limit_watts": power_limit,
-            "sm_clock_mhz": _num(gpu, "clocks/sm_clock"),
-            "memory_clock_mhz": _num(gpu, "clocks/mem_clock"),
-        })
+        gpus.append(
+            {
+                "index": index,
+                "device": "gpu%d" % index,
+                "bus_id": gpu.get("id") or _text(gpu, "pci/pci_bus_id"),
+                "name": _text(gpu, "product_name"),
+                "uuid": _text(gpu, "uuid"),
+                "serial": _text(gpu, "serial"),
+                "vbios_version": _text(gpu, "vbios_version"),
+                "pcie_link_gen": _num(gpu, "pci/pci_gpu_link_info/pcie_gen/current_link_gen"),
+                "pcie_link_gen_max": _num(gpu, "pci/pci_gpu_link_info/pcie_gen/max_link_gen"),
+                "pcie_link_width": _num(gpu, "pci/pci_gpu_link_info/link_widths/current_link_width"),
+                "pcie_link_width_max": _num(gpu, "pci/pci_gpu_link_info/link_widths/max_link_width"),
+                "pcie_replay_counter": _num(gpu, "pci/replay_counter"),
+                "clock_event_mask": mask,
+                "clock_events_active": active,
+                "memory_used_mib": _num(gpu, "fb_memory_usage/used"),
+                "utilization_percent": _num(gpu, "utilization/gpu_util"),
+                "ecc_corrected_volatile": corrected_v,
+                "ecc_uncorrected_volatile": uncorrected_v,
+                "ecc_corrected_aggregate": corrected_a,
+                "ecc_uncorrected_aggregate": uncorrected_a,
+                "retired_pages_sbe": _num(gpu, "retired_pages/multiple_single_bit_retirement/retired_count"),
+                "retired_pages_dbe": _num(gpu, "retired_pages/double_bit_retirement/retired_count"),
+                "retired_pages_pending": pending,
+                "remapped_rows": _remapped_rows(gpu),
+                "temperature_celsius": _num(gpu, "temperature/gpu_temp"),
+                "memory_temperature_celsius": _num(gpu, "temperature/memory_temp"),
+                "power_watts": power,
+                "power_limit_watts": power_limit,
+                "sm_clock_mhz": _num(gpu, "clocks/sm_clock"),
+                "memory_clock_mhz": _num(gpu, "clocks/mem_clock"),
+            }
+        )
     return {
         "driver_version": _text(root, "driver_version"),
         "cuda_version": _text(root, "cuda_version"),
@@ -225,11 +230,13 @@ def parse_dmon(text):
             raise ParseError(TOOL_DMON, "data before the header", number, line)
         fields = stripped.split()
         if len(fields) != len(columns):
-            raise ParseError(TOOL_DMON, "%d fields, header has %d" % (len(fields), len(columns)), number, line)
+            raise ParseError(
+                TOOL_DMON, "%d fields, header has %d" % (len(fields), len(columns)), number, line
+            )
         try:
             index = int(fields[0])
         except ValueError:
-            raise ParseError(TOOL_DMON, "GPU index %r is not a number" % fields[0], number, line)
+            raise ParseError(TOOL_DMON, "GPU index %r is not a number" % fields[0], number, line) from None
         per_gpu = samples.setdefault(index, {})
         for name, raw in zip(columns[1:], fields[1:]):
             if raw == "-":
@@ -237,25 +244,25 @@ def parse_dmon(text):
             try:
                 per_gpu.setdefault(name, []).append(float(raw))
             except ValueError:
-                raise ParseError(TOOL_DMON, "%s value %r is not a number" % (name, raw), number, line)
+                message = "%s value %r is not a number" % (name, raw)
+                raise ParseError(TOOL_DMON, message, number, line) from None
     if columns is None:
         line_no, line = first_nonblank(text)
         raise ParseError(TOOL_DMON, "no '# gpu ...' header", line_no, line)
     return samples
 
 
+def _mean(values):
+    return sum(values) / len(values) if values else None
+
+
 def dmon_metrics(samples):
     rows = []
     for index, columns in sorted(samples.items()):
         dev = "gpu%d" % index
-
-        def mean(name):
-            values = columns.get(name)
-            return sum(values) / len(values) if values else None
-
-        add(rows, "gpu_pcie_rx_mb_per_s", dev, mean("rxpci"))
-        add(rows, "gpu_pcie_tx_mb_per_s", dev, mean("txpci"))
-        add(rows, "gpu_power_violation_percent", dev, mean("pviol"))
+        add(rows, "gpu_pcie_rx_mb_per_s", dev, _mean(columns.get("rxpci")))
+        add(rows, "gpu_pcie_tx_mb_per_s", dev, _mean(columns.get("txpci")))
+        add(rows, "gpu_power_violation_percent", dev, _mean(columns.get("pviol")))
         tviol = columns.get("tviol")
         add(rows, "gpu_thermal_violation", dev, (1 if max(tviol) > 0 else 0) if tviol else None)
     return rows

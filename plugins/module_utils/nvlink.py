@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """Pure parsers for `nvidia-smi nvlink -s`, `-e` and `-gt d` output.
@@ -54,7 +53,7 @@ def parse_status(text):
             if not match:
                 raise ParseError(tool, "expected 'Link N: <speed>'", number, line)
             state = match.group(2).strip()
-            speed = re.match(r"([\d.]+) GB/s", state)
+            speed = re.match(r"(\d+(?:\.\d+)?) GB/s", state)
             entry["links"][int(match.group(1))] = {
                 "up": 1 if speed else 0,
                 "speed_gb_s": float(speed.group(1)) if speed else None,

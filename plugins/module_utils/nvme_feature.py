@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """Pure parser for `nvme get-feature <dev> --feature-id=0x06` (volatile write cache)."""
@@ -7,7 +6,10 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError, first_nonblank
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import (
+    ParseError,
+    first_nonblank,
+)
 
 TOOL = "nvme get-feature"
 _VALUE = re.compile(r"Current value:\s*(0x[0-9a-fA-F]+|\d+)")

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """The one exception every parser raises on output it does not understand."""
@@ -38,13 +37,21 @@ def to_number(tool, raw, line_no=None):
     if raw is None:
         return None
     text = raw.strip()
-    if not text or text in ("N/A", "[N/A]", "Not Supported", "[Not Supported]", "Unknown", "-", "Requested functionality has been deprecated"):
+    if not text or text in (
+        "N/A",
+        "[N/A]",
+        "Not Supported",
+        "[Not Supported]",
+        "Unknown",
+        "-",
+        "Requested functionality has been deprecated",
+    ):
         return None
     token = text.split()[0].rstrip("x%")
     try:
         return float(token)
     except ValueError:
-        raise ParseError(tool, "expected a number, got %r" % text, line_no, raw)
+        raise ParseError(tool, "expected a number, got %r" % text, line_no, raw) from None
 
 
 def load_json(tool, text):
@@ -57,7 +64,7 @@ def load_json(tool, text):
         lines = (text or "").splitlines()
         line_no = getattr(exc, "lineno", 1) or 1
         line = lines[line_no - 1] if 0 < line_no <= len(lines) else ""
-        raise ParseError(tool, "not JSON (%s)" % getattr(exc, "msg", exc), line_no, line)
+        raise ParseError(tool, "not JSON (%s)" % getattr(exc, "msg", exc), line_no, line) from None
 
 
 def expect(tool, value, kind, what):

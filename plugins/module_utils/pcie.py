@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """Pure parsers for PCIe AER sysfs files, link attributes and `lspci -vvv` status bits."""
@@ -29,7 +28,7 @@ def parse_aer_file(name, text):
         try:
             counts[fields[0]] = int(fields[1])
         except ValueError:
-            raise ParseError(tool, "count %r is not an integer" % fields[1], number, line)
+            raise ParseError(tool, "count %r is not an integer" % fields[1], number, line) from None
     if not counts:
         raise ParseError(tool, "empty file", 1, "")
     return counts
@@ -45,7 +44,7 @@ def aer_total(name, counts):
 
 def parse_link_speed(text):
     """'32.0 GT/s PCIe' / '16 GT/s' / 'Unknown' -> GT/s as float, or None."""
-    match = re.match(r"\s*([\d.]+)\s*GT/s", text or "")
+    match = re.match(r"\s*(\d+(?:\.\d+)?)\s*GT/s", text or "")
     return float(match.group(1)) if match else None
 
 
@@ -80,8 +79,16 @@ def parse_lspci_vvv(text):
             bdf, _, description = line.partition(" ")
             if bdf.count(":") == 1:
                 bdf = "0000:" + bdf
-            current = {"bdf": bdf, "description": description, "uesta": None, "cesta": None,
-                       "lnk_cap_speed": None, "lnk_cap_width": None, "lnk_sta_speed": None, "lnk_sta_width": None}
+            current = {
+                "bdf": bdf,
+                "description": description,
+                "uesta": None,
+                "cesta": None,
+                "lnk_cap_speed": None,
+                "lnk_cap_width": None,
+                "lnk_sta_speed": None,
+                "lnk_sta_width": None,
+            }
             devices.append(current)
             continue
         if current is None:
@@ -91,7 +98,7 @@ def parse_lspci_vvv(text):
         if key in ("UESta", "CESta"):
             current[key.lower()] = [flag for flag, sign in _FLAGS.findall(rest) if sign == "+"]
         elif key in ("LnkCap", "LnkSta"):
-            speed = re.search(r"Speed ([\d.]+)GT/s", rest)
+            speed = re.search(r"Speed (\d+(?:\.\d+)?)GT/s", rest)
             width = re.search(r"Width x(\d+)", rest)
             prefix = "lnk_cap" if key == "LnkCap" else "lnk_sta"
             current[prefix + "_speed"] = float(speed.group(1)) if speed else None

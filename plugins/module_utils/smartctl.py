@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """Pure parser for `smartctl -j -a` (ATA and NVMe)."""
@@ -46,29 +45,40 @@ def parse_smartctl_json(text):
         raise ParseError(TOOL, "no 'smartctl' section: not smartctl JSON output", line_no, line)
     header = expect(TOOL, data["smartctl"], dict, "smartctl")
     device = expect(TOOL, data.get("device") or {}, dict, "device")
-    messages = [m.get("string", "") for m in expect(TOOL, header.get("messages") or [], list, "messages")
-                if isinstance(m, dict)]
+    messages = [
+        m.get("string", "")
+        for m in expect(TOOL, header.get("messages") or [], list, "messages")
+        if isinstance(m, dict)
+    ]
     name = os.path.basename(str(device.get("name", ""))) or None
     health = expect(TOOL, data.get("smart_status") or {}, dict, "smart_status").get("passed")
-    table = expect(TOOL, expect(TOOL, data.get("ata_smart_attributes") or {}, dict, "ata_smart_attributes")
-                   .get("table") or [], list, "ata_smart_attributes.table")
+    table = expect(
+        TOOL,
+        expect(TOOL, data.get("ata_smart_attributes") or {}, dict, "ata_smart_attributes").get("table") or [],
+        list,
+        "ata_smart_attributes.table",
+    )
     attributes = []
     for attribute in table:
         attribute = expect(TOOL, attribute, dict, "ATA attribute")
         if not isinstance(attribute.get("name"), str):
             raise ParseError(TOOL, "ATA attribute %r without a name" % attribute.get("id"))
-        attributes.append({
-            "id": attribute.get("id"),
-            "name": attribute["name"],
-            "raw": _raw_value(attribute),
-            "normalized": _number(attribute.get("value")),
-            "worst": _number(attribute.get("worst")),
-            "thresh": _number(attribute.get("thresh")),
-            "when_failed": attribute.get("when_failed", ""),
-        })
+        attributes.append(
+            {
+                "id": attribute.get("id"),
+                "name": attribute["name"],
+                "raw": _raw_value(attribute),
+                "normalized": _number(attribute.get("value")),
+                "worst": _number(attribute.get("worst")),
+                "thresh": _number(attribute.get("thresh")),
+                "when_failed": attribute.get("when_failed", ""),
+            }
+        )
     nvme = data.get("nvme_smart_health_information_log")
     if nvme is not None:
-        nvme = {k: _number(v) for k, v in expect(TOOL, nvme, dict, "nvme_smart_health_information_log").items()}
+        nvme = {
+            k: _number(v) for k, v in expect(TOOL, nvme, dict, "nvme_smart_health_information_log").items()
+        }
     return {
         "device": name,
         "protocol": device.get("protocol"),
@@ -78,7 +88,9 @@ def parse_smartctl_json(text):
         "exit_status": _number(header.get("exit_status")) or 0,
         "messages": messages,
         "health_passed": None if health is None else bool(health),
-        "temperature_celsius": _number(expect(TOOL, data.get("temperature") or {}, dict, "temperature").get("current")),
+        "temperature_celsius": _number(
+            expect(TOOL, data.get("temperature") or {}, dict, "temperature").get("current")
+        ),
         "ata_attributes": attributes,
         "nvme_health": nvme,
     }
@@ -86,7 +98,12 @@ def parse_smartctl_json(text):
 
 def smart_metrics(disk):
     rows, dev = [], disk["device"]
-    add(rows, "smart_health_passed", dev, None if disk["health_passed"] is None else int(disk["health_passed"]))
+    add(
+        rows,
+        "smart_health_passed",
+        dev,
+        None if disk["health_passed"] is None else int(disk["health_passed"]),
+    )
     add(rows, "smart_exit_status", dev, disk["exit_status"])
     add(rows, "disk_temperature_celsius", dev, disk["temperature_celsius"])
     names = [attribute["name"].lower() for attribute in disk["ata_attributes"]]
@@ -94,7 +111,9 @@ def smart_metrics(disk):
         base = "smart_" + attribute["name"].lower()
         # Some firmware reports two attributes under one name (the Intel S4500 does, with ids 170/232):
         # the id then keeps them apart instead of one silently replacing the other.
-        labels = {"attribute_id": str(attribute["id"])} if names.count(attribute["name"].lower()) > 1 else None
+        labels = (
+            {"attribute_id": str(attribute["id"])} if names.count(attribute["name"].lower()) > 1 else None
+        )
         add(rows, base, dev, attribute["raw"], labels)
         add(rows, base + "_normalized", dev, attribute["normalized"], labels)
     nvme = disk["nvme_health"]

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 
@@ -65,12 +64,30 @@ stethoscope_metrics:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import collect_gpu
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import argument_spec, run_collectors
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import (
+    argument_spec,
+    run_collectors,
+)
 
 
 def main():
-    module = AnsibleModule(argument_spec=argument_spec(dmon_samples={"type": "int", "default": 1}, read_kernel_log={"type": "bool", "default": True}), supports_check_mode=True)
-    run_collectors(module, [("gpu", lambda ctx, _done: collect_gpu.collect(ctx, module.params["dmon_samples"], module.params["read_kernel_log"]))])
+    module = AnsibleModule(
+        argument_spec=argument_spec(
+            dmon_samples={"type": "int", "default": 1}, read_kernel_log={"type": "bool", "default": True}
+        ),
+        supports_check_mode=True,
+    )
+    run_collectors(
+        module,
+        [
+            (
+                "gpu",
+                lambda ctx, _done: collect_gpu.collect(
+                    ctx, module.params["dmon_samples"], module.params["read_kernel_log"]
+                ),
+            )
+        ],
+    )
 
 
 if __name__ == "__main__":

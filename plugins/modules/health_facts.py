@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 
@@ -75,7 +74,10 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils import (
     collect_smart,
     collect_tuning,
 )
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import argument_spec, run_collectors
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import (
+    argument_spec,
+    run_collectors,
+)
 
 ORDER = ("gpu", "nvlink", "pcie_aer", "rdma", "smart", "tuning")
 

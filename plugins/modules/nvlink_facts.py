@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 
@@ -14,8 +13,7 @@ description:
     d) for data transferred.
   - C(nvlink_error_rate_percent) is the change in errors over the change in data (KiB) between two
     sweeps, times 100; never a cumulative value.
-  - A GPU without NVLink prints nothing: C(present=false). Links reported inactive are facts with
-    C(nvlink_link_up=0).
+  - 'A GPU without NVLink prints nothing: C(present=false). Links reported inactive are facts with C(nvlink_link_up=0).'
 extends_documentation_fragment:
   - aicluster.stethoscope.node
 author:
@@ -54,7 +52,10 @@ stethoscope_metrics:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import collect_nvlink
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import argument_spec, run_collectors
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import (
+    argument_spec,
+    run_collectors,
+)
 
 
 def main():

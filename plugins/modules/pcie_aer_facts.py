@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 
@@ -59,12 +58,20 @@ stethoscope_metrics:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import collect_pcie
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import argument_spec, run_collectors
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import (
+    argument_spec,
+    run_collectors,
+)
 
 
 def main():
-    module = AnsibleModule(argument_spec=argument_spec(busy_devices={"type": "list", "elements": "str", "default": []}), supports_check_mode=True)
-    run_collectors(module, [("pcie_aer", lambda ctx, _done: collect_pcie.collect(ctx, module.params["busy_devices"]))])
+    module = AnsibleModule(
+        argument_spec=argument_spec(busy_devices={"type": "list", "elements": "str", "default": []}),
+        supports_check_mode=True,
+    )
+    run_collectors(
+        module, [("pcie_aer", lambda ctx, _done: collect_pcie.collect(ctx, module.params["busy_devices"]))]
+    )
 
 
 if __name__ == "__main__":

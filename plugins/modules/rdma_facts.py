@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 
@@ -10,8 +9,7 @@ module: rdma_facts
 short_description: RDMA / InfiniBand port state, counters and queue pairs
 version_added: "0.1.0"
 description:
-  - Reads C(/sys/class/infiniband/*/ports/*): state, physical state, rate, counters (64-bit where the
-    driver has them) and hw_counters.
+  - 'Reads C(/sys/class/infiniband/*/ports/*): state, physical state, rate, counters (64-bit where the driver has them) and hw_counters.'
   - A legacy counter at its maximum (8-bit C(link_downed) stops at 255) is reported with label
     C(saturated=1).
   - Active MTU from C(ibv_devinfo) (sysfs lacks it); queue pairs in ERR from C(rdma -j res show qp);
@@ -56,7 +54,10 @@ stethoscope_metrics:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import collect_rdma
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import argument_spec, run_collectors
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import (
+    argument_spec,
+    run_collectors,
+)
 
 
 def main():

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 
@@ -11,9 +10,7 @@ short_description: SMART and NVMe health of every disk
 version_added: "0.1.0"
 description:
   - Runs C(smartctl -j -a) on every disk under C(/sys/block) (or the listed ones).
-  - ATA attributes become C(smart_<name>) (raw as smartctl decodes it: the first number of its raw
-    string) and C(smart_<name>_normalized); NVMe drives report percentage used, media errors, critical
-    warning and available spare.
+  - 'ATA attributes become C(smart_<name>) (raw as smartctl decodes it: the first number of its raw string) and C(smart_<name>_normalized); NVMe drives report percentage used, media errors, critical warning and available spare.'
 extends_documentation_fragment:
   - aicluster.stethoscope.node
 options:
@@ -58,12 +55,20 @@ stethoscope_metrics:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import collect_smart
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import argument_spec, run_collectors
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import (
+    argument_spec,
+    run_collectors,
+)
 
 
 def main():
-    module = AnsibleModule(argument_spec=argument_spec(devices={"type": "list", "elements": "str", "default": []}), supports_check_mode=True)
-    run_collectors(module, [("smart", lambda ctx, _done: collect_smart.collect(ctx, module.params["devices"]))])
+    module = AnsibleModule(
+        argument_spec=argument_spec(devices={"type": "list", "elements": "str", "default": []}),
+        supports_check_mode=True,
+    )
+    run_collectors(
+        module, [("smart", lambda ctx, _done: collect_smart.collect(ctx, module.params["devices"]))]
+    )
 
 
 if __name__ == "__main__":

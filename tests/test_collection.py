@@ -1,0 +1,87 @@
+"""Packaging: the Galaxy tarball builds, installs into a temp path and its modules resolve from it;
+role defaults agree with meta/argument_specs.yml; the linters of the style guide are clean."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import TOP
+
+BIN = Path(sys.executable).parent
+
+
+def test_galaxy_tarball_installs_and_resolves_a_module(tmp_path):
+    build = subprocess.run(
+        ["bash", str(TOP / "tools/build_collection.sh")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"},
+        check=False,
+    )
+    assert build.returncode == 0, build.stderr
+    (tarball,) = (TOP / "build").glob("aicluster-stethoscope-*.tar.gz")
+    target = tmp_path / "collections"
+    # neither the project's ansible.cfg nor its link farm: only what the tarball installs
+    clean = {**os.environ, "ANSIBLE_CONFIG": os.devnull, "ANSIBLE_COLLECTIONS_PATH": str(target)}
+    install = subprocess.run(
+        [str(BIN / "ansible-galaxy"), "collection", "install", str(tarball), "-p", str(target)],
+        capture_output=True,
+        text=True,
+        env=clean,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert install.returncode == 0, install.stderr
+    installed = target / "ansible_collections/aicluster/stethoscope"
+    assert (installed / "plugins/modules/gpu_facts.py").is_file() and not (installed / "plugins").is_symlink()
+    doc = subprocess.run(
+        [str(BIN / "ansible-doc"), "aicluster.stethoscope.gpu_facts"],
+        capture_output=True,
+        text=True,
+        env=clean,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert doc.returncode == 0, doc.stderr
+    assert str(installed) in doc.stdout and "nvidia-smi -q -x" in doc.stdout
+
+
+@pytest.mark.parametrize("role", sorted(p.name for p in (TOP / "roles").iterdir() if p.is_dir()))
+def test_role_defaults_match_argument_specs(role):
+    defaults = yaml.safe_load((TOP / "roles" / role / "defaults/main.yml").read_text()) or {}
+    specs = yaml.safe_load((TOP / "roles" / role / "meta/argument_specs.yml").read_text())
+    options = specs["argument_specs"]["main"]["options"]
+    assert set(defaults) == set(options)
+    for name, value in defaults.items():
+        assert name.startswith(role + "_")
+        assert options[name]["default"] == value, name
+        assert "type" in options[name]
+
+
+def test_ruff_is_clean():
+    result = subprocess.run(
+        [str(BIN / "ruff"), "check", str(TOP)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout
+
+
+def test_ansible_lint_production_profile_is_clean():
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "ANSIBLE_CONFIG": str(TOP / "ansible.cfg"),
+    }
+    result = subprocess.run(
+        [str(BIN / "ansible-lint"), "--offline"],
+        cwd=TOP,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -1,0 +1,79 @@
+"""The lab: built from the real captures, faults derived by the script, counters growing per step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, TOP
+
+
+def lab_cmd(lab_dir: Path, *args: str) -> str:
+    env = {**os.environ, "STETHOSCOPE_LAB_DIR": str(lab_dir)}
+    return subprocess.run(
+        [sys.executable, str(TOP / "tools/lab.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    lab_dir = tmp_path_factory.mktemp("lab")
+    lab_cmd(lab_dir, "build", "--nodes", "8")
+    return lab_dir
+
+
+def replay(lab_dir: Path, node: str, tool: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(lab_dir / "nodes" / node / "bin" / tool), *args], capture_output=True, text=True, check=False
+    )
+
+
+def test_healthy_node_replays_the_unedited_real_capture(lab):
+    out = replay(lab, "node01", "nvidia-smi", "-q", "-x")
+    assert out.returncode == 0
+    assert out.stdout == (FIXTURES / "real/h200-vm/commands/nvidia-smi_-q_-x.xml").read_text()
+
+
+def test_unknown_arguments_are_refused(lab):
+    out = replay(lab, "node01", "nvidia-smi", "--reset-gpu")
+    assert out.returncode == 2 and "no recording" in out.stderr
+
+
+def test_faults_change_only_what_they_name(lab):
+    real = (FIXTURES / "real/h200-vm/commands/nvidia-smi_-q_-x.xml").read_text().splitlines()
+    faulted = replay(lab, "node03", "nvidia-smi", "-q", "-x").stdout.splitlines()
+    changed = {a.strip().split(">")[0] for a, b in zip(real, faulted, strict=True) if a != b}
+    assert changed == {
+        "<gpu_temp",
+        "<clocks_event_reason_hw_thermal_slowdown",
+        "<clocks_event_reason_sw_thermal_slowdown",
+        "<clocks_event_reason_gpu_idle",
+        "<sm_clock",
+    }
+
+
+def test_counters_grow_each_step(tmp_path):
+    lab_cmd(tmp_path, "build", "--nodes", "8")
+    symbol = tmp_path / "nodes/node08/root/sys/class/infiniband/mlx5_1/ports/1/counters/symbol_error"
+    ssd = lambda: json.loads(replay(tmp_path, "node07", "smartctl", "-j", "-a", "/dev/sda").stdout)  # noqa: E731
+    realloc = lambda: next(a["raw"]["value"] for a in ssd()["ata_smart_attributes"]["table"] if a["id"] == 5)  # noqa: E731
+    before = (int(symbol.read_text()), realloc())
+    assert lab_cmd(tmp_path, "advance").strip() == "lab: step 1"
+    after = (int(symbol.read_text()), realloc())
+    assert after[0] > before[0] and after[1] > before[1] == 4  # 4 is the real Intel S4500 value
+
+
+def test_scaled_lab_and_its_inventory(tmp_path):
+    inventory = tmp_path / "inv" / "hosts.yml"
+    lab_cmd(tmp_path / "lab", "build", "--nodes", "20", "--inventory", str(inventory))
+    assert len(list((tmp_path / "lab/nodes").iterdir())) == 20
+    assert "node20: {slurm_name: node20}" in inventory.read_text()
+    assert (inventory.parent / "group_vars/all.yml").is_file()
