@@ -27,7 +27,8 @@ def test_galaxy_tarball_installs_and_resolves_a_module(tmp_path):
     (tarball,) = (TOP / "build").glob("aicluster-stethoscope-*.tar.gz")
     target = tmp_path / "collections"
     # neither the project's ansible.cfg nor its link farm: only what the tarball installs
-    clean = {**os.environ, "ANSIBLE_CONFIG": os.devnull, "ANSIBLE_COLLECTIONS_PATH": str(target)}
+    (tmp_path / "empty.cfg").write_text("[defaults]\n")
+    clean = {**os.environ, "ANSIBLE_CONFIG": str(tmp_path / "empty.cfg"), "ANSIBLE_COLLECTIONS_PATH": str(target)}
     install = subprocess.run(
         [str(BIN / "ansible-galaxy"), "collection", "install", str(tarball), "-p", str(target)],
         capture_output=True,
