@@ -28,7 +28,8 @@ def test_galaxy_tarball_installs_and_resolves_a_module(tmp_path):
     target = tmp_path / "collections"
     # neither the project's ansible.cfg nor its link farm: only what the tarball installs
     (tmp_path / "empty.cfg").write_text("[defaults]\n")
-    clean = {**os.environ, "ANSIBLE_CONFIG": str(tmp_path / "empty.cfg"), "ANSIBLE_COLLECTIONS_PATH": str(target)}
+    clean = {**os.environ, "ANSIBLE_CONFIG": str(tmp_path / "empty.cfg")}
+    clean["ANSIBLE_COLLECTIONS_PATH"] = str(target)
     install = subprocess.run(
         [str(BIN / "ansible-galaxy"), "collection", "install", str(tarball), "-p", str(target)],
         capture_output=True,
