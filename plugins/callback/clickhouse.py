@@ -97,6 +97,8 @@ class CallbackModule(CallbackBase):
         self._run_id = uuid.uuid4().hex
         self._warned = set()
         self._catalog = None
+        self._topology = {}  # host -> nodes row, from the inventory at play start
+        self._recorded = set()  # hosts whose nodes row this run has queued
         if self.disabled:
             self._display.warning("stethoscope clickhouse callback disabled: %s" % IMPORT_ERROR)
 
@@ -129,16 +131,14 @@ class CallbackModule(CallbackBase):
             now = int(time.time() * 1000)
             for host in inventory.get_hosts(play.hosts):
                 host_vars = manager.get_vars(play=play, host=host, include_hostvars=False)
-                self._batch.nodes.append(
-                    {
-                        "node_id": host.get_name(),
-                        "slurm_name": str(host_vars.get("slurm_name") or host.get_name()),
-                        "rack": str(host_vars.get("rack") or ""),
-                        "switch": str(host_vars.get("switch") or ""),
-                        "groups": sorted(g.get_name() for g in host.get_groups() if g.get_name() != "all"),
-                        "updated_at": now,
-                    }
-                )
+                self._topology[host.get_name()] = {
+                    "node_id": host.get_name(),
+                    "slurm_name": str(host_vars.get("slurm_name") or host.get_name()),
+                    "rack": str(host_vars.get("rack") or ""),
+                    "switch": str(host_vars.get("switch") or ""),
+                    "groups": sorted(g.get_name() for g in host.get_groups() if g.get_name() != "all"),
+                    "updated_at": now,
+                }
         except Exception as exc:  # topology is a nicety; the sweep's rows matter more
             self._warn_once("topology", "inventory topology not recorded: %s" % exc)
 
@@ -160,6 +160,10 @@ class CallbackModule(CallbackBase):
         ):
             return
         node_id = result._host.get_name()
+        if node_id not in self._recorded and node_id in self._topology:
+            # only nodes that report: a play on localhost or a verify step is no cluster node
+            self._recorded.add(node_id)
+            self._batch.nodes.append(self._topology[node_id])
         rows = rows_from_result(node_id, data, self._run_id, int(time.time() * 1000))
         if self._catalog is not None:
             for name in set(rows.metrics.metric_name):

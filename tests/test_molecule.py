@@ -1,0 +1,35 @@
+"""Molecule: converge health_collect on the lab, check mode, idempotence, verify rows in ClickHouse."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TOP
+
+SCENARIOS = sorted(p.name for p in (TOP / "molecule").iterdir() if (p / "molecule.yml").is_file())
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_scenario(scenario):
+    bindir = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",
+        "ANSIBLE_CONFIG": str(TOP / "ansible.cfg"),
+    }
+    result = subprocess.run(
+        [str(bindir / "molecule"), "test", "-s", scenario],
+        cwd=TOP,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    assert "failed=0" in result.stdout + result.stderr
