@@ -11,10 +11,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import TOP, ansible_env
 
 from stethoscope.spool import Spool
 from stethoscope.store import Store
+
+from conftest import TOP, ansible_env
 
 PLAYBOOK = TOP / "playbooks" / "collect.yml"
 

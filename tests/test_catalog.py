@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvidia_smi import (
     dmon_metrics,
     gpu_metrics,
@@ -16,9 +17,9 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.smartctl imp
     parse_smartctl_json,
     smart_metrics,
 )
-from conftest import FIXTURES, TOP, fixture_text
-
 from stethoscope.catalog import Catalog, CatalogError, default_path
+
+from conftest import FIXTURES, TOP, fixture_text
 
 CATALOG = Catalog.load()
 UNIT_SUFFIXES = (

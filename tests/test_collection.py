@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import TOP
 
 BIN = Path(sys.executable).parent

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import (
     infiniband,
     kernel_log,
@@ -13,9 +16,8 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils import (
     smartctl,
 )
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
+
 from conftest import fixture_text
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 PARSERS = {
     "nvidia-smi -q -x": nvidia_smi.parse_query_xml,

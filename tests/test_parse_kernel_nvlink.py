@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.kernel_log import (
     normalize_bdf,
     parse_xid_events,
@@ -13,6 +14,7 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvlink impor
     parse_throughput,
 )
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
+
 from conftest import fixture_text
 
 

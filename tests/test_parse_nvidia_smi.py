@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvidia_smi import (
     CLOCK_EVENT_BITS,
     dmon_metrics,
@@ -11,6 +12,7 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvidia_smi i
     parse_query_xml,
 )
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
+
 from conftest import fixture_text
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.infiniband import (
     parse_counter,
     parse_ibstat,
@@ -21,6 +22,7 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.pcie import 
     parse_link_speed,
     parse_lspci_vvv,
 )
+
 from conftest import PUBLIC, fixture_text
 
 GPUD = PUBLIC / "sysfs/sys-class-infiniband-h100_gpud"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pytest
+
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvme_feature import parse_get_feature
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.smartctl import (
     parse_smartctl_json,
     smart_metrics,
 )
+
 from conftest import fixture_text
 
 

@@ -133,3 +133,45 @@ def test_kill_9_mid_write_loses_nothing_acknowledged(tmp_path, tmp_dsn):
     # every acknowledged batch is there in full; a batch cut by the kill may add rows, never remove any
     assert nodes[0] >= acknowledged + 1 and nodes[1] >= (acknowledged + 1) * 500
     assert report.problems == [] or all("torn" in p for p in report.problems)
+
+
+def test_embedded_database_busy_spools_and_replays_later(tmp_path):
+    path = tmp_path / "db"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+            import time
+            from stethoscope.store import Store
+            s = Store("chdb://{path}").open(); s.init_schema(); print("held", flush=True); time.sleep(60)
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        busy = Writer(f"chdb://{path}", tmp_path / "spool").write(
+            Batch(metrics=MetricColumns.from_rows(rows(7)))
+        )
+        assert busy.spooled == 7 and "embedded database in use by another process" in busy.error
+    finally:
+        holder.kill()
+        holder.wait()
+    # A fresh process, as the next sweep is: this one keeps the failed open's lock until it exits.
+    replay = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+            from stethoscope.batch import Batch
+            from stethoscope.writer import Writer
+            print(Writer("chdb://{path}", {str(tmp_path / "spool")!r}).write(Batch()).replayed)
+        """),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert replay.stdout.strip() == "7"

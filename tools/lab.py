@@ -412,9 +412,11 @@ def write_inventory(count: int, path: Path) -> None:
     write(path, "\n".join(lines) + "\n")
     group_vars = path.parent / "group_vars"
     if group_vars.resolve() != (TOP / "inventories/lab/group_vars").resolve():
-        if group_vars.exists():
-            shutil.rmtree(group_vars)
-        shutil.copytree(TOP / "inventories/lab/group_vars", group_vars)
+        # The lab's group vars, with the paths that were relative to inventories/lab made absolute.
+        text = (TOP / "inventories/lab/group_vars/all.yml").read_text()
+        text = text.replace("(inventory_dir ~ '/../../.lab')", f"'{LAB}'")
+        text = text.replace("{{ inventory_dir }}/../../tools/lab.py", str(TOP / "tools/lab.py"))
+        write(group_vars / "all.yml", text)
 
 
 def advance() -> int:

@@ -78,13 +78,9 @@ def _xid(ctx, gpus, warnings):
     counts = dict(state.get("counts", {}))
     same_boot = state.get("boot_id") == boot_id
     cursor = state.get("cursor", {}) if same_boot else {}
-    rc, out, err = ctx.run(["dmesg"])
-    if rc != 0:
-        warnings.append(
-            "dmesg: exit code %s (%s): XID events not read this sweep; root may be needed"
-            % (rc, (err or out).strip()[:200])
-        )
-        return {"source": "dmesg", "readable": False, "events": [], "metrics": _xid_rows(counts)}
+    source, out = _kernel_log(ctx, warnings)
+    if out is None:
+        return {"source": source, "readable": False, "events": [], "metrics": _xid_rows(counts)}
     events = parse_xid_events(out)
     by_bus = {normalize_bdf(gpu["bus_id"]): gpu["device"] for gpu in gpus if gpu.get("bus_id")}
     last_seen = cursor.get("monotonic", -1.0)
@@ -111,12 +107,27 @@ def _xid(ctx, gpus, warnings):
         },
     )
     return {
-        "source": "dmesg",
+        "source": source,
         "readable": True,
         "boot_id": boot_id,
         "events": new_events,
         "metrics": _xid_rows(counts),
     }
+
+
+def _kernel_log(ctx, warnings):
+    """(source, text): dmesg, else the journal's kernel messages with the same monotonic stamps."""
+    rc, out, err = ctx.run(["dmesg"])
+    if rc == 0:
+        return "dmesg", out
+    problem = "dmesg: exit code %s (%s)" % (rc, (err or out).strip()[:200])
+    if ctx.which("journalctl"):
+        rc, out, err = ctx.run(["journalctl", "-k", "-b", "--no-pager", "-o", "short-monotonic"])
+        if rc == 0:
+            return "journalctl", out
+        problem += "; journalctl -k: exit code %s (%s)" % (rc, (err or out).strip()[:200])
+    warnings.append(problem + ": XID events not read this sweep; root may be needed")
+    return "dmesg", None
 
 
 def _xid_rows(counts):

@@ -63,6 +63,7 @@ stethoscope_metrics:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import collect_gpu
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import (
     argument_spec,

@@ -66,6 +66,7 @@ failed_collectors:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import (
     collect_gpu,
     collect_nvlink,

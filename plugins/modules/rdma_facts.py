@@ -53,6 +53,7 @@ stethoscope_metrics:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import collect_rdma
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import (
     argument_spec,
