@@ -39,7 +39,7 @@ def _is_notable(name: str, value: float, catalog: Catalog) -> bool:
         return value >= 80
     if name in WEAR_LEFT:
         return value < 20
-    if name.startswith("smart_") and name != "smart_health_passed":
+    if name.startswith("smart_") and name not in ("smart_health_passed", "smart_exit_status"):
         return name in ("smart_reallocated_sector_ct", "smart_current_pending_sector") and value > 0
     if spec.better == "lower" and (spec.kind == "counter" or spec.unit == "count"):
         return value > 0

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import textwrap
 import uuid
 from pathlib import Path
 
@@ -55,3 +57,27 @@ def ansible_env(tmp_path: Path, dsn: str | None = None, **extra: str) -> dict[st
         env["STETHOSCOPE_DSN"] = dsn
     env.update(extra)
     return env
+
+
+@contextlib.contextmanager
+def database_held_elsewhere(path: Path):
+    """Another process holds the embedded database at `path` open until the block ends."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+            import time
+            from stethoscope.store import Store
+            s = Store("chdb://{path}").open(); s.init_schema(); print("held", flush=True); time.sleep(120)
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()

@@ -15,6 +15,8 @@ from stethoscope.spool import Spool
 from stethoscope.store import Store
 from stethoscope.writer import Writer
 
+from conftest import database_held_elsewhere
+
 NOW = time.time_ns() // 1_000_000 - 3_600_000  # within the raw TTL
 
 
@@ -137,28 +139,11 @@ def test_kill_9_mid_write_loses_nothing_acknowledged(tmp_path, tmp_dsn):
 
 def test_embedded_database_busy_spools_and_replays_later(tmp_path):
     path = tmp_path / "db"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(f"""
-            import time
-            from stethoscope.store import Store
-            s = Store("chdb://{path}").open(); s.init_schema(); print("held", flush=True); time.sleep(60)
-        """),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with database_held_elsewhere(path):
         busy = Writer(f"chdb://{path}", tmp_path / "spool").write(
             Batch(metrics=MetricColumns.from_rows(rows(7)))
         )
-        assert busy.spooled == 7 and "embedded database in use by another process" in busy.error
-    finally:
-        holder.kill()
-        holder.wait()
+    assert busy.spooled == 7 and "embedded database in use by another process" in busy.error
     # A fresh process, as the next sweep is: this one keeps the failed open's lock until it exits.
     replay = subprocess.run(
         [

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
 from stethoscope.batch import Batch, MetricColumns
@@ -13,6 +9,8 @@ from stethoscope.dsn import redact, resolve_dsn
 from stethoscope.schema import cluster_ddl
 from stethoscope.store import Store, StoreError
 from stethoscope.timeutil import now_ms
+
+from conftest import database_held_elsewhere
 
 T0 = now_ms() - 3_600_000  # within the raw TTL
 
@@ -122,24 +120,8 @@ def test_password_never_printed():
 
 
 def test_embedded_database_held_by_another_process(tmp_path):
-    path = tmp_path / "db"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(f"""
-            import sys, time
-            from stethoscope.store import Store
-            s = Store("chdb://{path}").open(); s.init_schema(); print("held", flush=True); time.sleep(60)
-        """),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(StoreError, match="embedded database in use by another process"):
-            Store(f"chdb://{path}").open()
-    finally:
-        holder.kill()
-        holder.wait()
+    with (
+        database_held_elsewhere(tmp_path / "db"),
+        pytest.raises(StoreError, match="in use by another process"),
+    ):
+        Store(f"chdb://{tmp_path / 'db'}").open()
