@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""GPU-machine check: run the node-side collectors against a real GPU node (root=/), no Ansible.
+"""GPU-machine check, every GPU path at once, no Ansible: the node-side collectors against a real GPU
+node (root=/), then bench_compute's GEMM/FFT measurement compared with the H200 reference figures
+(tests/fixtures/real/h200-vm: bf16 761.5 TFLOP/s burst at 8192^3, 654.7 sustained at the 700 W cap).
 
-Run on a machine with an NVIDIA GPU: python3 benchmarks/gpu_device_check.py OUTDIR
-Writes OUTDIR/collectors.json (each collector's facts, metric rows, warnings or error) and the raw
-tool outputs the collectors parsed, so a parser fault can be reproduced from them.
+Run on a machine with an NVIDIA GPU and PyTorch: python3 benchmarks/gpu_device_check.py OUTDIR [--quick]
+Writes OUTDIR/collectors.json (each collector's facts, metric rows, warnings or error), the raw tool
+outputs the collectors parsed, and OUTDIR/compute.json (every measurement and the comparison).
 """
 
 from __future__ import annotations
@@ -84,7 +86,90 @@ def main() -> int:
         )
         for row in rows[:40]:
             print(f"   {row['name']}{{{row['device']}}} {row['labels'] or ''} = {row['value']}")
-    return 0 if all("error" not in item for item in report.values()) else 1
+    compute_ok = compute_check(out, quick="--quick" in sys.argv)
+    return 0 if compute_ok and all("error" not in item for item in report.values()) else 1
+
+
+def compute_check(out: Path, quick: bool) -> bool:
+    """bench_compute's own functions, at the reference's sizes, compared within 5 %."""
+    import torch
+
+    from ansible_collections.aicluster.stethoscope.plugins.module_utils import compute_bench
+    from ansible_collections.aicluster.stethoscope.plugins.module_utils.bench_result import (
+        relative_stddev_percent,
+    )
+    from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvidia_smi import (
+        parse_query_gpu_csv,
+    )
+
+    reference = json.loads(
+        (TOP / "tests/fixtures/real/h200-vm/commands/torch_reference_bench.json").read_text()
+    )
+    sustained_reference = 654.7  # tests/fixtures/real/h200-vm/under-load/load_result.txt
+    if not torch.cuda.is_available():
+        print("compute: no CUDA device; skipped")
+        return True
+
+    def sampler():
+        proc = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=index,clocks_event_reasons.active,power.draw,clocks.current.sm,temperature.gpu",
+                "--format=csv",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return parse_query_gpu_csv(proc.stdout)[0] if proc.returncode == 0 else {"rc": proc.returncode}
+
+    report: dict = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "burst": {}}
+    sizes = {"bf16": 8192, "fp16": 8192, "tf32": 8192, "fp32": 8192, "fp64": 4096}
+    ok = True
+    for dtype, n in sizes.items():
+        runs = [
+            compute_bench.gemm_burst(torch, "cuda:0", dtype, n, 20, 3, rest_seconds=5)["tflops"]
+            for _ in range(3)
+        ]
+        median = sorted(runs)[1]
+        ref = reference[f"gemm_{dtype}_tflops_n{n}"]
+        within = abs(median - ref) / ref * 100
+        report["burst"][dtype] = {
+            "n": n,
+            "repetitions_tflops": runs,
+            "median": median,
+            "reference": ref,
+            "deviation_percent": round(within, 2),
+            "rsd_percent": round(relative_stddev_percent(runs), 3),
+        }
+        ok &= within <= 5.0 if dtype in ("bf16", "fp16") else True
+        print(
+            f"compute burst {dtype} n={n}: {median:.1f} TFLOP/s (reference {ref}, {within:.1f} % off, "
+            f"RSD {relative_stddev_percent(runs):.2f} %)"
+        )
+    fft = compute_bench.fft_ms(torch, "cuda:0", 1 << 24, 20, 3)
+    report["fft_c64_2e24_ms"] = {"median": fft, "reference": reference["fft_c64_2e24_ms"]}
+    print(f"compute fft c64 2^24: {fft:.3f} ms (reference {reference['fft_c64_2e24_ms']})")
+    seconds = 10 if quick else 30
+    run = compute_bench.gemm_sustained(torch, "cuda:0", "bf16", 8192, seconds, sampler)
+    mask = 0
+    for sample in run["samples"]:
+        mask |= int(sample.get("clocks_event_reasons.active") or 0)
+    deviation = abs(run["tflops"] - sustained_reference) / sustained_reference * 100
+    report["sustained"] = {
+        **run,
+        "clock_event_mask": mask,
+        "reference": sustained_reference,
+        "deviation_percent": round(deviation, 2),
+    }
+    ok &= deviation <= 5.0 or quick
+    print(
+        f"compute sustained bf16 {seconds}s: {run['tflops']:.1f} TFLOP/s over {run['gemms']} GEMMs "
+        f"(reference {sustained_reference}, {deviation:.1f} % off), clock event mask {mask:#x}, "
+        f"power samples {[s.get('power.draw') for s in run['samples']]}"
+    )
+    (out / "compute.json").write_text(json.dumps(report, indent=1, default=str))
+    return ok
 
 
 if __name__ == "__main__":

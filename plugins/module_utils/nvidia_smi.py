@@ -266,3 +266,43 @@ def dmon_metrics(samples):
         tviol = columns.get("tviol")
         add(rows, "gpu_thermal_violation", dev, (1 if max(tviol) > 0 else 0) if tviol else None)
     return rows
+
+
+TOOL_QUERY = "nvidia-smi --query-gpu"
+
+
+def parse_query_gpu_csv(text):
+    """`nvidia-smi --query-gpu=... --format=csv` (with its header) -> [{field: value}] per line.
+
+    Field names lose their unit suffix ("power.draw [W]" -> "power.draw"); values keep nvidia-smi's
+    text except that numbers with units become floats and 0x bitmasks become ints.
+    """
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise ParseError(TOOL_QUERY, "empty output", 1, "")
+    header = [name.strip().split(" [")[0] for name in lines[0].split(",")]
+    if "index" not in header and not any("." in name for name in header):
+        raise ParseError(TOOL_QUERY, "first line is not a csv header", 1, lines[0])
+    rows = []
+    for number, line in enumerate(lines[1:], start=2):
+        fields = [field.strip() for field in line.split(",")]
+        if len(fields) != len(header):
+            raise ParseError(
+                TOOL_QUERY, "%d fields, header has %d" % (len(fields), len(header)), number, line
+            )
+        row = {}
+        for name, raw in zip(header, fields):
+            if raw.startswith("0x"):
+                try:
+                    row[name] = int(raw, 16)
+                except ValueError:
+                    raise ParseError(
+                        TOOL_QUERY, "%s value %r is not a bitmask" % (name, raw), number, line
+                    ) from None
+                continue
+            try:
+                row[name] = to_number(TOOL_QUERY, raw, number)
+            except ParseError:
+                row[name] = raw
+        rows.append(row)
+    return rows

@@ -1,0 +1,117 @@
+# -*- coding: utf-8 -*-
+# Copyright: stethoscope developers
+# Apache License 2.0
+"""GEMM and FFT throughput with PyTorch: median of timed runs after warm-up (burst), and a sustained
+run of back-to-back GEMMs long enough for power capping to show. Timing uses device events on CUDA
+and the monotonic clock on CPU. `torch` is passed in, so this file imports without it."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+# PyTorch names; tf32 is fp32 storage with TF32 tensor-core math allowed.
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "tf32": "float32", "fp32": "float32", "fp64": "float64"}
+
+
+class Timer:
+    def __init__(self, torch, device):
+        self.torch = torch
+        self.cuda = device.startswith("cuda")
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def time_ms(self, fn):
+        """Wall time of one call in ms (device events on CUDA, so launch overhead does not count)."""
+        if self.cuda:
+            start = self.torch.cuda.Event(enable_timing=True)
+            end = self.torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+        started = time.perf_counter()
+        fn()
+        return (time.perf_counter() - started) * 1000.0
+
+
+def _set_tf32(torch, enabled):
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+def _operands(torch, device, dtype_name, n):
+    dtype = getattr(torch, DTYPES[dtype_name])
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
+    return a, b
+
+
+def gemm_burst(torch, device, dtype_name, n, iterations, warmup, rest_seconds=0.0):
+    """Median TFLOP/s of `iterations` single GEMMs after `warmup` untimed ones.
+
+    A burst starts from a rested GPU: back-to-back bursts heat it and pull it under its power cap
+    (measured on an H200: 775, 736, 711 TFLOP/s bf16 for three bursts without rest), which is what the
+    sustained run measures, not the burst. `rest_seconds` of idle come first."""
+    timer = Timer(torch, device)
+    _set_tf32(torch, dtype_name == "tf32")
+    a, b = _operands(torch, device, dtype_name, n)
+    out = torch.empty_like(a)
+    timer.sync()
+    if rest_seconds > 0:
+        time.sleep(rest_seconds)
+    for _ in range(warmup):
+        torch.matmul(a, b, out=out)
+    timer.sync()
+    samples = [timer.time_ms(lambda: torch.matmul(a, b, out=out)) for _ in range(iterations)]
+    flops = 2.0 * n**3
+    tflops = [flops / (ms / 1000.0) / 1e12 for ms in samples if ms > 0]
+    return {"dtype": dtype_name, "n": n, "tflops": statistics.median(tflops), "samples_tflops": tflops}
+
+
+def gemm_sustained(torch, device, dtype_name, n, seconds, sampler=None, sample_every=2.0):
+    """Back-to-back GEMMs for at least `seconds`; TFLOP/s over the whole run. `sampler()` is called
+    about every `sample_every` seconds while it runs (to read clock event reasons, power, clocks)."""
+    timer = Timer(torch, device)
+    _set_tf32(torch, dtype_name == "tf32")
+    a, b = _operands(torch, device, dtype_name, n)
+    out = torch.empty_like(a)
+    torch.matmul(a, b, out=out)
+    timer.sync()
+    samples, count, batch = [], 0, 10
+    started = last_sample = time.perf_counter()
+    while True:
+        for _ in range(batch):
+            torch.matmul(a, b, out=out)
+        count += batch
+        timer.sync()
+        now = time.perf_counter()
+        if sampler is not None and now - last_sample >= sample_every:
+            samples.append(sampler())
+            last_sample = now
+        if now - started >= seconds:
+            break
+    elapsed = time.perf_counter() - started
+    return {
+        "dtype": dtype_name,
+        "n": n,
+        "gemms": count,
+        "seconds": elapsed,
+        "tflops": 2.0 * n**3 * count / elapsed / 1e12,
+        "samples": samples,
+    }
+
+
+def fft_ms(torch, device, points, iterations, warmup):
+    """Median ms of a complex64 FFT of `points` points."""
+    timer = Timer(torch, device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(points, device=device, dtype=torch.complex64, generator=generator)
+    for _ in range(warmup):
+        torch.fft.fft(x)
+    timer.sync()
+    return statistics.median(timer.time_ms(lambda: torch.fft.fft(x)) for _ in range(iterations))
