@@ -47,7 +47,7 @@ def main() -> int:
 
     raw: list[dict] = []
 
-    def runner(argv, timeout):
+    def runner(argv, timeout, env=None):
         path = shutil.which(argv[0])
         if path is None:
             return 127, "", f"{argv[0]}: not found"
@@ -55,7 +55,7 @@ def main() -> int:
             ["timeout", str(timeout), path, *argv[1:]],
             capture_output=True,
             text=True,
-            env={**os.environ, "LC_ALL": "C", "LANGUAGE": "C"},
+            env={**os.environ, "LC_ALL": "C", "LANGUAGE": "C", **(env or {})},
             check=False,
         )
         raw.append({"argv": argv, "rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr})

@@ -37,6 +37,10 @@ def _parser() -> argparse.ArgumentParser:
 
     commands.add_parser("summary", help="per node: rows stored and the unhealthy values seen")
 
+    baseline = commands.add_parser("baseline", help="graded benchmark report against fleet and own history")
+    baseline.add_argument("--out", type=Path, help="also write DIR/baseline.html")
+    baseline.add_argument("--all", action="store_true", help="print every row (per-size NCCL rows too)")
+
     spool = commands.add_parser("spool", help="the spool of rows not yet stored")
     spool_commands = spool.add_subparsers(dest="spool_command", required=True)
     spool_commands.add_parser("status", help="how many rows wait in the spool")
@@ -51,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CatalogError, StoreError) as exc:
         print(f"stethoscope: {redact(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # `stethoscope baseline | head`
+        sys.stderr.close()
+        return EXIT_OK
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -72,6 +79,8 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.command == "ingest":
         return _ingest(args, spool_dir)
+    if args.command == "baseline":
+        return _baseline(args)
     if args.command == "summary":
         with Store(args.dsn, args.database) as store:
             print(render(summarize(store, Catalog.load())))
@@ -84,6 +93,19 @@ def _run(args: argparse.Namespace) -> int:
     for problem in report.problems:
         print(f"stethoscope: spool: {problem}", file=sys.stderr)
     print(f"replayed {report.rows} rows from {report.files} files")
+    return EXIT_OK
+
+
+def _baseline(args: argparse.Namespace) -> int:
+    from stethoscope import baseline
+
+    with Store(args.dsn, args.database) as store:
+        rows = baseline.build(store, Catalog.load())
+    print(baseline.render_table(rows if args.all else baseline.summary_rows(rows)))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "baseline.html").write_text(baseline.render_html(rows), encoding="utf-8")
+        print(f"wrote {args.out / 'baseline.html'}")
     return EXIT_OK
 
 

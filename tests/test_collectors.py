@@ -35,7 +35,7 @@ class Node:
         path.write_text(boot_id + "\n")
 
     def context(self, check_mode: bool = False) -> Context:
-        def runner(argv, _timeout):
+        def runner(argv, _timeout, _env=None):
             self.calls.append(tuple(argv))
             return (*self.outputs.get(tuple(argv), (127, "")), "")
 

@@ -51,7 +51,7 @@ class Profile:
 PROFILES = [
     Profile("h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}),
     Profile("h200", {"nvme0n1": "nvme_corsair_mp510_healthy.json"}, ib="gpud", aer=True),
-    Profile("h200", {"sda": "sata_ssd_samsung_pm883_healthy.json"}, faults=("thermal_throttle",)),
+    Profile("h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, faults=("thermal_throttle", "slow_bench")),
     Profile("h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, faults=("row_remap_pending",)),
     Profile("a100", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, ib="procfs", nvlink=True, aer=True),
     Profile(
@@ -81,6 +81,10 @@ GPU_XML = {
     "t4": PUBLIC / "nvidia-smi" / "q_xml_tesla-t4_515.105.01.xml",
 }
 DMON = REAL / "commands" / "nvidia-smi_dmon_-c5_-s_pucvmet.txt"
+NCCL = PUBLIC / "nccl-tests" / "all_reduce_perf_8xA100-SXM4-80GB_nccl2.16.2_gcm.txt"
+FIO = PUBLIC / "fio" / "fio-3.1_randread_4k_qd32_samsung_pm883_sata.json"
+RDMA_LAT = PUBLIC / "perftest" / "ib_read_lat_roce_cx5_mlx5_0_spiderpool.txt"
+RDMA_BW = PUBLIC / "perftest" / "ib_write_bw_8M_loopback_superbench.txt"
 DMESG = REAL / "commands" / "dmesg_nvrm_lines.txt"
 # The real XID line (gcm's dmesg sample) whose shape the injected events keep.
 XID_TEMPLATE = (PUBLIC / "dmesg" / "xid_31_48_dmesg-T_gcm.txt").read_text().splitlines()[0]
@@ -138,6 +142,33 @@ def worn_ssd(data: dict, step: int) -> dict:
             attribute["raw"] = {"string": str(raw), "value": raw}
         if attribute["name"] == "Media_Wearout_Indicator":
             attribute["value"] = max(8, 55 - 16 * step)  # real 55 % life left, wearing out to 8
+    return data
+
+
+def slow_nccl(text: str, factor: float) -> str:
+    """Every result line's bandwidths times `factor` and times divided by it (a congested ring)."""
+    out = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 13 and fields[0].isdigit():
+            for i in (5, 9):  # times
+                fields[i] = f"{float(fields[i]) / factor:.1f}"
+            for i in (6, 7, 10, 11):  # algbw, busbw
+                fields[i] = f"{float(fields[i]) * factor:.2f}"
+            line = "  " + "  ".join(f"{f:>10}" for f in fields)
+        elif line.startswith("# Avg bus bandwidth"):
+            line = f"# Avg bus bandwidth    : {float(line.split(':')[1]) * factor:.2f}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def slow_fio(data: dict, iops_factor: float, latency_factor: float) -> dict:
+    """The real PM883 run with fewer IOPS and longer completion latencies (a drive off its cliff)."""
+    read = data["jobs"][0]["read"]
+    read["iops"] *= iops_factor
+    read["bw"] = int(read["bw"] * iops_factor)
+    read["clat_ns"]["mean"] *= latency_factor
+    read["clat_ns"]["percentile"] = {k: int(v * latency_factor) for k, v in read["clat_ns"]["percentile"].items()}
     return data
 
 
@@ -217,12 +248,15 @@ def dynamic_files(node: Path, profile: Profile, step: int) -> None:
             data = worn_ssd(data, step)
         data.setdefault("device", {})["name"] = f"/dev/{disk}"
         write(out / f"smartctl_{disk}.json", json.dumps(data, indent=1))
-        if disk.startswith("nvme"):
-            write(
-                out / f"SYNTHETIC_nvme_get-feature_{disk[:5]}.txt",
-                "get-feature:0x06 (Volatile Write Cache), Current value:0x00000001\n",
-            )
     write(out / "SYNTHETIC_rdma_res_show_qp.json", rdma_qps(profile, step))
+    slow = "slow_bench" in profile.faults
+    nccl = NCCL.read_text()
+    write(out / "all_reduce_perf_tree.txt", nccl)
+    write(out / "all_reduce_perf_ring.txt", slow_nccl(nccl, 0.7) if slow else nccl)
+    fio = json.loads(FIO.read_text())
+    write(out / "fio_randread.json", json.dumps(slow_fio(fio, 0.6, 3.0) if slow else fio, indent=1))
+    write(out / "ib_lat.txt", RDMA_LAT.read_text())
+    write(out / "ib_write_bw.txt", RDMA_BW.read_text())
     if profile.ib == "gpud":
         write(out / "ibv_devinfo.txt", ibv_devinfo(profile))
         port = root / "sys/class/infiniband/mlx5_0/ports/1"
@@ -338,7 +372,9 @@ TOOLS = {
     },
     "dmesg": {"": "dmesg.txt"},
     "rdma": {"-j res show qp": "SYNTHETIC_rdma_res_show_qp.json"},
+    "fio": {"*--rw=randread*": "fio_randread.json"},
 }
+IB_TOOLS = {"ib_write_lat": "ib_lat.txt", "ib_read_lat": "ib_lat.txt", "ib_write_bw": "ib_write_bw.txt"}
 
 
 def tool_scripts(node: Path, profile: Profile) -> None:
@@ -349,17 +385,13 @@ def tool_scripts(node: Path, profile: Profile) -> None:
     bindir.mkdir(parents=True)
     tools = {name: dict(cases) for name, cases in TOOLS.items()}
     tools["smartctl"] = {f"-j -a /dev/{disk}": f"smartctl_{disk}.json" for disk in profile.disks}
-    nvme = {
-        f"get-feature /dev/{d[:5]} --feature-id=0x06": f"SYNTHETIC_nvme_get-feature_{d[:5]}.txt"
-        for d in profile.disks
-        if d.startswith("nvme")
-    }
-    if nvme:
-        tools["nvme"] = nvme
+    controllers = sorted({d[:5] for d in profile.disks if d.startswith("nvme")})
     if profile.ib == "gpud":
         tools["ibv_devinfo"] = {"": "ibv_devinfo.txt"}
     if profile.ib is None:
         tools.pop("rdma")
+    else:
+        tools.update({name: {"*": file_name} for name, file_name in IB_TOOLS.items()})
     for name, cases in tools.items():
         lines = [
             "#!/bin/sh",
@@ -369,12 +401,41 @@ def tool_scripts(node: Path, profile: Profile) -> None:
         ]
         for args, file_name in cases.items():
             status = "4" if name == "smartctl" and "failed" in file_name else "0"
-            pattern = '"' + args.replace("*", '"*"') + '"'
+            pattern = "*" if args == "*" else '"' + args.replace("*", '"*"') + '"'
             lines.append(f'  {pattern}) cat "$d/{file_name}"; exit {status};;')
         lines += [f'  *) echo "lab: no recording of {name} $*" >&2; exit 2;;', "esac", ""]
         script = bindir / name
         script.write_text("\n".join(lines))
         script.chmod(0o755)
+    if controllers:
+        nvme_script(bindir / "nvme", out, controllers)
+    nccl = bindir / "all_reduce_perf"
+    nccl.write_text("\n".join([
+        "#!/bin/sh", "# lab replay of nccl-tests: the recording for the algorithm NCCL_ALGO asks for",
+        f'd="{out}"', 'case "$NCCL_ALGO" in', '  Ring|ring) cat "$d/all_reduce_perf_ring.txt";;',
+        '  *) cat "$d/all_reduce_perf_tree.txt";;', "esac", ""]))
+    nccl.chmod(0o755)
+
+
+def nvme_script(path: Path, out: Path, controllers: list[str]) -> None:
+    """nvme-cli's get/set-feature 0x06 in its documented output format (SYNTHETIC: no real capture
+    exists), keeping the value a set-feature wrote, as the drive does until its next reset."""
+    lines = ["#!/bin/sh", "# lab nvme-cli: volatile write cache feature 0x06, value kept in outputs/", f'd="{out}"',
+             'case "$*" in']
+    for ctrl in controllers:
+        state = f'"$d/SYNTHETIC_{ctrl}_vwc"'
+        lines += [
+            f'  "get-feature /dev/{ctrl} --feature-id=0x06")',
+            f"    v=$(cat {state} 2>/dev/null || echo 1)",
+            "    printf 'get-feature:0x06 (Volatile Write Cache), Current value:0x%08x\\n' \"$v\";;",
+            f'  "set-feature /dev/{ctrl} --feature-id=0x06 --value="*)',
+            '    v="${*##*--value=}"',
+            f'    echo "$v" > {state}',
+            "    printf 'set-feature:0x06 (Volatile Write Cache), value:0x%08x, cdw12:0x00000000, save:0\\n' \"$v\";;",
+        ]
+    lines += ['  *) echo "lab: no recording of nvme $*" >&2; exit 2;;', "esac", ""]
+    path.write_text("\n".join(lines))
+    path.chmod(0o755)
 
 
 def build(count: int, inventory: Path | None) -> None:
@@ -409,6 +470,9 @@ def write_inventory(count: int, path: Path) -> None:
             f"            {host}: {{slurm_name: {v['slurm_name']}}}" for host, v in group["hosts"].items()
         )
         lines.append(f"          vars: {{rack: {group['vars']['rack']}, switch: {group['vars']['switch']}}}")
+    rdma = [node_name(i) for i in range(count) if profile_of(i).ib is not None]
+    if rdma:
+        lines += ["    rdma_nodes:", "      hosts:"] + [f"        {host}:" for host in rdma]
     write(path, "\n".join(lines) + "\n")
     group_vars = path.parent / "group_vars"
     if group_vars.resolve() != (TOP / "inventories/lab/group_vars").resolve():

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """The `stethoscope_bench` result every benchmark module returns, with repetition stability.

@@ -25,8 +25,9 @@ class CollectorError(Exception):
 class Context:
     """A node as collectors see it.
 
-    run(argv) -> (rc, stdout, stderr), with argv[0] a tool name resolved by `which`; rc 124 means
-    the command ran past `timeout`. Paths are absolute as on the node and read under `root`.
+    run(argv, env=None) -> (rc, stdout, stderr), with argv[0] a tool name resolved by `which` and env
+    extra environment variables; rc 124 means the command ran past `timeout`. Paths are absolute as
+    on the node and read under `root`.
     """
 
     def __init__(
@@ -47,8 +48,8 @@ class Context:
         self.timeout = timeout
         self.now = clock
 
-    def run(self, argv):
-        return self._runner(argv, self.timeout)
+    def run(self, argv, env=None):
+        return self._runner(argv, self.timeout, env)
 
     def path(self, absolute):
         return os.path.join(self.root, absolute.lstrip("/"))

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: stethoscope developers
 # Apache License 2.0
 """GEMM and FFT throughput with PyTorch: median of timed runs after warm-up (burst), and a sustained

@@ -26,16 +26,15 @@ def make_context(module):
     def which(name):
         return module.get_bin_path(name)
 
-    def runner(argv, timeout):
+    def runner(argv, timeout, env=None):
         path = module.get_bin_path(argv[0])
         if path is None:
             return 127, "", "%s: command not found" % argv[0]
         command = [path, *list(argv[1:])]
         if timeout_bin:
             command = [timeout_bin, "-k", "5", str(timeout), *command]
-        return module.run_command(
-            command, environ_update=C_LOCALE, expand_user_and_vars=False, check_rc=False
-        )
+        environ = dict(C_LOCALE, **(env or {}))
+        return module.run_command(command, environ_update=environ, expand_user_and_vars=False, check_rc=False)
 
     params = module.params
     return Context(
@@ -79,3 +78,37 @@ def run_collectors(module, collectors):
             stethoscope_metrics=metrics,
         )
     module.exit_json(changed=False, ansible_facts=facts, stethoscope_metrics=metrics)
+
+
+BENCH_ARGUMENT_SPEC = {
+    "repetitions": {"type": "int", "default": 3},
+    "max_rsd_percent": {"type": "float", "default": 3.0},
+    "fingerprint": {"type": "dict", "default": {}},
+}
+
+
+def run_bench(module, suite, describe):
+    """suite(ctx) -> (stethoscope_bench, metric rows, stability, extra). Benchmarks change nothing
+    on the node, but they do run: in check mode only `describe` is returned."""
+    if module.check_mode:
+        module.exit_json(changed=False, msg="check mode: would run %s" % describe)
+    ctx = make_context(module)
+    try:
+        bench, rows, stability, extra = suite(ctx)
+    except CollectorError as exc:
+        module.fail_json(msg=exc.msg, cmd=exc.cmd, rc=exc.rc, stdout=exc.stdout, stderr=exc.stderr)
+    unstable = [s for s in stability if s["unstable"]]
+    for item in unstable:
+        module.warn(
+            "%s %s %s: repetitions spread %.2f %% (> %s %%): stored and flagged unstable"
+            % (
+                item["metric_name"],
+                item["device"],
+                item["labels"],
+                item["rsd_percent"],
+                module.params["max_rsd_percent"],
+            )
+        )
+    module.exit_json(
+        changed=False, stethoscope_bench=bench, stethoscope_metrics=rows, stability=stability, **extra
+    )

@@ -123,6 +123,7 @@ device:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import compute_bench
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.bench_result import bench_result
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvidia_smi import (

@@ -1,0 +1,235 @@
+# Copyright: stethoscope developers
+# Apache License 2.0
+"""The knobs env_lock locks and restores. Each plans changes (path or command, before, after) from
+what the node shows now; nothing here writes until `apply` is called."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import CollectorError
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.infiniband import parse_ibv_devinfo
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvme_feature import parse_get_feature
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
+
+CPU = "/sys/devices/system/cpu"
+GRUB_DEFAULT = "/etc/default/grub"
+CSTATE_ARGS = ("intel_idle.max_cstate=1", "processor.max_cstate=1")
+VWC = "0x06"  # Volatile Write Cache; 0x08 is interrupt coalescing
+
+
+def change(knob, target, before, after, how="file"):
+    return {"knob": knob, "target": target, "before": before, "after": after, "how": how}
+
+
+def skipped(knob, reason):
+    return {"knob": knob, "skipped": reason}
+
+
+# planning ---------------------------------------------------------------------------------------
+def plan_governor(ctx, governor="performance"):
+    cpus = [c for c in ctx.listdir(CPU) if re.match(r"cpu\d+$", c)]
+    paths = ["%s/%s/cpufreq/scaling_governor" % (CPU, c) for c in cpus]
+    present = [(p, ctx.read(p)) for p in paths if ctx.read(p) is not None]
+    if not present:
+        return [skipped("governor", "no cpufreq under %s (a VM, or no frequency driver)" % ctx.path(CPU))]
+    return [change("governor", p, v, governor) for p, v in present if v != governor]
+
+
+def plan_cstates(ctx, keep_states=1):
+    driver = ctx.read(CPU + "/cpuidle/current_driver")
+    plans, found = [], False
+    for cpu in (c for c in ctx.listdir(CPU) if re.match(r"cpu\d+$", c)):
+        for state in ctx.listdir("%s/%s/cpuidle" % (CPU, cpu)):
+            match = re.match(r"state(\d+)$", state)
+            if not match:
+                continue
+            found = True
+            path = "%s/%s/cpuidle/%s/disable" % (CPU, cpu, state)
+            current = ctx.read(path)
+            if int(match.group(1)) > keep_states and current != "1":
+                plans.append(change("cstates", path, current, "1"))
+    if not found:
+        return [skipped("cstates", "no cpuidle states (driver %s)" % (driver or "absent"))]
+    return plans
+
+
+def plan_numa(ctx):
+    current = ctx.read("/proc/sys/kernel/numa_balancing")
+    if current is None:
+        return [skipped("numa_balancing", "kernel has no NUMA balancing (single node or not built in)")]
+    return (
+        [] if current == "0" else [change("numa_balancing", "/proc/sys/kernel/numa_balancing", current, "0")]
+    )
+
+
+def plan_mtu(ctx, mtus):
+    plans = []
+    for interface, mtu in sorted(mtus.items()):
+        current = ctx.read("/sys/class/net/%s/mtu" % interface)
+        if current is None:
+            plans.append(skipped("mtu:" + interface, "no interface %s" % interface))
+        elif current != str(mtu):
+            plans.append(change("mtu:" + interface, interface, current, str(mtu), how="ip"))
+    return plans
+
+
+def plan_write_cache(ctx):
+    controllers = [c for c in ctx.listdir("/sys/class/nvme") if re.match(r"nvme\d+$", c)]
+    if not controllers:
+        return []
+    if not ctx.which("nvme"):
+        return [skipped("nvme_write_cache", "nvme-cli not found")]
+    plans = []
+    for controller in controllers:
+        argv = ["nvme", "get-feature", "/dev/%s" % controller, "--feature-id=%s" % VWC]
+        rc, out, err = ctx.run(argv)
+        if rc != 0:
+            plans.append(
+                skipped(
+                    "nvme_write_cache:" + controller,
+                    "no volatile write cache (feature 0x06 rejected: %s)" % (err or out).strip()[:120],
+                )
+            )
+            continue
+        try:
+            current = parse_get_feature(out) & 0x1
+        except ParseError as exc:
+            raise CollectorError(str(exc), argv, rc, out, err) from None
+        if current:
+            plans.append(change("nvme_write_cache:" + controller, controller, "1", "0", how="nvme"))
+    return plans
+
+
+def plan_grub(ctx):
+    text = ctx.read(GRUB_DEFAULT)
+    if text is None:
+        return [skipped("grub", "no %s (not a GRUB system)" % ctx.path(GRUB_DEFAULT))]
+    match = re.search(r'^GRUB_CMDLINE_LINUX_DEFAULT="([^"]*)"', text, re.M)
+    current = match.group(1) if match else ""
+    missing = [arg for arg in CSTATE_ARGS if arg not in current.split()]
+    if not missing:
+        return []
+    return [change("grub", GRUB_DEFAULT, current, " ".join(current.split() + missing), how="grub")]
+
+
+def ib_mtu_mismatch(ctx, mtus):
+    """Interfaces set to an MTU that the IB port's active MTU does not carry (the seed's server 4096 /
+    switch 2048 case: NCCL at 40 %). A finding-ready fact, not a change."""
+    if not ctx.which("ibv_devinfo"):
+        return []
+    rc, out, err = ctx.run(["ibv_devinfo"])
+    if rc != 0:
+        return []
+    try:
+        ports = parse_ibv_devinfo(out)
+    except ParseError as exc:
+        raise CollectorError(str(exc), ["ibv_devinfo"], rc, out, err) from None
+    active = sorted({info.get("active_mtu") for info in ports.values() if info.get("active_mtu")})
+    return [
+        {"interface": interface, "mtu": mtu, "ib_active_mtu": active}
+        for interface, mtu in sorted(mtus.items())
+        if active and max(active) < int(mtu) - 4
+    ]
+
+
+# applying ---------------------------------------------------------------------------------------
+def write_file(ctx, path, value):
+    with open(ctx.path(path), "w", encoding="utf-8") as handle:
+        handle.write(str(value) + "\n")
+
+
+def apply(ctx, item, value_key="after"):
+    value = item[value_key]
+    if item["how"] == "file":
+        write_file(ctx, item["target"], value)
+    elif item["how"] == "ip":
+        if ctx.root == "/":
+            _checked(ctx, ["ip", "link", "set", "dev", item["target"], "mtu", str(value)])
+        else:  # a node root prefix (the lab, tests): the sysfs attribute the kernel would update
+            write_file(ctx, "/sys/class/net/%s/mtu" % item["target"], value)
+    elif item["how"] == "nvme":
+        device = "/dev/%s" % item["target"]
+        _checked(ctx, ["nvme", "set-feature", device, "--feature-id=%s" % VWC, "--value=%s" % value])
+        rc, out, _err = ctx.run(["nvme", "get-feature", device, "--feature-id=%s" % VWC])
+        if rc != 0 or str(parse_get_feature(out) & 0x1) != str(value):
+            raise CollectorError(
+                "nvme %s: volatile write cache still %s after set-feature" % (device, out.strip())
+            )
+    elif item["how"] == "grub":
+        _set_grub_cmdline(ctx, value)
+
+
+def _checked(ctx, argv):
+    rc, out, err = ctx.run(argv)
+    if rc != 0:
+        raise CollectorError(
+            "%s: exit code %s: %s" % (" ".join(argv[:3]), rc, (err or out).strip()[:200]), argv, rc, out, err
+        )
+
+
+def _set_grub_cmdline(ctx, cmdline):
+    text = ctx.read(GRUB_DEFAULT) or ""
+    line = 'GRUB_CMDLINE_LINUX_DEFAULT="%s"' % cmdline
+    if re.search(r"^GRUB_CMDLINE_LINUX_DEFAULT=", text, re.M):
+        text = re.sub(r'^GRUB_CMDLINE_LINUX_DEFAULT="[^"]*"', line, text, flags=re.M)
+    else:
+        text = text.rstrip("\n") + "\n" + line
+    write_file(ctx, GRUB_DEFAULT, text.rstrip("\n"))
+    if ctx.root != "/":
+        return  # a root prefix: the file is the state; there is no bootloader to regenerate
+    if ctx.which("grubby") and ctx.exists("/boot/loader/entries"):  # BLS distributions
+        _checked(ctx, ["grubby", "--update-kernel=ALL", "--args=%s" % " ".join(CSTATE_ARGS)])
+    elif ctx.which("update-grub"):
+        _checked(ctx, ["update-grub"])
+    elif ctx.which("grub2-mkconfig"):
+        _checked(ctx, ["grub2-mkconfig", "-o", "/boot/grub2/grub.cfg"])
+    else:
+        raise CollectorError(
+            "no update-grub, grub2-mkconfig or grubby: %s edited, bootloader not regenerated" % GRUB_DEFAULT
+        )
+
+
+# /dev/cpu_dma_latency ---------------------------------------------------------------------------
+HOLDER = (
+    "import os, signal, struct, sys\n"
+    "fd = os.open(sys.argv[1], os.O_WRONLY)\n"
+    "os.write(fd, struct.pack('i', 0))\n"
+    "signal.signal(signal.SIGTERM, lambda *_: os._exit(0))\n"
+    "while True:\n    signal.pause()\n"
+)
+
+
+def holder_alive(pid):
+    if not pid:
+        return False
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            return b"stethoscope-cpu-dma-latency" in handle.read()
+    except OSError:
+        return False
+
+
+def start_holder(ctx, python):
+    """A detached process keeping /dev/cpu_dma_latency open at 0 µs, as tuned's latency-performance
+    does: the kernel honours the request only while the file stays open."""
+    path = ctx.path("/dev/cpu_dma_latency")
+    if not os.path.exists(path):
+        raise CollectorError("%s does not exist: no PM QoS interface on this kernel" % path)
+    process = subprocess.Popen(
+        [python, "-c", HOLDER, path, "stethoscope-cpu-dma-latency"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+    return process.pid
+
+
+def stop_holder(pid):
+    if holder_alive(pid):
+        os.kill(pid, signal.SIGTERM)

@@ -1,0 +1,130 @@
+#!/usr/bin/python
+# Copyright: stethoscope developers
+# Apache License 2.0
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: bench_network
+short_description: RDMA latency and bandwidth to a peer with perftest
+version_added: "0.1.0"
+description:
+  - Runs perftest clients (C(ib_write_lat), C(ib_read_lat), C(ib_write_bw)) against a server started on the peer (the C(bench_network) role starts it), I(repetitions) times.
+  - Reports typical, p99 and p99.9 latency (perftest's own percentiles) and average bandwidth in Gbit/s; a run that ends in C(Failed status) fails the task with that line.
+extends_documentation_fragment:
+  - aicluster.stethoscope.node
+  - aicluster.stethoscope.bench
+options:
+  server:
+    description: Address of the peer running the perftest servers.
+    type: str
+    required: true
+  peer:
+    description: Inventory name of the peer, for the results' labels (default I(server)).
+    type: str
+  tests:
+    description: perftest programs to run, in order.
+    type: list
+    elements: str
+    choices: [ib_write_lat, ib_read_lat, ib_send_lat, ib_write_bw, ib_read_bw, ib_send_bw]
+    default: [ib_write_lat, ib_read_lat, ib_write_bw]
+  rdma_device:
+    description: HCA to use (C(-d)).
+    type: str
+    default: mlx5_0
+  size:
+    description: Message size in bytes (C(-s)).
+    type: int
+    default: 2
+  iterations:
+    description: Iterations per test (C(-n)).
+    type: int
+    default: 1000
+  repetition_number:
+    description: Run once and record it as this repetition (the role loops, starting a server before each client).
+    type: int
+author:
+  - stethoscope developers
+"""
+
+EXAMPLES = r"""
+- name: Latency and bandwidth to the next node
+  aicluster.stethoscope.bench_network:
+    server: 10.0.0.12
+    peer: gpu-a01-02
+"""
+
+RETURN = r"""
+stethoscope_bench:
+  description: Suite C(network), fingerprints and every repetition's results.
+  returned: success
+  type: dict
+stethoscope_metrics:
+  description: Median over repetitions per metric.
+  returned: success
+  type: list
+  elements: dict
+stability:
+  description: Per metric the repetitions, median, relative standard deviation and the unstable flag.
+  returned: success
+  type: list
+  elements: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.aicluster.stethoscope.plugins.module_utils import suite_network
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import (
+    BENCH_ARGUMENT_SPEC,
+    argument_spec,
+    run_bench,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=argument_spec(
+            server={"type": "str", "required": True},
+            peer={"type": "str"},
+            tests={
+                "type": "list",
+                "elements": "str",
+                "default": ["ib_write_lat", "ib_read_lat", "ib_write_bw"],
+                "choices": [
+                    "ib_write_lat",
+                    "ib_read_lat",
+                    "ib_send_lat",
+                    "ib_write_bw",
+                    "ib_read_bw",
+                    "ib_send_bw",
+                ],
+            },
+            rdma_device={"type": "str", "default": "mlx5_0"},
+            size={"type": "int", "default": 2},
+            iterations={"type": "int", "default": 1000},
+            repetition_number={"type": "int"},
+            **BENCH_ARGUMENT_SPEC,
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    run_bench(
+        module,
+        lambda ctx: suite_network.run(
+            ctx,
+            p["tests"],
+            p["server"],
+            p["peer"] or p["server"],
+            p["rdma_device"],
+            p["size"],
+            p["iterations"],
+            p["repetitions"],
+            p["fingerprint"],
+            p["max_rsd_percent"],
+        ),
+        "%s against %s" % (", ".join(p["tests"]), p["server"]),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+#!/usr/bin/python
+# Copyright: stethoscope developers
+# Apache License 2.0
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: bench_storage
+short_description: fio 4k random read IOPS and latency percentiles, and a sustained-write latency cliff
+version_added: "0.1.0"
+description:
+  - C(mode=burst) runs fio 4k random read, iodepth 64, libaio, direct I/O, JSON output, I(repetitions) times; reports IOPS and completion-latency p50/p99/p99.9 (fio's own percentiles; none where C(gtod_reduce) measured none).
+  - C(mode=sustained) writes for I(runtime) seconds with a latency log, and reports when latency jumps above I(jump_factor) times its first minute (the seed's 120 µs to 8 ms after 30 minutes). It writes to I(filename), so a raw device is refused unless I(allow_raw_device).
+extends_documentation_fragment:
+  - aicluster.stethoscope.node
+  - aicluster.stethoscope.bench
+options:
+  filename:
+    description: File or block device to test.
+    type: path
+    required: true
+  mode:
+    description: C(burst) random read or C(sustained) write.
+    type: str
+    choices: [burst, sustained]
+    default: burst
+  size:
+    description: fio C(--size).
+    type: str
+    default: 1G
+  runtime:
+    description: Seconds per run.
+    type: int
+    default: 30
+  iodepth:
+    description: Queue depth.
+    type: int
+    default: 64
+  block_size:
+    description: Block size.
+    type: str
+    default: 4k
+  direct:
+    description: O_DIRECT (bypass the page cache).
+    type: bool
+    default: true
+  ioengine:
+    description: fio I/O engine.
+    type: str
+    default: libaio
+  allow_raw_device:
+    description: Allow the sustained write on a block device (destroys its data).
+    type: bool
+    default: false
+  log_dir:
+    description: Where the sustained run's latency log is written.
+    type: path
+    default: /var/lib/stethoscope
+  jump_factor:
+    description: How many times the first minute's median latency counts as the cliff.
+    type: float
+    default: 10
+  device_label:
+    description: Device name in the results (default the file's or device's base name).
+    type: str
+author:
+  - stethoscope developers
+"""
+
+EXAMPLES = r"""
+- name: Random read on a scratch file
+  aicluster.stethoscope.bench_storage:
+    filename: /scratch/stethoscope.fio
+    size: 8G
+"""
+
+RETURN = r"""
+stethoscope_bench:
+  description: Suite C(storage), fingerprints and every repetition's results.
+  returned: success
+  type: dict
+stethoscope_metrics:
+  description: Median over repetitions per metric.
+  returned: success
+  type: list
+  elements: dict
+stability:
+  description: Per metric the repetitions, median, relative standard deviation and the unstable flag.
+  returned: success
+  type: list
+  elements: dict
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.aicluster.stethoscope.plugins.module_utils import suite_storage
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import (
+    BENCH_ARGUMENT_SPEC,
+    argument_spec,
+    run_bench,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=argument_spec(
+            filename={"type": "path", "required": True},
+            mode={"type": "str", "choices": ["burst", "sustained"], "default": "burst"},
+            size={"type": "str", "default": "1G"},
+            runtime={"type": "int", "default": 30},
+            iodepth={"type": "int", "default": 64},
+            block_size={"type": "str", "default": "4k"},
+            direct={"type": "bool", "default": True},
+            ioengine={"type": "str", "default": "libaio"},
+            allow_raw_device={"type": "bool", "default": False},
+            log_dir={"type": "path", "default": "/var/lib/stethoscope"},
+            jump_factor={"type": "float", "default": 10.0},
+            device_label={"type": "str"},
+            **BENCH_ARGUMENT_SPEC,
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    label = p["device_label"] or os.path.basename(p["filename"])
+    if p["mode"] == "sustained":
+        if suite_storage.is_block_device(p["filename"]) and not p["allow_raw_device"]:
+            module.fail_json(
+                msg="refusing a sustained write on the raw device %s: it destroys its data; "
+                "set allow_raw_device to do it anyway" % p["filename"]
+            )
+        run_bench(
+            module,
+            lambda ctx: suite_storage.run_sustained(
+                ctx,
+                p["filename"],
+                p["size"],
+                p["runtime"],
+                p["iodepth"],
+                p["block_size"],
+                p["direct"],
+                p["ioengine"],
+                p["log_dir"],
+                p["fingerprint"],
+                label,
+                p["jump_factor"],
+            ),
+            "a %ss sustained write on %s" % (p["runtime"], p["filename"]),
+        )
+    run_bench(
+        module,
+        lambda ctx: suite_storage.run_randread(
+            ctx,
+            p["filename"],
+            p["size"],
+            p["runtime"],
+            p["iodepth"],
+            p["block_size"],
+            p["direct"],
+            p["ioengine"],
+            p["repetitions"],
+            p["fingerprint"],
+            p["max_rsd_percent"],
+            label,
+        ),
+        "fio randread on %s, %d x %ss" % (p["filename"], p["repetitions"], p["runtime"]),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""`stethoscope baseline`: fleet baselines per (class, suite, metric, labels), each node's deviation
+graded in the catalog's worse direction, its own history (3σ), and the ring-vs-tree hint."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+
+from stethoscope.catalog import Catalog
+from stethoscope.store import Store
+
+RED, YELLOW = 20.0, 10.0
+
+
+@dataclass
+class Row:
+    node_id: str
+    class_fingerprint: str
+    suite: str
+    metric_name: str
+    device: str
+    labels: dict[str, str]
+    value: float  # the node's latest run: median over its repetitions
+    repetitions: int
+    rsd_percent: float
+    unstable: bool
+    fleet_median: float | None = None
+    fleet_mad: float | None = None
+    fleet_nodes: int = 0
+    deviation_percent: float = 0.0
+    grade: str = "green"
+    history_mean: float | None = None
+    history_sigma: float | None = None
+    history_runs: int = 0
+    beyond_3_sigma: bool = False
+    hints: list[str] = field(default_factory=list)
+
+    @property
+    def label_text(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def _rsd(values: list[float]) -> float:
+    if len(values) < 2 or statistics.mean(values) == 0:
+        return 0.0
+    return statistics.stdev(values) / abs(statistics.mean(values)) * 100.0
+
+
+def worse_deviation(value: float, reference: float, better: str) -> float:
+    """Percent away from the reference in the direction the catalog calls worse (never negative)."""
+    if not reference:
+        return 0.0
+    if better == "higher":
+        return max(0.0, (reference - value) / abs(reference) * 100.0)
+    if better == "lower":
+        return max(0.0, (value - reference) / abs(reference) * 100.0)
+    return abs(value - reference) / abs(reference) * 100.0
+
+
+def grade(deviation: float) -> str:
+    return "red" if deviation > RED else "yellow" if deviation >= YELLOW else "green"
+
+
+def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0) -> list[Row]:
+    raw = store.query(
+        f"SELECT run_id, node_id, class_fingerprint, node_fingerprint, suite, metric_name, device, "
+        f"mapKeys(mapSort(labels)), mapValues(mapSort(labels)), value, repetition, unstable, timestamp "
+        f"FROM {store.database}.bench_results FINAL ORDER BY timestamp"
+    )
+    runs: dict[tuple, dict[str, list[float]]] = {}
+    meta: dict[tuple, dict] = {}
+    for run_id, node, class_fp, node_fp, suite, name, device, keys, values_, value, _rep, unstable, _ts in raw:
+        labels = json.dumps(dict(zip(keys, values_, strict=True)), sort_keys=True)
+        key = (node, suite, name, device, labels)
+        runs.setdefault(key, {}).setdefault(run_id, []).append(value)
+        entry = meta.setdefault(key, {"order": [], "class": class_fp, "node_fp": {}, "unstable": {}})
+        if run_id not in entry["order"]:
+            entry["order"].append(run_id)
+        entry["class"] = class_fp
+        entry["node_fp"][run_id] = node_fp
+        entry["unstable"][run_id] = entry["unstable"].get(run_id, False) or bool(unstable)
+    rows: list[Row] = []
+    for key, by_run in runs.items():
+        node, suite, name, device, labels = key
+        entry = meta[key]
+        latest = entry["order"][-1]
+        values = by_run[latest]
+        rsd = _rsd(values)
+        row = Row(node, entry["class"], suite, name, device, json.loads(labels), _median(values), len(values),
+                  round(rsd, 3), entry["unstable"][latest] or rsd > max_rsd_percent)
+        # own history: earlier runs under the same node fingerprint (a swapped part starts anew)
+        earlier = [_median(by_run[r]) for r in entry["order"][:-1] if entry["node_fp"][r] == entry["node_fp"][latest]]
+        if len(earlier) >= 2:
+            row.history_mean, row.history_sigma = statistics.mean(earlier), statistics.stdev(earlier)
+            row.history_runs = len(earlier)
+            spec = catalog.get(name)
+            better = spec.better if spec else "none"
+            delta = row.value - row.history_mean
+            worse = -delta if better == "higher" else delta if better == "lower" else abs(delta)
+            row.beyond_3_sigma = row.history_sigma > 0 and worse > 3 * row.history_sigma
+        rows.append(row)
+    _fleet(rows, catalog)
+    _ring_vs_tree(rows)
+    return sorted(rows, key=lambda r: (-r.deviation_percent, r.node_id, r.suite, r.metric_name, r.label_text))
+
+
+def _fleet(rows: list[Row], catalog: Catalog) -> None:
+    groups: dict[tuple, list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.class_fingerprint, row.suite, row.metric_name, row.label_text), []).append(row)
+    for members in groups.values():
+        values = [m.value for m in members]
+        median = _median(values)
+        mad = _median([abs(v - median) for v in values])
+        for row in members:
+            spec = catalog.get(row.metric_name)
+            row.fleet_median, row.fleet_mad, row.fleet_nodes = median, mad, len(members)
+            row.deviation_percent = round(worse_deviation(row.value, median, spec.better if spec else "none"), 2)
+            row.grade = grade(row.deviation_percent)
+
+
+def _ring_vs_tree(rows: list[Row]) -> None:
+    """Ring degraded while tree is normal: the ring crosses a congested switch port. Both: the NIC."""
+    average = {(r.node_id, r.labels.get("algo")): r for r in rows
+               if r.metric_name == "bench_allreduce_busbw_gb_per_s" and r.labels.get("size") == "avg"}
+    for (node, algo), ring in average.items():
+        if algo != "ring" or (node, "tree") not in average:
+            continue
+        tree = average[(node, "tree")]
+        if ring.grade != "green" and tree.grade == "green":
+            ring.hints.append("ring degraded while tree is normal: suspect switch port congestion")
+        elif ring.grade != "green" and tree.grade != "green":
+            ring.hints.append("ring and tree both degraded: suspect the node's NIC")
+            tree.hints.append("ring and tree both degraded: suspect the node's NIC")
+
+
+def summary_rows(rows: list[Row]) -> list[Row]:
+    """The terminal's rows: per-size NCCL rows only where they are not green (the HTML has all)."""
+    return [r for r in rows if "size" not in r.labels or r.labels["size"] == "avg" or r.suite != "nccl"
+            or r.grade != "green"]
+
+
+def render_table(rows: list[Row]) -> str:
+    if not rows:
+        return "no benchmark results stored yet: run playbooks/baseline.yml"
+    header = f"{'grade':<7}{'node':<10}{'suite':<9}{'metric':<38}{'labels':<34}{'value':>11}{'fleet':>11}{'dev%':>7}  notes"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        notes = []
+        if r.unstable:
+            notes.append(f"unstable (RSD {r.rsd_percent:.1f} %)")
+        if r.beyond_3_sigma:
+            notes.append(f">3σ from own history ({r.history_mean:.4g}±{r.history_sigma:.2g})")
+        if r.fleet_nodes < 2:
+            notes.append("only node of its class")
+        notes.extend(r.hints)
+        lines.append(f"{r.grade.upper():<7}{r.node_id:<10}{r.suite:<9}{r.metric_name:<38}{r.label_text[:33]:<34}"
+                     f"{r.value:>11.4g}{(r.fleet_median or 0):>11.4g}{r.deviation_percent:>7.1f}  {'; '.join(notes)}")
+    return "\n".join(lines)
+
+
+def render_html(rows: list[Row]) -> str:
+    data = json.dumps([{**r.__dict__, "labels": r.label_text} for r in rows], default=str)
+    return HTML.replace("__DATA__", data.replace("</", "<\\/"))
+
+
+HTML = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>stethoscope baseline report</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:1.5em} table{border-collapse:collapse;font-size:13px}
+th,td{padding:3px 8px;border-bottom:1px solid #ddd;text-align:left} th{cursor:pointer;background:#f3f3f3}
+td.num{text-align:right;font-variant-numeric:tabular-nums} tr.red td.g{background:#e53935;color:#fff}
+tr.yellow td.g{background:#fdd835} tr.green td.g{background:#43a047;color:#fff}
+</style></head><body>
+<h1>Baseline report</h1>
+<p>Deviation from the class's fleet median in the direction the metric catalog calls worse:
+&gt;20&nbsp;% red, 10&ndash;20&nbsp;% yellow, &lt;10&nbsp;% green. Click a column to sort.</p>
+<table id="t"><thead><tr>
+<th data-k="grade">grade</th><th data-k="node_id">node</th><th data-k="suite">suite</th>
+<th data-k="metric_name">metric</th><th data-k="labels">labels</th><th data-k="value">value</th>
+<th data-k="fleet_median">fleet median</th><th data-k="deviation_percent">deviation %</th>
+<th data-k="rsd_percent">RSD %</th><th data-k="notes">notes</th></tr></thead><tbody></tbody></table>
+<script>
+const rows = __DATA__;
+rows.forEach(r => { r.notes = [r.unstable ? "unstable" : "", r.beyond_3_sigma ? ">3σ own history" : ""]
+  .concat(r.hints).filter(Boolean).join("; "); });
+let key = "deviation_percent", asc = false;
+function draw() {
+  rows.sort((a, b) => (a[key] > b[key] ? 1 : a[key] < b[key] ? -1 : 0) * (asc ? 1 : -1));
+  document.querySelector("#t tbody").innerHTML = rows.map(r => `<tr class="${r.grade}">` +
+    `<td class="g">${r.grade}</td><td>${r.node_id}</td><td>${r.suite}</td><td>${r.metric_name}</td>` +
+    `<td>${r.labels}</td><td class="num">${Number(r.value).toPrecision(5)}</td>` +
+    `<td class="num">${Number(r.fleet_median).toPrecision(5)}</td><td class="num">${r.deviation_percent}</td>` +
+    `<td class="num">${r.rsd_percent}</td><td>${r.notes}</td></tr>`).join("");
+}
+document.querySelectorAll("th").forEach(th => th.onclick = () => {
+  asc = key === th.dataset.k ? !asc : false; key = th.dataset.k; draw(); });
+draw();
+</script></body></html>
+"""
