@@ -74,7 +74,21 @@ def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0) -> list[
     )
     runs: dict[tuple, dict[str, list[float]]] = {}
     meta: dict[tuple, dict] = {}
-    for run_id, node, class_fp, node_fp, suite, name, device, keys, values_, value, _rep, unstable, _ts in raw:
+    for (
+        run_id,
+        node,
+        class_fp,
+        node_fp,
+        suite,
+        name,
+        device,
+        keys,
+        values_,
+        value,
+        _rep,
+        unstable,
+        _ts,
+    ) in raw:
         labels = json.dumps(dict(zip(keys, values_, strict=True)), sort_keys=True)
         key = (node, suite, name, device, labels)
         runs.setdefault(key, {}).setdefault(run_id, []).append(value)
@@ -91,10 +105,22 @@ def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0) -> list[
         latest = entry["order"][-1]
         values = by_run[latest]
         rsd = _rsd(values)
-        row = Row(node, entry["class"], suite, name, device, json.loads(labels), _median(values), len(values),
-                  round(rsd, 3), entry["unstable"][latest] or rsd > max_rsd_percent)
+        row = Row(
+            node,
+            entry["class"],
+            suite,
+            name,
+            device,
+            json.loads(labels),
+            _median(values),
+            len(values),
+            round(rsd, 3),
+            entry["unstable"][latest] or rsd > max_rsd_percent,
+        )
         # own history: earlier runs under the same node fingerprint (a swapped part starts anew)
-        earlier = [_median(by_run[r]) for r in entry["order"][:-1] if entry["node_fp"][r] == entry["node_fp"][latest]]
+        earlier = [
+            _median(by_run[r]) for r in entry["order"][:-1] if entry["node_fp"][r] == entry["node_fp"][latest]
+        ]
         if len(earlier) >= 2:
             row.history_mean, row.history_sigma = statistics.mean(earlier), statistics.stdev(earlier)
             row.history_runs = len(earlier)
@@ -120,14 +146,19 @@ def _fleet(rows: list[Row], catalog: Catalog) -> None:
         for row in members:
             spec = catalog.get(row.metric_name)
             row.fleet_median, row.fleet_mad, row.fleet_nodes = median, mad, len(members)
-            row.deviation_percent = round(worse_deviation(row.value, median, spec.better if spec else "none"), 2)
+            row.deviation_percent = round(
+                worse_deviation(row.value, median, spec.better if spec else "none"), 2
+            )
             row.grade = grade(row.deviation_percent)
 
 
 def _ring_vs_tree(rows: list[Row]) -> None:
     """Ring degraded while tree is normal: the ring crosses a congested switch port. Both: the NIC."""
-    average = {(r.node_id, r.labels.get("algo")): r for r in rows
-               if r.metric_name == "bench_allreduce_busbw_gb_per_s" and r.labels.get("size") == "avg"}
+    average = {
+        (r.node_id, r.labels.get("algo")): r
+        for r in rows
+        if r.metric_name == "bench_allreduce_busbw_gb_per_s" and r.labels.get("size") == "avg"
+    }
     for (node, algo), ring in average.items():
         if algo != "ring" or (node, "tree") not in average:
             continue
@@ -141,14 +172,20 @@ def _ring_vs_tree(rows: list[Row]) -> None:
 
 def summary_rows(rows: list[Row]) -> list[Row]:
     """The terminal's rows: per-size NCCL rows only where they are not green (the HTML has all)."""
-    return [r for r in rows if "size" not in r.labels or r.labels["size"] == "avg" or r.suite != "nccl"
-            or r.grade != "green"]
+    return [
+        r
+        for r in rows
+        if "size" not in r.labels or r.labels["size"] == "avg" or r.suite != "nccl" or r.grade != "green"
+    ]
 
 
 def render_table(rows: list[Row]) -> str:
     if not rows:
         return "no benchmark results stored yet: run playbooks/baseline.yml"
-    header = f"{'grade':<7}{'node':<10}{'suite':<9}{'metric':<38}{'labels':<34}{'value':>11}{'fleet':>11}{'dev%':>7}  notes"
+    header = (
+        f"{'grade':<7}{'node':<10}{'suite':<9}{'metric':<38}{'labels':<34}"
+        f"{'value':>11}{'fleet':>11}{'dev%':>7}  notes"
+    )
     lines = [header, "-" * len(header)]
     for r in rows:
         notes = []
@@ -159,8 +196,10 @@ def render_table(rows: list[Row]) -> str:
         if r.fleet_nodes < 2:
             notes.append("only node of its class")
         notes.extend(r.hints)
-        lines.append(f"{r.grade.upper():<7}{r.node_id:<10}{r.suite:<9}{r.metric_name:<38}{r.label_text[:33]:<34}"
-                     f"{r.value:>11.4g}{(r.fleet_median or 0):>11.4g}{r.deviation_percent:>7.1f}  {'; '.join(notes)}")
+        lines.append(
+            f"{r.grade.upper():<7}{r.node_id:<10}{r.suite:<9}{r.metric_name:<38}{r.label_text[:33]:<34}"
+            f"{r.value:>11.4g}{(r.fleet_median or 0):>11.4g}{r.deviation_percent:>7.1f}  {'; '.join(notes)}"
+        )
     return "\n".join(lines)
 
 
@@ -195,7 +234,8 @@ function draw() {
   document.querySelector("#t tbody").innerHTML = rows.map(r => `<tr class="${r.grade}">` +
     `<td class="g">${r.grade}</td><td>${r.node_id}</td><td>${r.suite}</td><td>${r.metric_name}</td>` +
     `<td>${r.labels}</td><td class="num">${Number(r.value).toPrecision(5)}</td>` +
-    `<td class="num">${Number(r.fleet_median).toPrecision(5)}</td><td class="num">${r.deviation_percent}</td>` +
+    `<td class="num">${Number(r.fleet_median).toPrecision(5)}</td>` +
+    `<td class="num">${r.deviation_percent}</td>` +
     `<td class="num">${r.rsd_percent}</td><td>${r.notes}</td></tr>`).join("");
 }
 document.querySelectorAll("th").forEach(th => th.onclick = () => {

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -81,3 +83,57 @@ def database_held_elsewhere(path: Path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def fake_tools(bindir: Path, log: Path, tools: dict[str, dict[str, str] | str]) -> None:
+    """tools: name -> {"args": fixture path, or shell code} (or one of them for any args)."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    for name, cases in tools.items():
+        if isinstance(cases, str):
+            cases = {"*": cases}
+        lines = ["#!/bin/sh", f'echo "{name}${{*:+ $*}}" >> "{log}"', 'case "$*" in']
+        for args, output in cases.items():
+            source = FIXTURES / output
+            body = f'cat "{source}"' if source.is_file() else output
+            pattern = "*" if args == "*" else f'"{args}"'
+            lines.append(f"  {pattern}) {body};;")
+        lines += ["esac", ""]
+        (bindir / name).write_text("\n".join(lines))
+        (bindir / name).chmod(0o755)
+
+
+def run_module(tmp_path: Path, module: str, args: dict, bindir: Path, check: bool = False) -> dict:
+    tree = tmp_path / "tree"
+    env = ansible_env(
+        tmp_path,
+        PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}",
+        ANSIBLE_CALLBACKS_ENABLED="ansible.builtin.tree",
+        ANSIBLE_CALLBACK_TREE_DIR=str(tree),
+        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+    )
+    shutil.rmtree(tree, ignore_errors=True)
+    command = [
+        str(Path(sys.executable).parent / "ansible"),
+        "localhost",
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-m",
+        f"aicluster.stethoscope.{module}",
+        "-a",
+        json.dumps(args),
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+    ]
+    if check:
+        command.append("--check")
+    command.append("-v")  # a skipped task's reason is printed with -v
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if not (tree / "localhost").is_file() and "skipping: [localhost]" in proc.stdout:
+        # the tree callback writes nothing for a skipped task: the default output has its reason
+        return {"skipped": True, "failed": False, "stdout": proc.stdout}
+    assert (tree / "localhost").is_file(), proc.stdout + proc.stderr
+    result = json.loads((tree / "localhost").read_text())
+    result["failed"] = proc.returncode != 0  # the tree callback drops the key; ansible's exit code says it
+    return result

@@ -51,7 +51,9 @@ class Profile:
 PROFILES = [
     Profile("h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}),
     Profile("h200", {"nvme0n1": "nvme_corsair_mp510_healthy.json"}, ib="gpud", aer=True),
-    Profile("h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, faults=("thermal_throttle", "slow_bench")),
+    Profile(
+        "h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, faults=("thermal_throttle", "slow_bench")
+    ),
     Profile("h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, faults=("row_remap_pending",)),
     Profile("a100", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, ib="procfs", nvlink=True, aer=True),
     Profile(
@@ -168,7 +170,9 @@ def slow_fio(data: dict, iops_factor: float, latency_factor: float) -> dict:
     read["iops"] *= iops_factor
     read["bw"] = int(read["bw"] * iops_factor)
     read["clat_ns"]["mean"] *= latency_factor
-    read["clat_ns"]["percentile"] = {k: int(v * latency_factor) for k, v in read["clat_ns"]["percentile"].items()}
+    read["clat_ns"]["percentile"] = {
+        k: int(v * latency_factor) for k, v in read["clat_ns"]["percentile"].items()
+    }
     return data
 
 
@@ -410,18 +414,32 @@ def tool_scripts(node: Path, profile: Profile) -> None:
     if controllers:
         nvme_script(bindir / "nvme", out, controllers)
     nccl = bindir / "all_reduce_perf"
-    nccl.write_text("\n".join([
-        "#!/bin/sh", "# lab replay of nccl-tests: the recording for the algorithm NCCL_ALGO asks for",
-        f'd="{out}"', 'case "$NCCL_ALGO" in', '  Ring|ring) cat "$d/all_reduce_perf_ring.txt";;',
-        '  *) cat "$d/all_reduce_perf_tree.txt";;', "esac", ""]))
+    nccl.write_text(
+        "\n".join(
+            [
+                "#!/bin/sh",
+                "# lab replay of nccl-tests: the recording for the algorithm NCCL_ALGO asks for",
+                f'd="{out}"',
+                'case "$NCCL_ALGO" in',
+                '  Ring|ring) cat "$d/all_reduce_perf_ring.txt";;',
+                '  *) cat "$d/all_reduce_perf_tree.txt";;',
+                "esac",
+                "",
+            ]
+        )
+    )
     nccl.chmod(0o755)
 
 
 def nvme_script(path: Path, out: Path, controllers: list[str]) -> None:
     """nvme-cli's get/set-feature 0x06 in its documented output format (SYNTHETIC: no real capture
     exists), keeping the value a set-feature wrote, as the drive does until its next reset."""
-    lines = ["#!/bin/sh", "# lab nvme-cli: volatile write cache feature 0x06, value kept in outputs/", f'd="{out}"',
-             'case "$*" in']
+    lines = [
+        "#!/bin/sh",
+        "# lab nvme-cli: volatile write cache feature 0x06, value kept in outputs/",
+        f'd="{out}"',
+        'case "$*" in',
+    ]
     for ctrl in controllers:
         state = f'"$d/SYNTHETIC_{ctrl}_vwc"'
         lines += [
@@ -431,7 +449,8 @@ def nvme_script(path: Path, out: Path, controllers: list[str]) -> None:
             f'  "set-feature /dev/{ctrl} --feature-id=0x06 --value="*)',
             '    v="${*##*--value=}"',
             f'    echo "$v" > {state}',
-            "    printf 'set-feature:0x06 (Volatile Write Cache), value:0x%08x, cdw12:0x00000000, save:0\\n' \"$v\";;",
+            "    printf 'set-feature:0x06 (Volatile Write Cache), value:0x%08x, cdw12:0x00000000, "
+            'save:0\\n\' "$v";;',
         ]
     lines += ['  *) echo "lab: no recording of nvme $*" >&2; exit 2;;', "esac", ""]
     path.write_text("\n".join(lines))

@@ -76,7 +76,7 @@ changes:
   returned: always
   type: list
   elements: dict
-skipped:
+skipped_knobs:
   description: Knobs this node lacks, with the reason.
   returned: always
   type: list
@@ -229,7 +229,7 @@ def main():
     module.exit_json(
         changed=bool(changes),
         changes=changes,
-        skipped=skipped,
+        skipped_knobs=skipped,
         reboot_required=reboot,
         diff={"before": diff_text(changes, "before"), "after": diff_text(changes, "after")},
         ansible_facts={"stethoscope_env_lock": fact},

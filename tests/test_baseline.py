@@ -1,0 +1,122 @@
+"""The baseline report: fleet median per class, grading in the catalog's worse direction, own history,
+the ring-vs-tree hint; and baseline.yml end to end on the lab, where one node is slow."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from stethoscope.baseline import build, render_html, render_table, worse_deviation
+from stethoscope.catalog import Catalog
+from stethoscope.store import Store
+from stethoscope.timeutil import now_ms
+
+from conftest import TOP, ansible_env
+
+CATALOG = Catalog.load()
+
+
+def bench_row(run, node, metric, value, repetition=1, class_fp="c1", node_fp=None, labels=None, at=0):
+    return {
+        "run_id": run,
+        "node_id": node,
+        "suite": "storage",
+        "metric_name": metric,
+        "device": "nvme0n1",
+        "labels": labels or {},
+        "value": value,
+        "unit": "",
+        "repetition": repetition,
+        "class_fingerprint": class_fp,
+        "node_fingerprint": node_fp or node,
+        "unstable": 0,
+        "timestamp": now_ms() - 10_000_000 + at,
+    }
+
+
+def test_direction_of_worse():
+    assert worse_deviation(80, 100, "higher") == 20 and worse_deviation(120, 100, "higher") == 0
+    assert worse_deviation(130, 100, "lower") == 30 and worse_deviation(70, 100, "lower") == 0
+
+
+def test_grades_history_and_instability(store):
+    rows = []
+    for node, iops in (("n1", 100.0), ("n2", 101.0), ("n3", 85.0), ("n4", 70.0), ("n5", 150.0)):
+        rows += [bench_row("r9", node, "bench_fio_randread_iops", iops, rep, at=9000) for rep in (1, 2, 3)]
+    for i, run in enumerate(("r1", "r2", "r3")):  # n4's own history: about 100, then 70 now
+        rows += [bench_row(run, "n4", "bench_fio_randread_iops", 99.0 + i, 1, at=i * 1000)]
+    rows += [
+        bench_row("r9", "n1", "bench_fio_randread_latency_p99_us", v, rep, at=9000)
+        for rep, v in ((1, 100.0), (2, 130.0), (3, 90.0))
+    ]  # spread: unstable
+    store.insert_rows("bench_results", rows)
+    report = {(r.node_id, r.metric_name): r for r in build(store, CATALOG)}
+    iops = {node: report[(node, "bench_fio_randread_iops")] for node in ("n1", "n2", "n3", "n4", "n5")}
+    assert iops["n1"].fleet_median == 100.0 and iops["n1"].fleet_nodes == 5
+    assert {n: r.grade for n, r in iops.items()} == {
+        "n1": "green",
+        "n2": "green",
+        "n3": "yellow",
+        "n4": "red",
+        "n5": "green",
+    }  # faster is not degraded
+    assert iops["n4"].beyond_3_sigma and iops["n4"].history_runs == 3
+    assert report[("n1", "bench_fio_randread_latency_p99_us")].unstable
+    table = render_table(build(store, CATALOG))
+    assert "RED" in table and "unstable (RSD" in table and ">3σ from own history" in table
+
+
+def test_a_swapped_part_starts_a_new_history(store):
+    rows = [
+        bench_row(run, "n1", "bench_fio_randread_iops", 100.0, node_fp="old", at=i)
+        for i, run in enumerate("abc")
+    ]
+    rows += [bench_row("d", "n1", "bench_fio_randread_iops", 60.0, node_fp="new", at=10)]
+    store.insert_rows("bench_results", rows)
+    (row,) = build(store, CATALOG)
+    assert row.history_runs == 0 and not row.beyond_3_sigma
+
+
+def test_baseline_playbook_on_the_lab_grades_the_slow_node_red(tmp_path, tmp_dsn):
+    lab_dir = tmp_path / "lab"
+    env = ansible_env(tmp_path, tmp_dsn, STETHOSCOPE_LAB_DIR=str(lab_dir))
+    subprocess.run(
+        [sys.executable, str(TOP / "tools/lab.py"), "build"], env=env, check=True, capture_output=True
+    )
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            str(TOP / "playbooks/baseline.yml"),
+            "-e",
+            "bench_nccl_repetitions=2",
+            "-e",
+            "bench_storage_repetitions=2",
+            "-e",
+            "bench_network_repetitions=1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    with Store(tmp_dsn) as store:
+        rows = build(store, CATALOG)
+        suites = dict(
+            store.query("SELECT suite, uniqExact(node_id) FROM stethoscope.bench_results GROUP BY suite")
+        )
+        fingerprints = store.query("SELECT count() FROM stethoscope.fingerprints FINAL WHERE kind = 'class'")[
+            0
+        ][0]
+    assert suites == {"nccl": 8, "storage": 8, "network": 4} and fingerprints >= 3
+    red = {(r.node_id, r.suite) for r in rows if r.grade == "red"}
+    assert red == {("node03", "nccl"), ("node03", "storage")}
+    (ring,) = [r for r in rows if r.node_id == "node03" and r.labels == {"algo": "ring", "size": "avg"}]
+    assert ring.hints == ["ring degraded while tree is normal: suspect switch port congestion"]
+    (tree,) = [r for r in rows if r.node_id == "node03" and r.labels == {"algo": "tree", "size": "avg"}]
+    assert tree.grade == "green"
+    assert '"grade": "red"' in render_html(rows)
+    # the environment was put back after the suites: the lab's NVMe write cache is on again
+    assert (lab_dir / "nodes/node01/outputs/SYNTHETIC_nvme0_vwc").read_text().strip() == "1"

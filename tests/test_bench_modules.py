@@ -1,0 +1,173 @@
+"""Benchmark modules run by Ansible: PyTorch on the CPU, fio for real on a temp file, nccl-tests and
+perftest from recorded output at the process boundary; fingerprints; repetition stability."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+
+import pytest
+
+from conftest import REAL, fake_tools, run_module
+
+torch = pytest.importorskip(
+    "torch", reason="the CPU build of torch==2.13.0 is a dev dependency (make test installs it)"
+)
+
+
+def test_compute_on_cpu_small_sizes(tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    fingerprint = {"class_fingerprint": "c0ffee", "node_fingerprint": "beef", "detail": {"gpu": None}}
+    result = run_module(
+        tmp_path,
+        "bench_compute",
+        {
+            "allow_cpu": True,
+            "size": 128,
+            "fp64_size": 64,
+            "iterations": 5,
+            "warmup": 1,
+            "repetitions": 3,
+            "sustained_seconds": 1,
+            "fft_points": 4096,
+            "dtypes": ["fp32", "bf16"],
+            "fingerprint": fingerprint,
+        },
+        empty,
+    )
+    assert not result["failed"] and result["device"] == "cpu (cpu)"
+    bench = result["stethoscope_bench"]
+    assert (
+        bench["suite"] == "compute" and bench["class_fingerprint"] == "c0ffee" and bench["repetitions"] == 3
+    )
+    modes = {
+        (r["labels"]["dtype"], r["labels"]["mode"])
+        for r in bench["results"]
+        if r["metric_name"] == "bench_gemm_tflops"
+    }
+    assert modes == {("fp32", "burst"), ("bf16", "burst"), ("bf16", "sustained")}
+    assert all(r["value"] > 0 for r in bench["results"])
+    assert {s["metric_name"] for s in result["stability"]} == {"bench_gemm_tflops", "bench_fft_ms"}
+    assert result["sustained"]["gemms"] > 0 and result["sustained"]["clock_event_reasons"] == []
+
+
+def test_compute_without_gpu_is_skipped_with_the_reason(tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    result = run_module(tmp_path, "bench_compute", {"allow_cpu": False}, empty)
+    assert result["skipped"] and "no CUDA GPU visible to PyTorch and allow_cpu is false" in result["stdout"]
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio (Debian package) is installed by .ci/run")
+def test_storage_runs_fio_for_real_three_times(tmp_path):
+    system = tmp_path / "system-bin"
+    system.mkdir()
+    (system / "fio").symlink_to(shutil.which("fio"))
+    result = run_module(
+        tmp_path,
+        "bench_storage",
+        {
+            "filename": str(tmp_path / "scratch.fio"),
+            "size": "32M",
+            "runtime": 2,
+            "repetitions": 3,
+            "state_dir": str(tmp_path / "s"),
+        },
+        system,
+    )
+    assert not result["failed"], result.get("msg")
+    iops = [
+        r["value"]
+        for r in result["stethoscope_bench"]["results"]
+        if r["metric_name"] == "bench_fio_randread_iops"
+    ]
+    assert len(iops) == 3 and min(iops) > 0
+    (stability,) = [s for s in result["stability"] if s["metric_name"] == "bench_fio_randread_iops"]
+    assert stability["rsd_percent"] == pytest.approx(
+        statistics.stdev(iops) / statistics.mean(iops) * 100, abs=0.01
+    )
+    assert stability["unstable"] == (stability["rsd_percent"] > 3.0)
+    print(f"fio randread RSD over 3 runs: {stability['rsd_percent']:.2f} %")  # reported in the closing note
+
+
+def test_storage_refuses_a_sustained_write_on_a_raw_device(tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    result = run_module(tmp_path, "bench_storage", {"filename": "/dev/nvme0n1", "mode": "sustained"}, empty)
+    assert result["failed"] and "refusing a sustained write on the raw device /dev/nvme0n1" in result["msg"]
+
+
+def test_nccl_ring_and_tree_from_recorded_output(tmp_path):
+    bindir, log = tmp_path / "bin", tmp_path / "argv.log"
+    fake_tools(
+        bindir,
+        log,
+        {
+            "all_reduce_perf": 'echo "NCCL_ALGO=$NCCL_ALGO" >&2; cat '
+            + str(
+                REAL.parent.parent / "public/nccl-tests/all_reduce_perf_8xA100-SXM4-80GB_nccl2.16.2_gcm.txt"
+            )
+        },
+    )
+    result = run_module(
+        tmp_path,
+        "bench_nccl",
+        {"repetitions": 2, "args": ["-b", "32M", "-e", "1G", "-f", "2", "-g", "8"]},
+        bindir,
+    )
+    assert log.read_text().splitlines() == ["all_reduce_perf -b 32M -e 1G -f 2 -g 8"] * 4
+    rows = {
+        (r["name"], r["labels"]["algo"], r["labels"]["size"], r["labels"]["stat"]): r["value"]
+        for r in result["stethoscope_metrics"]
+    }
+    assert rows[("bench_allreduce_busbw_gb_per_s", "ring", "avg", "median")] == 210.99
+    assert rows[("bench_allreduce_latency_us", "tree", "1073741824", "max")] == 8109.1
+    assert {r["algo"] for r in result["runs"]} == {"Ring", "Tree"}
+
+
+def test_nccl_launch_failure_fails_the_task(tmp_path):
+    bindir, log = tmp_path / "bin", tmp_path / "argv.log"
+    fixture = REAL.parent.parent / "public/nccl-tests/all_reduce_perf_mpirun_failure_not_enough_slots_gcm.txt"
+    fake_tools(bindir, log, {"all_reduce_perf": f"cat {fixture}; exit 1"})
+    result = run_module(tmp_path, "bench_nccl", {"repetitions": 1}, bindir)
+    assert result["failed"] and "launch failed: There are not enough slots available" in result["msg"]
+
+
+def test_network_failed_status_fails_the_task(tmp_path):
+    bindir, log = tmp_path / "bin", tmp_path / "argv.log"
+    fixture = REAL.parent.parent / "public/perftest/ib_write_bw_roce_mlx5_3_FAILED_status10_gke.txt"
+    fake_tools(bindir, log, {"ib_write_bw": f"cat {fixture}; exit 1"})
+    result = run_module(
+        tmp_path,
+        "bench_network",
+        {"server": "10.1.2.3", "peer": "node02", "tests": ["ib_write_bw"], "rdma_device": "mlx5_3"},
+        bindir,
+    )
+    assert result["failed"] and "ib_write_bw to node02: Completion with error at client" in result["msg"]
+    assert log.read_text().splitlines() == ["ib_write_bw -d mlx5_3 -s 2 -n 1000 -F --report_gbits 10.1.2.3"]
+
+
+def test_fingerprint_class_ignores_serials_the_node_does_not(tmp_path):
+    bindir, log = tmp_path / "bin", tmp_path / "argv.log"
+    xml = (REAL / "commands/nvidia-smi_-q_-x.xml").read_text()
+    (tmp_path / "a.xml").write_text(xml)
+    (tmp_path / "b.xml").write_text(
+        xml.replace("<serial>1650000000001</serial>", "<serial>1650000000002</serial>")
+    )
+    results = []
+    for name in ("a", "b"):
+        fake_tools(bindir, log, {"nvidia-smi": f"cat {tmp_path / name}.xml"})
+        results.append(
+            run_module(tmp_path, "fingerprint", {"root": str(REAL / "root")}, bindir)[
+                "stethoscope_fingerprint"
+            ]
+        )
+    a, b = results
+    assert a["class_fingerprint"] == b["class_fingerprint"] and a["node_fingerprint"] != b["node_fingerprint"]
+    assert a["detail"]["gpu"] == {
+        "models": ["NVIDIA H200"],
+        "count": 1,
+        "driver": "580.159.04",
+        "vbios": ["96.00.A5.00.1A"],
+    }
