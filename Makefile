@@ -25,6 +25,8 @@ demo: setup
 	$(BIN)/ansible-playbook playbooks/collect.yml
 	$(BIN)/ansible-playbook playbooks/collect.yml
 	$(BIN)/stethoscope summary
+	$(BIN)/ansible-playbook playbooks/baseline.yml
+	$(BIN)/stethoscope baseline --out .stethoscope/report
 
 test: setup
 	$(BIN)/python -m pytest

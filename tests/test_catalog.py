@@ -35,6 +35,7 @@ UNIT_SUFFIXES = (
     "_mb_per_s",
     "_total",
     "_per_second",
+    "_seconds",
 )
 
 
