@@ -171,3 +171,27 @@ def test_fingerprint_class_ignores_serials_the_node_does_not(tmp_path):
         "driver": "580.159.04",
         "vbios": ["96.00.A5.00.1A"],
     }
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio (Debian package) is installed by .ci/run")
+def test_storage_sustained_write_reads_fios_own_latency_log(tmp_path):
+    system = tmp_path / "system-bin"
+    system.mkdir()
+    (system / "fio").symlink_to(shutil.which("fio"))
+    result = run_module(
+        tmp_path,
+        "bench_storage",
+        {
+            "filename": str(tmp_path / "scratch.fio"),
+            "mode": "sustained",
+            "size": "16M",
+            "runtime": 3,
+            "log_dir": str(tmp_path),
+            "state_dir": str(tmp_path / "s"),
+        },
+        system,
+    )
+    assert not result["failed"], result.get("msg")
+    sustained = result["sustained"]
+    assert sustained["points"] >= 2 and sustained["log"].endswith("stethoscope_sustained_clat.1.log")
+    assert sustained["jump"] is None  # a 3 s write on a file does not fall off a cliff

@@ -31,5 +31,9 @@ def test_scenario(scenario):
         timeout=900,
         check=False,
     )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    output = result.stdout + result.stderr
+    fatal = [
+        line for line in output.splitlines() if "fatal:" in line or "FAILED!" in line or "assertion" in line
+    ]
+    assert result.returncode == 0, "\n".join(fatal[:20]) + "\n...\n" + output[-4000:]
     assert "failed=0" in result.stdout + result.stderr
