@@ -118,5 +118,12 @@ def test_baseline_playbook_on_the_lab_grades_the_slow_node_red(tmp_path, tmp_dsn
     (tree,) = [r for r in rows if r.node_id == "node03" and r.labels == {"algo": "tree", "size": "avg"}]
     assert tree.grade == "green"
     assert '"grade": "red"' in render_html(rows)
+    with Store(tmp_dsn) as store:
+        (facts,) = store.query(
+            "SELECT facts FROM stethoscope.facts WHERE node_id = 'node08' AND collector = "
+            "'env_lock' AND facts LIKE '%locked%' LIMIT 1"
+        )[0]
+    # node08's ib0 is at 4096 while mlx5_1's port runs 2048: reported, ready for a rule
+    assert '"ib_active_mtu": 2048' in facts and '"port": "mlx5_1/1"' in facts
     # the environment was put back after the suites: the lab's NVMe write cache is on again
     assert (lab_dir / "nodes/node01/outputs/SYNTHETIC_nvme0_vwc").read_text().strip() == "1"

@@ -117,8 +117,9 @@ def plan_grub(ctx):
 
 
 def ib_mtu_mismatch(ctx, mtus):
-    """Interfaces set to an MTU that the IB port's active MTU does not carry (the seed's server 4096 /
-    switch 2048 case: NCCL at 40 %). A finding-ready fact, not a change."""
+    """IPoIB interfaces set to an MTU that an InfiniBand port's active MTU does not carry (the seed's
+    server 4096 / switch 2048 case: NCCL at 40 %). A finding-ready fact, not a change. IPoIB's MTU is
+    the IB MTU less its 4-byte header (4092 on a 4096 port)."""
     if not ctx.which("ibv_devinfo"):
         return []
     rc, out, err = ctx.run(["ibv_devinfo"])
@@ -128,12 +129,22 @@ def ib_mtu_mismatch(ctx, mtus):
         ports = parse_ibv_devinfo(out)
     except ParseError as exc:
         raise CollectorError(str(exc), ["ibv_devinfo"], rc, out, err) from None
-    active = sorted({info.get("active_mtu") for info in ports.values() if info.get("active_mtu")})
-    return [
-        {"interface": interface, "mtu": mtu, "ib_active_mtu": active}
-        for interface, mtu in sorted(mtus.items())
-        if active and max(active) < int(mtu) - 4
-    ]
+    mismatches = []
+    for interface, mtu in sorted(mtus.items()):
+        if not interface.startswith("ib"):
+            continue
+        for (hca, port), info in sorted(ports.items()):
+            active = info.get("active_mtu")
+            if info.get("link_layer") == "InfiniBand" and isinstance(active, int) and active < int(mtu) - 4:
+                mismatches.append(
+                    {
+                        "interface": interface,
+                        "mtu": int(mtu),
+                        "port": "%s/%s" % (hca, port),
+                        "ib_active_mtu": active,
+                    }
+                )
+    return mismatches
 
 
 # applying ---------------------------------------------------------------------------------------
