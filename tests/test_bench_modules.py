@@ -15,6 +15,14 @@ torch = pytest.importorskip(
 )
 
 
+def real_fio(tmp_path):
+    """A tool folder holding only the system's fio: the module runs the real one."""
+    system = tmp_path / "system-bin"
+    system.mkdir()
+    (system / "fio").symlink_to(shutil.which("fio"))
+    return system
+
+
 def test_compute_on_cpu_small_sizes(tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()
@@ -61,9 +69,7 @@ def test_compute_without_gpu_is_skipped_with_the_reason(tmp_path):
 
 @pytest.mark.skipif(shutil.which("fio") is None, reason="fio (Debian package) is installed by .ci/run")
 def test_storage_runs_fio_for_real_three_times(tmp_path):
-    system = tmp_path / "system-bin"
-    system.mkdir()
-    (system / "fio").symlink_to(shutil.which("fio"))
+    system = real_fio(tmp_path)
     result = run_module(
         tmp_path,
         "bench_storage",
@@ -175,9 +181,7 @@ def test_fingerprint_class_ignores_serials_the_node_does_not(tmp_path):
 
 @pytest.mark.skipif(shutil.which("fio") is None, reason="fio (Debian package) is installed by .ci/run")
 def test_storage_sustained_write_reads_fios_own_latency_log(tmp_path):
-    system = tmp_path / "system-bin"
-    system.mkdir()
-    (system / "fio").symlink_to(shutil.which("fio"))
+    system = real_fio(tmp_path)
     result = run_module(
         tmp_path,
         "bench_storage",

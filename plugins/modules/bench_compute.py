@@ -40,10 +40,6 @@ options:
     description: Untimed GEMMs before timing.
     type: int
     default: 3
-  repetitions:
-    description: How many times the burst measurement is repeated.
-    type: int
-    default: 3
   rest_seconds:
     description: Idle seconds before each burst, so that a burst starts from a rested GPU (back-to-back bursts measure the power cap instead).
     type: float
@@ -64,20 +60,8 @@ options:
     description: Run on the CPU when no GPU is found (small sizes; for tests and laptops).
     type: bool
     default: false
-  max_rsd_percent:
-    description: Relative standard deviation above which a metric is flagged unstable.
-    type: float
-    default: 3.0
-  fingerprint:
-    description: The node's fingerprint (M(aicluster.stethoscope.fingerprint)'s C(stethoscope_fingerprint)), stored with every result.
-    type: dict
-    default: {}
-attributes:
-  check_mode:
-    support: full
-    description: In check mode nothing is run; the module says what it would measure.
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - aicluster.stethoscope.bench
 notes:
   - Needs PyTorch in the Python that runs the module (C(ansible_python_interpreter)).
 author:
@@ -126,6 +110,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import compute_bench
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.bench_result import bench_result
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import BENCH_ARGUMENT_SPEC
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvidia_smi import (
     CLOCK_EVENT_BITS,
     parse_query_gpu_csv,
@@ -171,14 +156,12 @@ def main():
             "fp64_size": {"type": "int", "default": 4096},
             "iterations": {"type": "int", "default": 20},
             "warmup": {"type": "int", "default": 3},
-            "repetitions": {"type": "int", "default": 3},
             "rest_seconds": {"type": "float", "default": 5.0},
             "sustained_seconds": {"type": "int", "default": 30},
             "sustained_dtype": {"type": "str", "default": "bf16", "choices": list(compute_bench.DTYPES)},
             "fft_points": {"type": "int", "default": 16777216},
             "allow_cpu": {"type": "bool", "default": False},
-            "max_rsd_percent": {"type": "float", "default": 3.0},
-            "fingerprint": {"type": "dict", "default": {}},
+            **BENCH_ARGUMENT_SPEC,
         },
         supports_check_mode=True,
     )

@@ -124,6 +124,9 @@ def main():
     )
     p = module.params
     label = p["device_label"] or os.path.basename(p["filename"])
+    job = suite_storage.FioJob(
+        p["filename"], p["size"], p["runtime"], p["iodepth"], p["block_size"], p["direct"], p["ioengine"]
+    )
     if p["mode"] == "sustained":
         if suite_storage.is_block_device(p["filename"]) and not p["allow_raw_device"]:
             module.fail_json(
@@ -133,36 +136,14 @@ def main():
         run_bench(
             module,
             lambda ctx: suite_storage.run_sustained(
-                ctx,
-                p["filename"],
-                p["size"],
-                p["runtime"],
-                p["iodepth"],
-                p["block_size"],
-                p["direct"],
-                p["ioengine"],
-                p["log_dir"],
-                p["fingerprint"],
-                label,
-                p["jump_factor"],
+                ctx, job, p["log_dir"], p["fingerprint"], label, p["jump_factor"]
             ),
             "a %ss sustained write on %s" % (p["runtime"], p["filename"]),
         )
     run_bench(
         module,
         lambda ctx: suite_storage.run_randread(
-            ctx,
-            p["filename"],
-            p["size"],
-            p["runtime"],
-            p["iodepth"],
-            p["block_size"],
-            p["direct"],
-            p["ioengine"],
-            p["repetitions"],
-            p["fingerprint"],
-            p["max_rsd_percent"],
-            label,
+            ctx, job, p["repetitions"], p["fingerprint"], p["max_rsd_percent"], label
         ),
         "fio randread on %s, %d x %ss" % (p["filename"], p["repetitions"], p["runtime"]),
     )
