@@ -41,6 +41,13 @@ def _parser() -> argparse.ArgumentParser:
     baseline.add_argument("--out", type=Path, help="also write DIR/baseline.html")
     baseline.add_argument("--all", action="store_true", help="print every row (per-size NCCL rows too)")
 
+    rules = commands.add_parser("rules", help="the diagnosis rules")
+    rules_commands = rules.add_subparsers(dest="rules_command", required=True)
+    check = rules_commands.add_parser(
+        "check", help="validate a rule file or folder: file:line, field, problem"
+    )
+    check.add_argument("path", type=Path)
+
     spool = commands.add_parser("spool", help="the spool of rows not yet stored")
     spool_commands = spool.add_subparsers(dest="spool_command", required=True)
     spool_commands.add_parser("status", help="how many rows wait in the spool")
@@ -79,6 +86,8 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.command == "ingest":
         return _ingest(args, spool_dir)
+    if args.command == "rules":
+        return _rules_check(args.path)
     if args.command == "baseline":
         return _baseline(args)
     if args.command == "summary":
@@ -94,6 +103,19 @@ def _run(args: argparse.Namespace) -> int:
         print(f"stethoscope: spool: {problem}", file=sys.stderr)
     print(f"replayed {report.rows} rows from {report.files} files")
     return EXIT_OK
+
+
+def _rules_check(path: Path) -> int:
+    from stethoscope.rules import load_rules
+
+    if not path.exists():
+        print(f"stethoscope: rules check: {path}: no such file or folder", file=sys.stderr)
+        return EXIT_USAGE
+    result = load_rules(path, Catalog.load())
+    for error in result.errors:
+        print(error, file=sys.stderr)
+    print(f"{len(result.rules)} rules valid in {result.files} files; {len(result.errors)} problems")
+    return EXIT_USAGE if result.errors else EXIT_OK
 
 
 def _baseline(args: argparse.Namespace) -> int:

@@ -46,16 +46,23 @@ def run(ctx, binary, args, algos, launcher, repetitions, fingerprint, max_rsd_pe
                 )
             for row in parsed["rows"]:
                 size = str(row["size"])
-                measurements.append(
-                    {
-                        "metric_name": "bench_allreduce_busbw_gb_per_s",
-                        "device": "node",
-                        "labels": {"algo": algo.lower(), "size": size},
-                        "value": row["oop_busbw"],
-                        "unit": "gb_per_s",
-                        "repetition": repetition,
-                    }
-                )
+                for placement in ("oop", "ip"):  # out-of-place and in-place
+                    for name, key in (
+                        ("bench_allreduce_busbw_gb_per_s", "busbw"),
+                        ("bench_allreduce_algbw_gb_per_s", "algbw"),
+                    ):
+                        if row["%s_%s" % (placement, key)] is None:
+                            continue
+                        measurements.append(
+                            {
+                                "metric_name": name,
+                                "device": "node",
+                                "unit": "gb_per_s",
+                                "repetition": repetition,
+                                "labels": {"algo": algo.lower(), "size": size, "placement": placement},
+                                "value": row["%s_%s" % (placement, key)],
+                            }
+                        )
                 latency.setdefault((algo.lower(), size), []).append(row["oop_time_us"])
             if parsed["avg_busbw_gb_per_s"] is not None:
                 measurements.append(

@@ -1,0 +1,365 @@
+"""Rule files (DESIGN.md "Rules"): YAML, data only, loaded and validated with file:line for every error.
+
+The seed format loads as it is: rule_id, description, severity, trigger: [{metric, operator, threshold,
+window}], action: [...]. Beyond it: `when: {all: [...], any: [...]}` nesting, per-condition aggregate,
+labels, device pattern and min_samples, `level`, `confidence` and `cooldown`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jinja2 import TemplateSyntaxError
+from jinja2.sandbox import SandboxedEnvironment
+
+from stethoscope.catalog import Catalog
+
+SEVERITIES = ("info", "warning", "critical")
+LEVELS = ("L1", "L2", "L3", "L4")
+OPERATORS = (">", ">=", "<", "<=", "==", "!=", "has_bits")
+AGGREGATES = ("avg", "max", "min", "last", "p99", "delta", "rate", "stddev", "cv")
+ACTION_FIELDS = {
+    "log": ({"message"}, {"message", "level"}),
+    "alert": ({"message"}, {"message", "endpoint", "channel"}),
+    "api_call": ({"endpoint"}, {"endpoint", "method", "payload", "headers", "timeout", "retries"}),
+    "playbook": ({"playbook"}, {"playbook", "extra_vars", "limit"}),
+}
+TEMPLATE_FIELDS = ("message", "endpoint", "payload")
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+RULE_FIELDS = {
+    "rule_id",
+    "description",
+    "severity",
+    "level",
+    "confidence",
+    "cooldown",
+    "trigger",
+    "when",
+    "action",
+    "window_override",
+}
+CONDITION_FIELDS = {
+    "metric",
+    "operator",
+    "threshold",
+    "window",
+    "aggregate",
+    "labels",
+    "device",
+    "min_samples",
+}
+_DURATION = re.compile(r"^(\d+)\s*(s|m|h|d)$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_RULE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class LineDict(dict):
+    """A YAML mapping that remembers where it and each of its keys stood."""
+
+    line = 0
+    key_lines: dict[str, int]
+
+
+class _LineLoader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> LineDict:
+    mapping = LineDict(loader.construct_mapping(node, deep=True))
+    mapping.line = node.start_mark.line + 1
+    mapping.key_lines = {
+        key.value: key.start_mark.line + 1 for key, _value in node.value if hasattr(key, "value")
+    }
+    return mapping
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+@dataclass(frozen=True)
+class RuleError:
+    file: str
+    line: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.field}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Condition:
+    metric: str
+    operator: str
+    threshold: float
+    window_seconds: int
+    aggregate: str = "avg"
+    labels: tuple[tuple[str, str], ...] = ()
+    device: str | None = None
+    min_samples: int = 1
+
+
+@dataclass(frozen=True)
+class Group:
+    mode: str  # all | any
+    items: tuple[Condition | Group, ...]
+
+
+@dataclass(frozen=True)
+class Action:
+    type: str
+    params: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Rule:
+    rule_id: str
+    description: str
+    severity: str
+    when: Group
+    actions: tuple[Action, ...]
+    level: str | None = None
+    confidence: float = 1.0
+    cooldown_seconds: int = 3600
+    file: str = ""
+    line: int = 0
+
+
+@dataclass
+class LoadResult:
+    rules: list[Rule] = field(default_factory=list)
+    errors: list[RuleError] = field(default_factory=list)
+    files: int = 0
+
+
+def parse_duration(text: Any) -> int | None:
+    """'30s', '5m', '1h', '7d' -> seconds; None if it is not a duration."""
+    match = _DURATION.match(str(text).strip())
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)] if match else None
+
+
+class _Validator:
+    def __init__(self, path: Path, catalog: Catalog, min_window_factor: int, sandbox: SandboxedEnvironment):
+        self.file = str(path)
+        self.catalog = catalog
+        self.min_window_factor = min_window_factor
+        self.sandbox = sandbox
+        self.errors: list[RuleError] = []
+
+    def error(self, where: Any, key: str, message: str, fallback: int = 0) -> None:
+        line = getattr(where, "key_lines", {}).get(key) or getattr(where, "line", 0) or fallback
+        self.errors.append(RuleError(self.file, line, key, message))
+
+    def rule(self, data: Any, fallback_line: int) -> Rule | None:
+        before = len(self.errors)
+        if not isinstance(data, dict):
+            self.errors.append(RuleError(self.file, fallback_line, "rule", "expected a mapping"))
+            return None
+        for key in sorted(set(data) - RULE_FIELDS):
+            self.error(data, key, f"unknown field (known: {', '.join(sorted(RULE_FIELDS))})")
+        rule_id = data.get("rule_id")
+        if not isinstance(rule_id, str) or not _RULE_ID.match(rule_id):
+            self.error(data, "rule_id", f"required, letters, digits, '_', '.', '-' only; got {rule_id!r}")
+        if not isinstance(data.get("description"), str) or not data["description"].strip():
+            self.error(data, "description", "required text (say what the rule detects and its source)")
+        if data.get("severity") not in SEVERITIES:
+            self.error(data, "severity", f"one of {', '.join(SEVERITIES)}; got {data.get('severity')!r}")
+        level = data.get("level")
+        if level is not None and level not in LEVELS:
+            self.error(data, "level", f"one of {', '.join(LEVELS)}; got {level!r}")
+        confidence = data.get("confidence", 1.0)
+        if isinstance(confidence, bool) or not isinstance(confidence, int | float) or not 0 < confidence <= 1:
+            self.error(data, "confidence", f"a number in (0, 1]; got {confidence!r}")
+        cooldown = parse_duration(data.get("cooldown", "1h"))
+        if cooldown is None:
+            self.error(data, "cooldown", f"a duration like 30m or 1h; got {data.get('cooldown')!r}")
+        items: list[Condition | Group] = []
+        if "trigger" in data:
+            trigger = data["trigger"]
+            if not isinstance(trigger, list) or not trigger:
+                self.error(data, "trigger", "a non-empty list of conditions (all must hold)")
+            else:
+                items.append(self.group("all", trigger, data, "trigger"))
+        if "when" in data:
+            items.append(self.when(data["when"], data))
+        if not items:
+            self.error(data, "trigger", "a rule needs `trigger` or `when`")
+        actions = self.actions(data.get("action", []), data)
+        if len(self.errors) > before:
+            return None
+        when = items[0] if len(items) == 1 else Group("all", tuple(items))
+        return Rule(
+            rule_id,
+            data["description"].strip(),
+            data["severity"],
+            when,
+            actions,  # type: ignore[arg-type]
+            level,
+            float(confidence),
+            cooldown or 3600,
+            self.file,
+            getattr(data, "line", fallback_line),
+        )
+
+    def when(self, node: Any, parent: Any) -> Group:
+        if not isinstance(node, dict) or not node or set(node) - {"all", "any"}:
+            self.error(parent, "when", "a mapping with `all` and/or `any` lists")
+            return Group("all", ())
+        groups = [self.group(mode, node[mode], node, mode) for mode in ("all", "any") if mode in node]
+        return groups[0] if len(groups) == 1 else Group("all", tuple(groups))
+
+    def group(self, mode: str, items: Any, parent: Any, key: str) -> Group:
+        if not isinstance(items, list) or not items:
+            self.error(parent, key, "a non-empty list")
+            return Group(mode, ())
+        parsed: list[Condition | Group] = []
+        for item in items:
+            if isinstance(item, dict) and set(item) and set(item) <= {"all", "any"}:
+                parsed.append(self.when(item, parent))
+            else:
+                condition = self.condition(item, parent, key)
+                if condition is not None:
+                    parsed.append(condition)
+        return Group(mode, tuple(parsed))
+
+    def condition(self, data: Any, parent: Any, key: str) -> Condition | None:
+        if not isinstance(data, dict):
+            self.error(parent, key, f"each condition is a mapping; got {data!r}")
+            return None
+        before = len(self.errors)
+        for unknown in sorted(set(data) - CONDITION_FIELDS):
+            self.error(
+                data, unknown, f"unknown condition field (known: {', '.join(sorted(CONDITION_FIELDS))})"
+            )
+        metric = data.get("metric")
+        spec = self.catalog.get(metric) if isinstance(metric, str) else None
+        if spec is None:
+            self.error(data, "metric", f"unknown metric {metric!r}: not in rules/metrics.yml")
+        operator = data.get("operator")
+        if operator not in OPERATORS:
+            self.error(data, "operator", f"one of {' '.join(OPERATORS)}; got {operator!r}")
+        threshold = data.get("threshold")
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+            self.error(data, "threshold", f"a number; got {threshold!r}")
+        elif operator == "has_bits" and (not float(threshold).is_integer() or threshold <= 0):
+            self.error(data, "threshold", f"has_bits needs a positive integer bitmask; got {threshold!r}")
+        window = parse_duration(data.get("window"))
+        if window is None:
+            self.error(data, "window", f"a duration like 5m; got {data.get('window')!r}")
+        elif spec is not None and window < self.min_window_factor * spec.interval:
+            self.error(
+                data,
+                "window",
+                f"{window} s is shorter than {self.min_window_factor} report intervals of "
+                f"{metric} ({self.min_window_factor} x {spec.interval} s = "
+                f"{self.min_window_factor * spec.interval} s)",
+            )
+        aggregate = data.get("aggregate", "avg")
+        if aggregate not in AGGREGATES:
+            self.error(data, "aggregate", f"one of {', '.join(AGGREGATES)}; got {aggregate!r}")
+        labels = data.get("labels", {})
+        if not isinstance(labels, dict) or not all(isinstance(v, str | int | float) for v in labels.values()):
+            self.error(data, "labels", "a mapping of label name to value")
+            labels = {}
+        min_samples = data.get("min_samples", 1)
+        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
+            self.error(data, "min_samples", f"a positive integer; got {min_samples!r}")
+        device = data.get("device")
+        if device is not None and not isinstance(device, str):
+            self.error(data, "device", f"a device name or pattern like gpu* or mlx5_*/1; got {device!r}")
+        if len(self.errors) > before:
+            return None
+        return Condition(
+            metric,
+            operator,
+            float(threshold),
+            window,
+            aggregate,  # type: ignore[arg-type]
+            tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+            device,
+            min_samples,
+        )
+
+    def actions(self, items: Any, parent: Any) -> tuple[Action, ...]:
+        if items in (None, []):
+            return ()
+        if not isinstance(items, list):
+            self.error(parent, "action", "a list of actions")
+            return ()
+        actions = []
+        for item in items:
+            if not isinstance(item, dict):
+                self.error(parent, "action", f"each action is a mapping; got {item!r}")
+                continue
+            kind = item.get("type")
+            if kind not in ACTION_FIELDS:
+                self.error(item, "type", f"unknown action type {kind!r} (known: {', '.join(ACTION_FIELDS)})")
+                continue
+            required, allowed = ACTION_FIELDS[kind]
+            for missing in sorted(required - set(item)):
+                self.error(item, missing, f"required for a {kind} action")
+            for unknown in sorted(set(item) - allowed - {"type"}):
+                self.error(
+                    item, unknown, f"not a field of a {kind} action (known: {', '.join(sorted(allowed))})"
+                )
+            if kind == "api_call" and str(item.get("method", "POST")).upper() not in HTTP_METHODS:
+                self.error(item, "method", f"one of {', '.join(HTTP_METHODS)}; got {item.get('method')!r}")
+            for key in TEMPLATE_FIELDS:
+                if isinstance(item.get(key), str):
+                    try:
+                        self.sandbox.parse(item[key])
+                    except TemplateSyntaxError as exc:
+                        self.error(item, key, f"template syntax error: {exc.message}")
+            actions.append(Action(kind, tuple(sorted((k, v) for k, v in item.items() if k != "type"))))
+        return tuple(actions)
+
+
+def rule_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.suffix in (".yml", ".yaml") and p.name != "metrics.yml")
+
+
+def load_rules(path: str | Path, catalog: Catalog, min_window_factor: int = 3) -> LoadResult:
+    """Every rule under `path` (a file or a folder, metrics.yml excepted), and every problem found."""
+    result = LoadResult()
+    sandbox = SandboxedEnvironment()
+    seen: dict[str, str] = {}
+    for file in rule_files(Path(path)):
+        result.files += 1
+        validator = _Validator(file, catalog, min_window_factor, sandbox)
+        try:
+            data = yaml.load(file.read_text(encoding="utf-8"), Loader=_LineLoader)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            result.errors.append(
+                RuleError(str(file), mark.line + 1 if mark else 1, "yaml", str(exc).splitlines()[0])
+            )
+            continue
+        except OSError as exc:
+            result.errors.append(RuleError(str(file), 1, "file", str(exc)))
+            continue
+        documents = data.get("rules") if isinstance(data, dict) and "rules" in data else data
+        documents = documents if isinstance(documents, list) else [documents]
+        for document in documents:
+            rule = validator.rule(document, getattr(data, "line", 1))
+            if rule is None:
+                continue
+            if rule.rule_id in seen:
+                validator.errors.append(
+                    RuleError(
+                        str(file),
+                        rule.line,
+                        "rule_id",
+                        f"{rule.rule_id!r} is already defined in {seen[rule.rule_id]}",
+                    )
+                )
+                continue
+            seen[rule.rule_id] = f"{file}:{rule.line}"
+            result.rules.append(rule)
+        result.errors.extend(validator.errors)
+    return result

@@ -1,0 +1,136 @@
+"""Rule loading and validation: the seed loads unchanged; every problem is file:line, field, message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from stethoscope.catalog import Catalog
+from stethoscope.rules import Condition, Group, load_rules, parse_duration
+
+from conftest import FIXTURES, TOP
+
+CATALOG = Catalog.load()
+
+
+def test_the_seed_rule_loads_unchanged():
+    result = load_rules(FIXTURES / "rules/seed_nvlink_physical_error.yml", CATALOG)
+    assert result.errors == []
+    (rule,) = result.rules
+    assert (rule.rule_id, rule.severity, rule.line) == ("nvlink_physical_error", "critical", 1)
+    assert rule.when == Group(
+        "all",
+        (
+            Condition("nvlink_error_rate_percent", ">", 0.001, 300),
+            Condition("gpu_temperature_celsius", "<", 70.0, 300),
+        ),
+    )
+    assert [a.type for a in rule.actions] == ["alert", "api_call", "log"]
+
+
+@pytest.mark.parametrize(
+    "text, duration", [("30s", 30), ("5m", 300), ("1h", 3600), ("7d", 604800), ("5 min", None)]
+)
+def test_durations(text, duration):
+    assert parse_duration(text) == duration
+
+
+def write(tmp_path, text):
+    path = tmp_path / "rules.yml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_each_problem_names_file_line_and_field(tmp_path):
+    path = write(
+        tmp_path,
+        """\
+        - rule_id: bad_one
+          description: several mistakes
+          severity: urgent
+          trigger:
+            - metric: gpu_made_up_celsius
+              operator: "=>"
+              threshold: 70
+              window: 5m
+            - metric: gpu_temperature_celsius
+              operator: ">"
+              threshold: 90
+              window: 1m
+          action:
+            - {type: page, message: "x"}
+            - {type: log, message: "{{ node_id "}
+        - rule_id: nested_ok
+          description: AND/OR nesting
+          severity: warning
+          when:
+            any:
+              - {metric: gpu_thermal_violation, operator: ">", threshold: 0, window: 10m}
+              - all:
+                  - {metric: gpu_throttle_reasons_active, operator: has_bits, threshold: 96, window: 10m}
+                  - {metric: gpu_temperature_celsius, operator: ">=", threshold: 85, window: 10m,
+                     aggregate: max}
+        """,
+    )
+    result = load_rules(path, CATALOG)
+    problems = sorted((e.line, e.field, e.message.split(":")[0].split(" (")[0]) for e in result.errors)
+    assert problems == [
+        (3, "severity", "one of info, warning, critical; got 'urgent'"),
+        (5, "metric", "unknown metric 'gpu_made_up_celsius'"),
+        (6, "operator", "one of > >= < <= == != has_bits; got '=>'"),
+        (12, "window", "60 s is shorter than 3 report intervals of gpu_temperature_celsius"),
+        (14, "type", "unknown action type 'page'"),
+        (15, "message", "template syntax error"),
+    ]
+    assert str(result.errors[0]).startswith(f"{path}:")
+    assert [r.rule_id for r in result.rules] == ["nested_ok"]  # the bad rule is rejected, the good one kept
+    assert result.rules[0].when.mode == "any" and isinstance(result.rules[0].when.items[1], Group)
+
+
+def test_duplicate_ids_and_broken_yaml(tmp_path):
+    (tmp_path / "a.yml").write_text(
+        "rule_id: x\ndescription: d\nseverity: info\n"
+        "trigger: [{metric: net_mtu, operator: '<', threshold: 4000, window: 5m}]\n"
+    )
+    (tmp_path / "b.yml").write_text((tmp_path / "a.yml").read_text())
+    (tmp_path / "c.yml").write_text("rule_id: [unclosed\n")
+    result = load_rules(tmp_path, CATALOG)
+    assert len(result.rules) == 1 and result.files == 3
+    messages = sorted(str(e) for e in result.errors)
+    assert any("b.yml:1: rule_id: 'x' is already defined in" in m for m in messages)
+    assert any("c.yml:" in m and ": yaml:" in m for m in messages)
+
+
+def test_rules_check_cli(tmp_path):
+    good = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stethoscope.cli",
+            "rules",
+            "check",
+            str(FIXTURES / "rules/seed_nvlink_physical_error.yml"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=TOP,
+        check=False,
+    )
+    assert good.returncode == 0 and good.stdout.startswith("1 rules valid in 1 files; 0 problems")
+    bad = write(
+        tmp_path,
+        "rule_id: r\ndescription: d\nseverity: info\n"
+        "trigger: [{metric: nope, operator: '>', threshold: 1, window: 5m}]\n",
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "stethoscope.cli", "rules", "check", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=TOP,
+        check=False,
+    )
+    assert result.returncode == 2 and f"{bad}:4: metric: unknown metric 'nope'" in result.stderr
+    assert "Traceback" not in result.stderr
