@@ -41,6 +41,17 @@ def _parser() -> argparse.ArgumentParser:
     baseline.add_argument("--out", type=Path, help="also write DIR/baseline.html")
     baseline.add_argument("--all", action="store_true", help="print every row (per-size NCCL rows too)")
 
+    diagnose = commands.add_parser("diagnose", help="evaluate the rules over ClickHouse (dry-run)")
+    diagnose.add_argument("--at", help="evaluation time, ISO-8601 or epoch seconds (default now)")
+    diagnose.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
+    diagnose.add_argument("--json", action="store_true", help="print the findings as JSON")
+    diagnose.add_argument(
+        "--fail-on",
+        default="critical",
+        choices=["info", "warning", "critical"],
+        help="exit 1 when a finding is at or above this severity (default critical)",
+    )
+
     rules = commands.add_parser("rules", help="the diagnosis rules")
     rules_commands = rules.add_subparsers(dest="rules_command", required=True)
     check = rules_commands.add_parser(
@@ -86,6 +97,8 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.command == "ingest":
         return _ingest(args, spool_dir)
+    if args.command == "diagnose":
+        return _diagnose(args)
     if args.command == "rules":
         return _rules_check(args.path)
     if args.command == "baseline":
@@ -103,6 +116,31 @@ def _run(args: argparse.Namespace) -> int:
         print(f"stethoscope: spool: {problem}", file=sys.stderr)
     print(f"replayed {report.rows} rows from {report.files} files")
     return EXIT_OK
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    import json
+
+    from stethoscope.diagnose import SEVERITY_ORDER, diagnose, render
+    from stethoscope.paths import project_root
+    from stethoscope.rules import load_rules
+    from stethoscope.timeutil import now_ms, to_ms
+
+    loaded = load_rules(args.rules or project_root() / "rules", Catalog.load())
+    for error in loaded.errors:  # an invalid rule is reported and skipped; the others still run
+        print(f"stethoscope: diagnose: {error}", file=sys.stderr)
+    try:
+        at_ms = to_ms(args.at) if args.at else now_ms()
+    except ValueError:
+        print(
+            f"stethoscope: diagnose: --at {args.at!r} is neither ISO-8601 nor epoch seconds", file=sys.stderr
+        )
+        return EXIT_USAGE
+    with Store(args.dsn, args.database) as store:
+        findings = diagnose(store, loaded.rules, at_ms)
+    print(json.dumps(findings, indent=1) if args.json else render(findings, len(loaded.rules)))
+    worst = max((SEVERITY_ORDER[f["severity"]] for f in findings), default=-1)
+    return EXIT_FINDINGS if worst >= SEVERITY_ORDER[args.fail_on] else EXIT_OK
 
 
 def _rules_check(path: Path) -> int:
