@@ -51,6 +51,25 @@ def _parser() -> argparse.ArgumentParser:
         choices=["info", "warning", "critical"],
         help="exit 1 when a finding is at or above this severity (default critical)",
     )
+    _execution_options(diagnose)
+
+    watch = commands.add_parser("watch", help="diagnose periodically, re-reading changed rule files")
+    watch.add_argument("--interval", type=float, default=60.0, help="seconds between cycles (default 60)")
+    watch.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
+    watch.add_argument("--json", action="store_true", help="print the findings as JSON")
+    watch.add_argument(
+        "--cycles", type=int, default=0, help="stop after N cycles (default: run until stopped)"
+    )
+    _execution_options(watch)
+
+    verify = commands.add_parser(
+        "verify", help="after a repair: is the node's drain ours, and is its new benchmark green?"
+    )
+    verify.add_argument("--node", required=True, help="inventory hostname")
+    verify.add_argument("--txn", required=True, help="the transaction id of the drain")
+    verify.add_argument(
+        "--since", help="only benchmark results from this time on (ISO-8601 or epoch seconds)"
+    )
 
     rules = commands.add_parser("rules", help="the diagnosis rules")
     rules_commands = rules.add_subparsers(dest="rules_command", required=True)
@@ -64,6 +83,19 @@ def _parser() -> argparse.ArgumentParser:
     spool_commands.add_parser("status", help="how many rows wait in the spool")
     spool_commands.add_parser("replay", help="write the spool to the store now")
     return parser
+
+
+def _execution_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--execute", action="store_true", help="carry out the actions (default: dry-run)")
+    parser.add_argument("--inventory", type=Path, help="inventory of the nodes (default inventories/lab)")
+    parser.add_argument(
+        "-e",
+        "--extra-var",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting or template variable, over the inventory's (repeatable)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,8 +129,14 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.command == "ingest":
         return _ingest(args, spool_dir)
-    if args.command == "diagnose":
-        return _diagnose(args)
+    if args.command in ("diagnose", "watch"):
+        from stethoscope.cli_diagnose import diagnose_command, watch_command
+
+        return diagnose_command(args) if args.command == "diagnose" else watch_command(args)
+    if args.command == "verify":
+        from stethoscope.cli_diagnose import verify_command
+
+        return verify_command(args)
     if args.command == "rules":
         return _rules_check(args.path)
     if args.command == "baseline":
@@ -116,31 +154,6 @@ def _run(args: argparse.Namespace) -> int:
         print(f"stethoscope: spool: {problem}", file=sys.stderr)
     print(f"replayed {report.rows} rows from {report.files} files")
     return EXIT_OK
-
-
-def _diagnose(args: argparse.Namespace) -> int:
-    import json
-
-    from stethoscope.diagnose import SEVERITY_ORDER, diagnose, render
-    from stethoscope.paths import project_root
-    from stethoscope.rules import load_rules
-    from stethoscope.timeutil import now_ms, to_ms
-
-    loaded = load_rules(args.rules or project_root() / "rules", Catalog.load())
-    for error in loaded.errors:  # an invalid rule is reported and skipped; the others still run
-        print(f"stethoscope: diagnose: {error}", file=sys.stderr)
-    try:
-        at_ms = to_ms(args.at) if args.at else now_ms()
-    except ValueError:
-        print(
-            f"stethoscope: diagnose: --at {args.at!r} is neither ISO-8601 nor epoch seconds", file=sys.stderr
-        )
-        return EXIT_USAGE
-    with Store(args.dsn, args.database) as store:
-        findings = diagnose(store, loaded.rules, at_ms)
-    print(json.dumps(findings, indent=1) if args.json else render(findings, len(loaded.rules)))
-    worst = max((SEVERITY_ORDER[f["severity"]] for f in findings), default=-1)
-    return EXIT_FINDINGS if worst >= SEVERITY_ORDER[args.fail_on] else EXIT_OK
 
 
 def _rules_check(path: Path) -> int:

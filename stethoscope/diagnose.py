@@ -1,5 +1,5 @@
-"""Findings from rule matches (dry-run): what `stethoscope diagnose` prints. Executing the actions,
-storing findings and actions, cooldowns and UNKNOWN come with the rest of issue 4."""
+"""Findings from rule matches and from metrics that stopped arriving (what `stethoscope diagnose`
+prints), each with the actions it would take: the rule's own, or its level's defaults."""
 
 from __future__ import annotations
 
@@ -7,20 +7,28 @@ import hashlib
 import json
 from typing import Any
 
+from jinja2 import TemplateError
 from jinja2.sandbox import SandboxedEnvironment
 
+from stethoscope.catalog import Catalog
 from stethoscope.engine import Match, evaluate
-from stethoscope.rules import Rule
+from stethoscope.rules import Action, Rule
 from stethoscope.store import Store
 from stethoscope.timeutil import iso
+from stethoscope.unknown import silences
 
 SEVERITY_ORDER = {"info": 0, "warning": 1, "unknown": 1, "critical": 2}
 DEFAULT_LEVEL = {"info": "L1", "warning": "L2", "unknown": "L2", "critical": "L3"}
+_LOG, _ALERT = Action("log", ()), Action("alert", ())
+_EVIDENCE = Action("playbook", (("playbook", "remediate/evidence.yml"),))
+_TICKET = Action("playbook", (("playbook", "remediate/ticket.yml"),))
+_DRAIN = Action("playbook", (("playbook", "remediate/drain.yml"),))
+# L4 isolates first, so that no new job lands on the node while evidence is collected
 LEVEL_ACTIONS = {
-    "L1": ["log"],
-    "L2": ["log", "alert"],
-    "L3": ["log", "alert", "evidence", "ticket"],
-    "L4": ["log", "alert", "evidence", "ticket", "drain"],
+    "L1": (_LOG,),
+    "L2": (_LOG, _ALERT),
+    "L3": (_LOG, _ALERT, _EVIDENCE, _TICKET),
+    "L4": (_LOG, _ALERT, _DRAIN, _EVIDENCE, _TICKET),
 }
 _SANDBOX = SandboxedEnvironment()
 
@@ -29,55 +37,149 @@ def finding_id(rule_id: str, node_id: str, device: str) -> str:
     return hashlib.sha256(f"{rule_id}|{node_id}|{device}".encode()).hexdigest()[:16]
 
 
-def _message(rule: Rule, match: Match, at_ms: int) -> str:
-    context: dict[str, Any] = {
+def action_label(action: Action) -> str:
+    params = dict(action.params)
+    if action.type == "playbook":
+        return f"playbook:{params['playbook']}"
+    return action.type
+
+
+def template_context(
+    finding: dict[str, Any], txn_id: str = "", variables: dict[str, Any] | None = None
+) -> dict:
+    return {
+        "node_id": finding["node_id"],
+        "device": finding["device"],
+        "value": finding["value"],
+        "values": finding["values"],
+        "timestamp": finding["first_seen"],
+        "rule_id": finding["rule_id"],
+        "txn_id": txn_id,
+        "nodes": finding.get("nodes", []),
+        "vars": variables or {},
+    }
+
+
+def _message(rule: Rule, finding: dict[str, Any]) -> str:
+    templates = [rule.message] if rule.message else []
+    templates += [dict(a.params)["message"] for a in rule.actions if a.type in ("log", "alert")]
+    context = template_context(finding)
+    for template in templates:
+        try:
+            return _SANDBOX.from_string(template).render(**context)
+        except TemplateError:
+            continue  # a message naming configured variables renders only when executed
+    return f"{finding['node_id']} {finding['device']}: {rule.description}".replace("  ", " ")
+
+
+def _finding(rule: Rule, match: Match, at_ms: int) -> dict[str, Any]:
+    level = rule.level or DEFAULT_LEVEL[rule.severity]
+    evidence: dict[str, Any] = dict(match.values)
+    if match.nodes:
+        evidence["nodes"] = match.nodes
+    finding = {
+        "finding_id": finding_id(rule.rule_id, match.node_id, match.device),
+        "rule_id": rule.rule_id,
         "node_id": match.node_id,
         "device": match.device,
+        "severity": rule.severity,
+        "confidence": rule.confidence,
+        "level": level,
+        "first_seen": iso(at_ms),
+        "message": "",
+        "evidence": json.dumps(evidence, sort_keys=True),
+        "actions": [action_label(a) for a in rule.actions or LEVEL_ACTIONS[level]],
+        # kept for execution, dropped from the printed finding
         "value": match.value,
         "values": match.values,
-        "timestamp": iso(at_ms),
-        "rule_id": rule.rule_id,
-        "txn_id": "",
+        "nodes": match.nodes,
+        "plan": rule.actions or LEVEL_ACTIONS[level],
+        "cooldown_seconds": rule.cooldown_seconds,
+        "rule_message": rule.message,
     }
-    for action in rule.actions:
-        params = dict(action.params)
-        if action.type in ("log", "alert") and isinstance(params.get("message"), str):
-            return _SANDBOX.from_string(params["message"]).render(**context)
-    return f"{match.node_id} {match.device}: {rule.description}"
+    finding["message"] = _message(rule, finding)
+    return finding
 
 
-def diagnose(store: Store, rules: list[Rule], at_ms: int) -> list[dict[str, Any]]:
+def _unknown_findings(store: Store, catalog: Catalog, at_ms: int) -> list[dict[str, Any]]:
     findings = []
-    for rule in sorted(rules, key=lambda r: r.rule_id):
-        level = rule.level or DEFAULT_LEVEL[rule.severity]
-        for match in evaluate(store, rule, at_ms):
-            findings.append(
-                {
-                    "finding_id": finding_id(rule.rule_id, match.node_id, match.device),
-                    "rule_id": rule.rule_id,
-                    "node_id": match.node_id,
-                    "device": match.device,
-                    "severity": rule.severity,
-                    "confidence": rule.confidence,
-                    "level": level,
-                    "first_seen": iso(at_ms),
-                    "message": _message(rule, match, at_ms),
-                    "evidence": json.dumps(match.values, sort_keys=True),
-                    "actions": [a.type for a in rule.actions] or LEVEL_ACTIONS[level],
-                }
-            )
+    for silence in silences(store, catalog, at_ms):
+        what = "node" if not silence.device else ", ".join(silence.metrics)
+        message = (
+            f"{silence.node_id}: UNKNOWN, nothing reported since {iso(silence.last_seen_ms)}"
+            if not silence.device
+            else f"{silence.node_id} {silence.device}: UNKNOWN, {what} not reported since "
+            f"{iso(silence.last_seen_ms)}"
+        )
+        findings.append(
+            {
+                "finding_id": finding_id(silence.rule_id, silence.node_id, silence.device),
+                "rule_id": silence.rule_id,
+                "node_id": silence.node_id,
+                "device": silence.device,
+                "severity": "unknown",
+                "confidence": 1.0,
+                "level": "L2",
+                "first_seen": iso(at_ms),
+                "message": message,
+                "evidence": json.dumps({"metrics": silence.metrics, "last_seen": iso(silence.last_seen_ms)}),
+                "actions": [action_label(a) for a in LEVEL_ACTIONS["L2"]],
+                "value": 0.0,
+                "values": {},
+                "nodes": [],
+                "plan": LEVEL_ACTIONS["L2"],
+                "cooldown_seconds": 3600,
+                "rule_message": None,
+            }
+        )
+    return findings
+
+
+def diagnose(
+    store: Store, rules: list[Rule], at_ms: int, catalog: Catalog | None = None
+) -> list[dict[str, Any]]:
+    """Every finding at `at_ms`, most severe first; deterministic for the same data and rules."""
+    findings = [
+        _finding(rule, m, at_ms)
+        for rule in sorted(rules, key=lambda r: r.rule_id)
+        for m in evaluate(store, rule, at_ms)
+    ]
+    if catalog is not None:
+        findings += _unknown_findings(store, catalog, at_ms)
     return sorted(
         findings, key=lambda f: (-SEVERITY_ORDER[f["severity"]], f["node_id"], f["rule_id"], f["device"])
     )
 
 
-def render(findings: list[dict[str, Any]], rule_count: int) -> str:
+PRINTED = (
+    "finding_id",
+    "rule_id",
+    "node_id",
+    "device",
+    "severity",
+    "confidence",
+    "level",
+    "first_seen",
+    "message",
+    "evidence",
+    "actions",
+)
+
+
+def printable(finding: dict[str, Any], extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {key: finding[key] for key in (*PRINTED, *extra) if key in finding}
+
+
+def render(findings: list[dict[str, Any]], rule_count: int, executed: bool = False) -> str:
+    mode = "executed" if executed else "dry-run: no action taken"
     if not findings:
-        return f"healthy: {rule_count} rules, no finding (dry-run)"
-    lines = [f"{len(findings)} findings from {rule_count} rules (dry-run: no action taken)"]
+        return f"healthy: {rule_count} rules, no finding ({'executed' if executed else 'dry-run'})"
+    lines = [f"{len(findings)} findings from {rule_count} rules ({mode})"]
     for f in findings:
+        outcome = f"  {f['outcome']}" if f.get("outcome") else ""
         lines.append(
-            f"{f['severity'].upper():<9}{f['node_id']:<10}{f['device']:<16}{f['rule_id']:<28}"
-            f"{f['level']}  {f['message']}  evidence {f['evidence']}  actions {','.join(f['actions'])}"
+            f"{f['severity'].upper():<9}{f['node_id']:<14}{f['device'] or '-':<16}{f['rule_id']:<36}"
+            f"{f['level']}  {f['message']}  evidence {f['evidence']}  "
+            f"actions {','.join(f['actions'])}{outcome}"
         )
     return "\n".join(lines)

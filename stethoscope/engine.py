@@ -1,8 +1,14 @@
 """Rule evaluation in ClickHouse: one query per rule over all nodes (DESIGN.md "Rules").
 
-A condition becomes a subquery that aggregates a metric per node and device over its window and keeps
-the rows past the threshold; `all` joins its members on the node (and on the enclosing device where
-every member names the same kind of device: gpu2/link3 belongs to gpu2), `any` unions them.
+A condition becomes a subquery that aggregates a metric per node, device and label set over its
+window and keeps the rows past the threshold; `all` joins its members on the node (and on the
+enclosing device where every member names the same kind of device: gpu2/link3 belongs to gpu2), `any`
+unions them. Benchmark metrics are read from `bench_results`; windows longer than the raw TTL read the
+`metrics_daily` rollup (one sample a day, its last value). A baseline condition compares the window's
+aggregate with the node's own earlier history or with the fleet's median, and its value is the
+deviation in the direction the catalog calls worse. A rule with `correlate` also returns, per match,
+how many matching nodes share its switch (or rack), so several nodes behind one switch become one
+finding about the switch.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ DEVICE_KINDS = (
     ("bench_", "bench"),
 )
 _OPERATORS = {">": ">", ">=": ">=", "<": "<", "<=": "<=", "==": "=", "!=": "!="}
+RAW_TTL_SECONDS = 30 * 86400
+# A fleet of identical recordings has a MAD of 0; the spread is floored at this fraction of the median.
+_MIN_RELATIVE_SPREAD = 0.001
+_MAD_TO_SIGMA = 1.4826
 
 
 def device_kind(metric: str) -> str:
@@ -41,13 +51,19 @@ class Match:
     device: str
     value: float
     values: dict[str, float] = field(default_factory=dict)
+    nodes: list[str] = field(default_factory=list)  # a correlated finding: the nodes behind it
+
+
+def _regex(pattern: str) -> str:
+    return "^" + "".join(".*" if c == "*" else c if c.isalnum() else "\\" + c for c in pattern) + "$"
 
 
 class _Builder:
     """Builds the SQL of one rule; values travel as query parameters, never spliced in."""
 
-    def __init__(self, database: str, at_ms: int):
+    def __init__(self, database: str, at_ms: int, raw_ttl_seconds: int):
         self.database = database
+        self.raw_ttl_seconds = raw_ttl_seconds
         self.params: dict[str, Any] = {"at": at_ms}
         self.count = 0
 
@@ -59,50 +75,117 @@ class _Builder:
 
     def aggregate(self, condition: Condition) -> str:
         series = "arrayMap(t -> t.2, arraySort(groupArray((timestamp, value))))"
-        # increases between consecutive samples; a counter reset (a drop) counts its new value
         steps = f"arrayPopBack({series}), arrayPopFront({series})"
+        # increases between consecutive samples; a counter reset (a drop) counts its new value
         increase = f"arraySum(arrayMap((a, b) -> if(b >= a, b - a, b), {steps}))"
+        first, last = "argMin(value, timestamp)", "argMax(value, timestamp)"
         return {
             "avg": "avg(value)",
             "max": "max(value)",
             "min": "min(value)",
-            "last": "argMax(value, timestamp)",
+            "last": last,
             "p99": "quantile(0.99)(value)",
             "stddev": "stddevSamp(value)",
             "cv": "if(avg(value) = 0, 0, stddevSamp(value) / abs(avg(value)))",
             "delta": increase,
             "rate": f"{increase} / {self.param(condition.window_seconds, 'UInt32')}",
+            # units per hour, least squares over the window
+            "slope": "if(count() < 2, 0, tupleElement(simpleLinearRegression("
+            "toFloat64(toUnixTimestamp64Milli(timestamp)) / 3600000, value), 1))",
+            "rising_fraction": f"if(count() < 2, 0, arrayCount((a, b) -> b > a, {steps}) / (count() - 1))",
+            # relative to max(first, 1): counters that start at 0 grow by their new value in percent
+            "growth_percent": f"({last} - {first}) / greatest(abs({first}), 1) * 100",
         }[condition.aggregate]
 
-    def comparison(self, condition: Condition) -> str:
-        if condition.operator == "has_bits":
-            return f"bitAnd(toUInt64(v), {self.param(int(condition.threshold), 'UInt64')}) != 0"
-        return f"v {_OPERATORS[condition.operator]} {self.param(condition.threshold, 'Float64')}"
-
-    def leaf(self, condition: Condition, by_device: bool) -> str:
-        where = [
-            f"metric_name = {self.param(condition.metric, 'String')}",
-            "timestamp <= fromUnixTimestamp64Milli({at:Int64}, 'UTC')",
-            "timestamp > fromUnixTimestamp64Milli({at:Int64}, 'UTC') - "
-            f"toIntervalSecond({self.param(condition.window_seconds, 'UInt32')})",
-        ]
+    def source(self, condition: Condition, start: str, end: str) -> str:
+        """Rows (node_id, device, labels_key, value, timestamp, cls) of the metric in (start, end]."""
+        metric = self.param(condition.metric, "String")
+        where = [f"metric_name = {metric}", f"timestamp <= {end}", f"timestamp > {start}"]
         for key, value in condition.labels:
             where.append(f"labels[{self.param(key, 'String')}] = {self.param(value, 'String')}")
         if condition.device:
-            pattern = (
-                "^"
-                + "".join(".*" if c == "*" else "\\" + c if not c.isalnum() else c for c in condition.device)
-                + "$"
+            where.append(f"match(device, {self.param(_regex(condition.device), 'String')})")
+        if condition.metric.startswith("bench_"):
+            return (
+                "SELECT node_id, device, labels_key, value, timestamp, class_fingerprint AS cls "
+                f"FROM {self.database}.bench_results WHERE {' AND '.join(where)}"
             )
-            where.append(f"match(device, {self.param(pattern, 'String')})")
-        key = "splitByChar('/', device)[1]" if by_device else "''"
+        if condition.window_seconds + condition.history_seconds * (condition.baseline == "node") > (
+            self.raw_ttl_seconds
+        ):
+            day_value = {"max": "max(max_value)", "min": "min(min_value)"}.get(
+                condition.aggregate, "argMaxMerge(last_value)"
+            )
+            daily_where = [w.replace("timestamp", "toDateTime64(day, 3, 'UTC')") for w in where]
+            return (
+                f"SELECT node_id, device, labels_key, {day_value} AS value, "
+                "toDateTime64(day, 3, 'UTC') AS timestamp, '' AS cls "
+                f"FROM {self.database}.metrics_daily WHERE {' AND '.join(daily_where)} "
+                "GROUP BY node_id, device, labels_key, day"
+            )
         return (
-            f"SELECT node_id, {key} AS key, any(device) AS dev, "
-            f"map({self.param(condition.metric, 'String')}, v) AS values, v "
-            f"FROM (SELECT node_id, device, {self.aggregate(condition)} AS v, count() AS n "
-            f"FROM {self.database}.metrics WHERE {' AND '.join(where)} GROUP BY node_id, device "
-            f"HAVING n >= {self.param(condition.min_samples, 'UInt32')} AND {self.comparison(condition)}) "
-            f"GROUP BY node_id, key, v"
+            "SELECT node_id, device, labels_key, value, timestamp, '' AS cls "
+            f"FROM {self.database}.metrics WHERE {' AND '.join(where)}"
+        )
+
+    def window(self, condition: Condition) -> tuple[str, str]:
+        end = "fromUnixTimestamp64Milli({at:Int64}, 'UTC')"
+        return f"{end} - toIntervalSecond({self.param(condition.window_seconds, 'UInt32')})", end
+
+    def comparison(self, condition: Condition) -> str:
+        if condition.operator == "has_bits":
+            return f"bitAnd(toUInt64(x), {self.param(int(condition.threshold), 'UInt64')}) != 0"
+        return f"x {_OPERATORS[condition.operator]} {self.param(condition.threshold, 'Float64')}"
+
+    def measured(self, condition: Condition) -> str:
+        """(node_id, device, labels_key, cls, x, n): the condition's value per series, before comparing."""
+        start, end = self.window(condition)
+        current = (
+            f"SELECT node_id, device, labels_key, any(cls) AS cls, {self.aggregate(condition)} AS cur, "
+            f"count() AS n FROM ({self.source(condition, start, end)}) GROUP BY node_id, device, labels_key"
+        )
+        if condition.baseline is None:
+            return f"SELECT node_id, device, labels_key, cls, cur AS x, n FROM ({current})"
+        worse = {"lower": "1", "higher": "-1"}.get(condition.better)
+        signed = f"{worse} * (cur - base)" if worse else "abs(cur - base)"
+        if condition.baseline == "node":
+            history_start = f"{start} - toIntervalSecond({self.param(condition.history_seconds, 'UInt32')})"
+            history = (
+                "SELECT node_id, device, labels_key, avg(value) AS base, stddevSamp(value) AS spread, "
+                f"count() AS hn FROM ({self.source(condition, history_start, start)}) "
+                "GROUP BY node_id, device, labels_key HAVING hn >= 3"
+            )
+            joined = (
+                f"SELECT c.*, h.base AS base, h.spread AS spread FROM ({current}) AS c "
+                f"INNER JOIN ({history}) AS h USING (node_id, device, labels_key)"
+            )
+        else:
+            median = (
+                "SELECT *, quantileExact(0.5)(cur) OVER (PARTITION BY device, labels_key, cls) AS base, "
+                "count() OVER (PARTITION BY device, labels_key, cls) AS peers "
+                f"FROM ({current})"
+            )
+            joined = (
+                "SELECT *, quantileExact(0.5)(abs(cur - base)) OVER (PARTITION BY device, labels_key, cls) "
+                f"* {_MAD_TO_SIGMA} AS spread FROM ({median}) WHERE peers >= 3"
+            )
+        if condition.deviation == "percent":
+            scale = "(greatest(abs(base), 1e-12) / 100)"
+        else:
+            scale = f"greatest(spread, abs(base) * {_MIN_RELATIVE_SPREAD}, 1e-12)"
+        return f"SELECT node_id, device, labels_key, cls, {signed} / {scale} AS x, n FROM ({joined})"
+
+    def leaf(self, condition: Condition, by_device: bool) -> str:
+        key = "splitByChar('/', device)[1]" if by_device else "''"
+        # the worst series of the node (or enclosing device) speaks for it, as the operator reads worst
+        worst = "min" if condition.operator in ("<", "<=") else "max"
+        dev = "argMin(device, x)" if worst == "min" else "argMax(device, x)"
+        return (
+            f"SELECT node_id, {key} AS key, {dev} AS dev, "
+            f"map({self.param(condition.metric, 'String')}, {worst}(x)) AS values, {worst}(x) AS v "
+            f"FROM ({self.measured(condition)}) "
+            f"WHERE n >= {self.param(condition.min_samples, 'UInt32')} AND {self.comparison(condition)} "
+            f"GROUP BY node_id, key"
         )
 
     def group(self, group: Group, by_device: bool) -> str:
@@ -112,7 +195,7 @@ class _Builder:
         if group.mode == "any":
             union = " UNION ALL ".join(f"({part})" for part in parts)
             return (
-                f"SELECT node_id, key, any(dev) AS dev, maxMap(values) AS values, any(v) AS v "
+                f"SELECT node_id, key, min(dev) AS dev, maxMap(values) AS values, max(v) AS v "
                 f"FROM ({union}) GROUP BY node_id, key"
             )
         query = f"({parts[0]}) AS t0"
@@ -133,21 +216,46 @@ def _metrics(item: Condition | Group) -> list[str]:
     return [metric for child in item.items for metric in _metrics(child)]
 
 
-def rule_query(rule: Rule, database: str, at_ms: int) -> tuple[str, dict[str, Any]]:
+def rule_query(
+    rule: Rule, database: str, at_ms: int, raw_ttl_seconds: int = RAW_TTL_SECONDS
+) -> tuple[str, dict[str, Any]]:
     """The one query that evaluates `rule` over every node at `at_ms`."""
     kinds = {device_kind(metric) for metric in _metrics(rule.when)}
     by_device = len(kinds) == 1 and kinds != {"node"}
-    builder = _Builder(database, at_ms)
+    builder = _Builder(database, at_ms, raw_ttl_seconds)
     body = builder.node(rule.when, by_device)
     # one match per node (and enclosing device): the first condition's value, every condition's values
     sql = (
         f"SELECT node_id, any(dev) AS device, any(v) AS value, maxMap(values) AS all_values FROM ({body}) "
-        f"GROUP BY node_id, key ORDER BY node_id, device"
+        f"GROUP BY node_id, key"
     )
-    return sql, builder.params
+    if rule.correlate_by:
+        column = rule.correlate_by
+        sql = (
+            f"SELECT m.*, g.grp AS grp, uniqExact(m.node_id) OVER (PARTITION BY g.grp) AS peers "
+            f"FROM ({sql}) AS m LEFT JOIN (SELECT node_id, argMax({column}, updated_at) AS grp "
+            f"FROM {database}.nodes GROUP BY node_id) AS g ON m.node_id = g.node_id"
+        )
+    else:
+        sql = f"SELECT *, '' AS grp, 1 AS peers FROM ({sql})"
+    return f"{sql} ORDER BY node_id, device", builder.params
 
 
-def evaluate(store: Store, rule: Rule, at_ms: int) -> list[Match]:
-    sql, params = rule_query(rule, store.database, at_ms)
-    rows = store.query(sql, params)
-    return [Match(node, device, float(value), dict(values)) for node, device, value, values in rows]
+def evaluate(store: Store, rule: Rule, at_ms: int, raw_ttl_seconds: int = RAW_TTL_SECONDS) -> list[Match]:
+    sql, params = rule_query(rule, store.database, at_ms, raw_ttl_seconds)
+    matches: list[Match] = []
+    groups: dict[str, Match] = {}
+    for node, device, value, values, group, peers in store.query(sql, params):
+        values = {k: float(v) for k, v in values.items()}
+        if rule.correlate_by and group and peers >= rule.correlate_min_nodes:
+            shared = groups.get(group)
+            if shared is None:
+                shared = groups[group] = Match(f"{rule.correlate_by}:{group}", "", float(value), {})
+                matches.append(shared)
+            shared.nodes.append(node)
+            shared.value = max(shared.value, float(value))
+            for metric, metric_value in values.items():
+                shared.values[metric] = max(shared.values.get(metric, metric_value), metric_value)
+            continue
+        matches.append(Match(node, device, float(value), values))
+    return matches

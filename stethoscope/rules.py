@@ -21,12 +21,28 @@ from stethoscope.catalog import Catalog
 SEVERITIES = ("info", "warning", "critical")
 LEVELS = ("L1", "L2", "L3", "L4")
 OPERATORS = (">", ">=", "<", "<=", "==", "!=", "has_bits")
-AGGREGATES = ("avg", "max", "min", "last", "p99", "delta", "rate", "stddev", "cv")
+AGGREGATES = (
+    "avg",
+    "max",
+    "min",
+    "last",
+    "p99",
+    "delta",
+    "rate",
+    "stddev",
+    "cv",
+    "slope",
+    "rising_fraction",
+    "growth_percent",
+)
+BASELINES = ("node", "fleet")
+DEVIATIONS = ("percent", "sigma")
+CORRELATE_BY = ("switch", "rack")
 ACTION_FIELDS = {
     "log": ({"message"}, {"message", "level"}),
     "alert": ({"message"}, {"message", "endpoint", "channel"}),
     "api_call": ({"endpoint"}, {"endpoint", "method", "payload", "headers", "timeout", "retries"}),
-    "playbook": ({"playbook"}, {"playbook", "extra_vars", "limit"}),
+    "playbook": ({"playbook"}, {"playbook", "extra_vars"}),
 }
 TEMPLATE_FIELDS = ("message", "endpoint", "payload")
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
@@ -40,7 +56,8 @@ RULE_FIELDS = {
     "trigger",
     "when",
     "action",
-    "window_override",
+    "correlate",
+    "message",
 }
 CONDITION_FIELDS = {
     "metric",
@@ -51,10 +68,15 @@ CONDITION_FIELDS = {
     "labels",
     "device",
     "min_samples",
+    "baseline",
+    "deviation",
+    "history",
 }
 _DURATION = re.compile(r"^(\d+)\s*(s|m|h|d)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _RULE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
+# relative, no '..': a rule cannot point a remediation at a playbook outside playbooks/
+_PLAYBOOK = re.compile(r"^(?:[A-Za-z0-9_-]+/)*[A-Za-z0-9_-]+\.ya?ml$")
 
 
 class LineDict(dict):
@@ -101,6 +123,10 @@ class Condition:
     labels: tuple[tuple[str, str], ...] = ()
     device: str | None = None
     min_samples: int = 1
+    baseline: str | None = None  # node | fleet: the value compared is the deviation from it
+    deviation: str = "percent"  # percent | sigma, in the direction the catalog calls worse
+    history_seconds: int = 30 * 86400  # how far back the node's own baseline reaches
+    better: str = "none"
 
 
 @dataclass(frozen=True)
@@ -127,6 +153,9 @@ class Rule:
     cooldown_seconds: int = 3600
     file: str = ""
     line: int = 0
+    correlate_by: str | None = None  # switch | rack: several nodes behind one are one finding
+    correlate_min_nodes: int = 2
+    message: str | None = None  # the finding's text (a template); default actions use it
 
 
 @dataclass
@@ -189,6 +218,10 @@ class _Validator:
         if not items:
             self.error(data, "trigger", "a rule needs `trigger` or `when`")
         actions = self.actions(data.get("action", []), data)
+        correlate = self.correlate(data.get("correlate"), data)
+        message = data.get("message")
+        if message is not None:
+            self.template(data, "message", message)
         if len(self.errors) > before:
             return None
         when = items[0] if len(items) == 1 else Group("all", tuple(items))
@@ -203,7 +236,34 @@ class _Validator:
             cooldown or 3600,
             self.file,
             getattr(data, "line", fallback_line),
+            *correlate,
+            message,
         )
+
+    def template(self, where: Any, key: str, text: Any) -> None:
+        if not isinstance(text, str):
+            self.error(where, key, f"a template string; got {text!r}")
+            return
+        try:
+            self.sandbox.parse(text)
+        except TemplateSyntaxError as exc:
+            self.error(where, key, f"template syntax error: {exc.message}")
+
+    def correlate(self, data: Any, parent: Any) -> tuple[str | None, int]:
+        if data is None:
+            return None, 2
+        if (
+            not isinstance(data, dict)
+            or data.get("by") not in CORRELATE_BY
+            or set(data) - {"by", "min_nodes"}
+        ):
+            self.error(parent, "correlate", f"{{by: {' | '.join(CORRELATE_BY)}, min_nodes: N}}; got {data!r}")
+            return None, 2
+        min_nodes = data.get("min_nodes", 2)
+        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < 2:
+            self.error(data, "min_nodes", f"an integer >= 2; got {min_nodes!r}")
+            return None, 2
+        return data["by"], min_nodes
 
     def when(self, node: Any, parent: Any) -> Group:
         if not isinstance(node, dict) or not node or set(node) - {"all", "any"}:
@@ -271,6 +331,21 @@ class _Validator:
         device = data.get("device")
         if device is not None and not isinstance(device, str):
             self.error(data, "device", f"a device name or pattern like gpu* or mlx5_*/1; got {device!r}")
+        baseline = data.get("baseline")
+        if baseline is not None and baseline not in BASELINES:
+            self.error(data, "baseline", f"one of {', '.join(BASELINES)}; got {baseline!r}")
+        deviation = data.get("deviation", "percent")
+        if deviation not in DEVIATIONS:
+            self.error(data, "deviation", f"one of {', '.join(DEVIATIONS)}; got {deviation!r}")
+        history = parse_duration(data.get("history", "30d"))
+        if history is None:
+            self.error(data, "history", f"a duration like 30d; got {data.get('history')!r}")
+        if baseline is None and ("deviation" in data or "history" in data):
+            self.error(data, "baseline", "deviation and history need `baseline: node` or `baseline: fleet`")
+        if baseline == "fleet" and "history" in data:
+            self.error(
+                data, "history", "a fleet baseline compares nodes within the window; history is for node"
+            )
         if len(self.errors) > before:
             return None
         return Condition(
@@ -282,6 +357,10 @@ class _Validator:
             tuple(sorted((str(k), str(v)) for k, v in labels.items())),
             device,
             min_samples,
+            baseline,
+            deviation,
+            history or 30 * 86400,
+            spec.better if spec else "none",
         )
 
     def actions(self, items: Any, parent: Any) -> tuple[Action, ...]:
@@ -306,14 +385,17 @@ class _Validator:
                 self.error(
                     item, unknown, f"not a field of a {kind} action (known: {', '.join(sorted(allowed))})"
                 )
+            if kind == "playbook" and not _PLAYBOOK.match(str(item.get("playbook", ""))):
+                self.error(
+                    item,
+                    "playbook",
+                    f"a playbook under playbooks/, like remediate/drain.yml; got {item.get('playbook')!r}",
+                )
             if kind == "api_call" and str(item.get("method", "POST")).upper() not in HTTP_METHODS:
                 self.error(item, "method", f"one of {', '.join(HTTP_METHODS)}; got {item.get('method')!r}")
             for key in TEMPLATE_FIELDS:
                 if isinstance(item.get(key), str):
-                    try:
-                        self.sandbox.parse(item[key])
-                    except TemplateSyntaxError as exc:
-                        self.error(item, key, f"template syntax error: {exc.message}")
+                    self.template(item, key, item[key])
             actions.append(Action(kind, tuple(sorted((k, v) for k, v in item.items() if k != "type"))))
         return tuple(actions)
 

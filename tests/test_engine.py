@@ -147,3 +147,118 @@ def test_any_of_all_nesting_and_node_level_join(tmp_path, store):
     series(store, "n3", "numa_balancing_enabled", "node", [1, 1])
     series(store, "n3", "nvme_available_spare_percent", "nvme0n1", [99, 99])
     assert set(fired(store, nested)) == {("n1", "nvme0n1"), ("n2", "node")}
+
+
+def bench(store, node, metric, values, labels=None, cls="classA", step_ms=4 * 3_600_000):
+    """One benchmark run per value, the newest at AT."""
+    rows = [
+        {
+            "run_id": f"run{index}",
+            "node_id": node,
+            "suite": "nccl",
+            "metric_name": metric,
+            "device": "node",
+            "labels": labels or {},
+            "value": float(value),
+            "unit": "us",
+            "repetition": 0,
+            "class_fingerprint": cls,
+            "node_fingerprint": f"{node}-fp",
+            "unstable": 0,
+            "timestamp": AT - (len(values) - 1 - index) * step_ms,
+        }
+        for index, value in enumerate(values)
+    ]
+    store.insert_rows("bench_results", rows)
+
+
+def test_node_baseline_deviation_in_the_worse_direction(tmp_path, store):
+    slower = simple(
+        tmp_path, "bench_allreduce_latency_us", ">", 14, window="3h", baseline="node", history="7d"
+    )
+    bench(store, "creeping", "bench_allreduce_latency_us", [100, 101, 99, 100, 120])
+    bench(store, "faster", "bench_allreduce_latency_us", [100, 101, 99, 100, 70])
+    bench(store, "steady", "bench_allreduce_latency_us", [100, 101, 99, 100, 105])
+    bench(store, "new", "bench_allreduce_latency_us", [150])  # no history: no baseline, no finding
+    assert fired(store, slower) == {("creeping", "node"): 20.0}
+
+
+def test_fleet_baseline_grades_one_slow_node_of_identical_peers(tmp_path, store):
+    slow = simple(tmp_path, "bench_allreduce_busbw_gb_per_s", ">", 20, window="3h", baseline="fleet")
+    for node, value in [("n1", 180), ("n2", 180), ("n3", 181), ("n4", 126), ("n5", 250)]:
+        bench(store, node, "bench_allreduce_busbw_gb_per_s", [value])
+    bench(store, "other_class", "bench_allreduce_busbw_gb_per_s", [50], cls="classB")
+    assert fired(store, slow) == {("n4", "node"): 30.0}
+    sigma = simple(
+        tmp_path, "bench_allreduce_busbw_gb_per_s", ">", 3, window="3h", baseline="fleet", deviation="sigma"
+    )
+    assert set(fired(store, sigma)) == {("n4", "node")}
+
+
+def test_trend_by_slope_and_rising_steps(tmp_path, store):
+    rising = rule(
+        tmp_path,
+        """
+        rule_id: warming
+        description: temperature creeping up
+        severity: warning
+        trigger:
+          - {metric: gpu_temperature_celsius, operator: ">", threshold: 10, window: 1h, aggregate: slope}
+          - {metric: gpu_temperature_celsius, operator: ">=", threshold: 0.7, window: 1h,
+             aggregate: rising_fraction}
+        """,
+    )
+    series(store, "warming", "gpu_temperature_celsius", "gpu0", [40, 42, 44, 45, 47, 50, 52, 55])
+    series(store, "spiky", "gpu_temperature_celsius", "gpu0", [40, 70, 40, 70, 40, 70, 40, 70])
+    series(store, "flat", "gpu_temperature_celsius", "gpu0", [60] * 8)
+    assert set(fired(store, rising)) == {("warming", "gpu0")}
+
+
+def test_long_windows_read_the_daily_rollup(tmp_path, store):
+    growth = simple(
+        tmp_path, "smart_reallocated_sector_ct", ">", 50, window="35d", aggregate="growth_percent"
+    )
+    day = 86_400_000
+    series(store, "growing", "smart_reallocated_sector_ct", "sda", [10, 12, 20], step_ms=16 * day)
+    series(store, "stable", "smart_reallocated_sector_ct", "sda", [10, 10, 11], step_ms=16 * day)
+    raw = store.query(
+        f"SELECT count() FROM {store.database}.metrics WHERE metric_name = 'smart_reallocated_sector_ct'"
+    )
+    assert raw[0][0] < 6  # the 32-day-old samples are past the raw TTL; the rollup keeps them
+    assert fired(store, growth) == {("growing", "sda"): 100.0}
+
+
+def test_correlated_nodes_become_one_switch_finding(tmp_path, store):
+    congested = rule(
+        tmp_path,
+        """
+        rule_id: switch_congestion
+        description: several nodes behind one switch wait to transmit
+        severity: warning
+        correlate: {by: switch, min_nodes: 2}
+        trigger:
+          - {metric: ib_port_xmit_wait_total, operator: ">", threshold: 1000, window: 10m, aggregate: delta}
+        """,
+    )
+    store.insert_rows(
+        "nodes",
+        [
+            {"node_id": n, "slurm_name": n, "rack": "r1", "switch": sw, "groups": [], "updated_at": AT}
+            for n, sw in [("a1", "leaf1"), ("a2", "leaf1"), ("b1", "leaf2"), ("b2", "leaf2")]
+        ],
+    )
+    for node in ("a1", "a2", "b1"):
+        series(store, node, "ib_port_xmit_wait_total", "mlx5_0/1", [0, 5000, 10000])
+    series(store, "b2", "ib_port_xmit_wait_total", "mlx5_0/1", [0, 1, 2])
+    matches = {m.node_id: m for m in evaluate(store, congested, AT)}
+    assert set(matches) == {"switch:leaf1", "b1"}
+    assert matches["switch:leaf1"].nodes == ["a1", "a2"] and matches["b1"].device == "mlx5_0/1"
+
+
+def test_labels_are_separate_series(tmp_path, store):
+    xid = simple(tmp_path, "gpu_xid_errors_total", ">", 0, aggregate="delta")
+    series(store, "n1", "gpu_xid_errors_total", "gpu0", [5, 5, 5], labels={"xid": "13"})
+    series(store, "n1", "gpu_xid_errors_total", "gpu0", [1, 1, 1], labels={"xid": "79"})
+    assert fired(store, xid) == {}  # mixed together the two flat counters would look like resets
+    series(store, "n2", "gpu_xid_errors_total", "gpu0", [1, 1, 2], labels={"xid": "79"})
+    assert fired(store, xid) == {("n2", "gpu0"): 1.0}

@@ -24,8 +24,8 @@ def test_the_seed_rule_loads_unchanged():
     assert rule.when == Group(
         "all",
         (
-            Condition("nvlink_error_rate_percent", ">", 0.001, 300),
-            Condition("gpu_temperature_celsius", "<", 70.0, 300),
+            Condition("nvlink_error_rate_percent", ">", 0.001, 300, better="lower"),
+            Condition("gpu_temperature_celsius", "<", 70.0, 300, better="lower"),
         ),
     )
     assert [a.type for a in rule.actions] == ["alert", "api_call", "log"]

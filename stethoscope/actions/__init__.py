@@ -1,0 +1,1 @@
+"""What a finding can do (DESIGN.md "Rules", actions): log, alert, api_call, playbook."""

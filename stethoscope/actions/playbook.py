@@ -1,0 +1,83 @@
+"""Remediation playbooks through ansible-runner: `--limit` to one validated inventory name, the finding
+and its transaction id as extra vars, the project's ansible.cfg and collections through envvars
+(ansible-runner does not read them from its own working dir), and its structured events recorded."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stethoscope.paths import project_root
+
+RECORDED_EVENTS = ("runner_on_ok", "runner_on_failed", "runner_on_unreachable", "runner_on_skipped")
+MAX_EVENTS = 200
+
+
+@dataclass
+class PlaybookResult:
+    ok: bool
+    status: str
+    rc: int | None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def playbook_path(name: str) -> Path:
+    return project_root() / "playbooks" / name
+
+
+def run_playbook(
+    name: str,
+    inventory: Path,
+    limit: str,
+    extravars: dict[str, Any],
+    envvars: dict[str, str],
+    timeout: int = 1800,
+) -> PlaybookResult:
+    import ansible_runner
+
+    top = project_root()
+    events: list[dict[str, Any]] = []
+
+    def keep(event: dict[str, Any]) -> bool:
+        if event.get("event") in RECORDED_EVENTS and len(events) < MAX_EVENTS:
+            data = event.get("event_data") or {}
+            result = data.get("res") or {}
+            events.append(
+                {
+                    "event": event["event"],
+                    "host": data.get("host"),
+                    "task": data.get("task"),
+                    "changed": bool(result.get("changed")),
+                    "msg": str(result.get("msg", ""))[:300],
+                }
+            )
+        return True
+
+    env = {
+        "ANSIBLE_CONFIG": str(top / "ansible.cfg"),
+        "ANSIBLE_COLLECTIONS_PATH": str(top / ".collections"),
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
+        "PATH": os.environ.get("PATH", ""),
+        **envvars,
+    }
+    with tempfile.TemporaryDirectory(prefix="stethoscope-runner-") as private:
+        runner = ansible_runner.run(
+            private_data_dir=private,
+            project_dir=str(top),
+            playbook=str(playbook_path(name)),
+            inventory=str(inventory),
+            limit=limit,
+            extravars=extravars,
+            envvars=env,
+            quiet=True,
+            timeout=timeout,
+            event_handler=keep,
+        )
+    stats = runner.stats or {}
+    return PlaybookResult(
+        runner.status == "successful" and runner.rc == 0, runner.status, runner.rc, events, stats
+    )

@@ -1,0 +1,147 @@
+"""`stethoscope diagnose`, `watch` and `verify`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from stethoscope.catalog import Catalog
+from stethoscope.cycle import run_cycle, worst
+from stethoscope.diagnose import SEVERITY_ORDER
+from stethoscope.paths import project_root
+from stethoscope.rules import load_rules
+from stethoscope.ruleset import RuleSet
+from stethoscope.store import Store
+from stethoscope.timeutil import now_ms, to_ms
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+
+def _say(message: str) -> None:
+    print(f"stethoscope: {message}", file=sys.stderr)
+
+
+def _overrides(pairs: list[str]) -> dict[str, Any] | None:
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            _say(f"-e {pair!r}: expected KEY=VALUE")
+            return None
+        overrides[key.strip()] = value
+    return overrides
+
+
+def _executor_factory(args: argparse.Namespace):
+    """None for a dry-run; else a function (dsn, database) -> execution Context. Errors exit 2."""
+    if not args.execute:
+        return None
+    from stethoscope.execute import Context
+    from stethoscope.inventory import InventoryError, load_inventory
+
+    overrides = _overrides(args.extra_var)
+    if overrides is None:
+        raise SystemExit(EXIT_USAGE)
+    try:
+        inventory = load_inventory(args.inventory)
+    except (InventoryError, Exception) as exc:  # ansible's own parse errors have many types
+        _say(f"inventory: {exc}")
+        raise SystemExit(EXIT_USAGE) from None
+    return lambda dsn, database: Context(dsn, database, inventory, overrides)
+
+
+def diagnose_command(args: argparse.Namespace) -> int:
+    catalog = Catalog.load()
+    loaded = load_rules(args.rules or project_root() / "rules", catalog)
+    for error in loaded.errors:  # an invalid rule is reported and skipped; the others still run
+        _say(f"diagnose: {error}")
+    try:
+        at_ms = to_ms(args.at) if args.at else now_ms()
+    except ValueError:
+        _say(f"diagnose: --at {args.at!r} is neither ISO-8601 nor epoch seconds")
+        return EXIT_USAGE
+    factory = _executor_factory(args)
+    findings = run_cycle(
+        loaded.rules,
+        catalog,
+        at_ms,
+        dsn=args.dsn,
+        database=args.database,
+        as_json=args.json,
+        execute_with=factory,
+    )
+    return EXIT_FINDINGS if worst(findings) >= SEVERITY_ORDER[args.fail_on] else EXIT_OK
+
+
+def watch_command(args: argparse.Namespace) -> int:
+    from stethoscope.store import StoreError
+
+    catalog = Catalog.load()
+    rules = RuleSet(Path(args.rules or project_root() / "rules"), catalog)
+    factory = _executor_factory(args)
+    cycle = 0
+    try:
+        while True:
+            cycle += 1
+            for message in rules.refresh():
+                _say(f"watch: {message}")
+            try:
+                run_cycle(
+                    rules.rules,
+                    catalog,
+                    now_ms(),
+                    dsn=args.dsn,
+                    database=args.database,
+                    as_json=args.json,
+                    execute_with=factory,
+                )
+            except StoreError as exc:  # the database may come back: keep watching
+                _say(f"watch: cycle {cycle}: {exc}")
+            if args.cycles and cycle >= args.cycles:
+                return EXIT_OK
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def verify_command(args: argparse.Namespace) -> int:
+    from stethoscope import baseline
+    from stethoscope.ledger import Ledger
+
+    since_ms = to_ms(args.since) if args.since else 0
+    with Store(args.dsn, args.database) as store:
+        ours = Ledger(store).holds_drain(args.node, args.txn)
+        latest = store.query(
+            f"SELECT toUnixTimestamp64Milli(max(timestamp)), count() FROM {store.database}.bench_results "
+            "WHERE node_id = {node:String}",
+            {"node": args.node},
+        )[0]
+        rows = [r for r in baseline.build(store, Catalog.load()) if r.node_id == args.node]
+    summary = baseline.summary_rows(rows)
+    not_green = [
+        {
+            "suite": r.suite,
+            "metric": r.metric_name,
+            "labels": r.labels,
+            "grade": r.grade,
+            "deviation": r.deviation_percent,
+        }
+        for r in summary
+        if r.grade != "green"
+    ]
+    fresh = latest[1] > 0 and latest[0] >= since_ms
+    verdict = {
+        "node": args.node,
+        "txn_id": args.txn,
+        "drain_recorded": ours,
+        "benchmarked_since": fresh,
+        "green": fresh and bool(summary) and not not_green,
+        "not_green": not_green,
+        "resume": ours and fresh and bool(summary) and not not_green,
+    }
+    print(json.dumps(verdict, sort_keys=True))
+    return EXIT_OK if verdict["resume"] else EXIT_FINDINGS

@@ -1,0 +1,120 @@
+"""The `findings` and `actions` tables: what was found, under which transaction, and every step taken.
+
+Rows update by a higher `version` (ReplacingMergeTree); reads take the latest version per key, so the
+state is exact before ClickHouse merges."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from stethoscope.store import Store
+
+DRAIN = "playbook:remediate/drain.yml"
+
+
+@dataclass
+class OpenFinding:
+    finding_id: str
+    txn_id: str
+    txn_started_ms: int  # first_seen: when this transaction began (and acted)
+    version: int
+
+
+class Ledger:
+    def __init__(self, store: Store):
+        self.store = store
+        self.db = store.database
+
+    def open_findings(self) -> dict[str, OpenFinding]:
+        rows = self.store.query(
+            "SELECT finding_id, argMax(txn_id, version), "
+            "toUnixTimestamp64Milli(argMax(first_seen, version)), max(version) "
+            f"FROM {self.db}.findings GROUP BY finding_id HAVING argMax(status, version) = 'open'"
+        )
+        return {row[0]: OpenFinding(row[0], row[1], int(row[2]), int(row[3])) for row in rows}
+
+    def write_finding(self, finding: dict[str, Any], status: str, version: int, last_seen_ms: int) -> None:
+        self.store.insert_rows(
+            "findings",
+            [
+                {
+                    "finding_id": finding["finding_id"],
+                    "txn_id": finding["txn_id"],
+                    "rule_id": finding["rule_id"],
+                    "node_id": finding["node_id"],
+                    "device": finding["device"],
+                    "severity": finding["severity"],
+                    "confidence": float(finding["confidence"]),
+                    "level": finding["level"],
+                    "message": finding["message"],
+                    "evidence": finding["evidence"],
+                    "first_seen": finding["first_seen_ms"],
+                    "last_seen": last_seen_ms,
+                    "status": status,
+                    "version": version,
+                }
+            ],
+        )
+
+    def resolve(self, finding_id: str, version: int) -> None:
+        """The finding's latest row again, with status resolved: it no longer matches."""
+        columns = (
+            "finding_id, txn_id, rule_id, node_id, device, severity, confidence, level, message, evidence, "
+            "first_seen, last_seen"
+        )
+        self.store.command(
+            f"INSERT INTO {self.db}.findings SELECT {columns}, 'resolved', {{v:UInt64}} "
+            f"FROM {self.db}.findings WHERE finding_id = {{f:String}} ORDER BY version DESC LIMIT 1",
+            {"v": version, "f": finding_id},
+        )
+
+    def rule_of(self, finding_id: str) -> str:
+        rows = self.store.query(
+            f"SELECT any(rule_id) FROM {self.db}.findings WHERE finding_id = {{f:String}}", {"f": finding_id}
+        )
+        return rows[0][0] if rows else ""
+
+    def write_action(self, row: dict[str, Any], version: int) -> None:
+        detail = row.get("detail")
+        self.store.insert_rows(
+            "actions",
+            [
+                {
+                    **row,
+                    "detail": detail
+                    if isinstance(detail, str)
+                    else json.dumps(detail, sort_keys=True, default=str),
+                    "version": version,
+                }
+            ],
+        )
+
+    def drained_nodes_since(self, since_ms: int) -> set[str]:
+        rows = self.store.query(
+            "SELECT target FROM (SELECT target, argMax(status, version) AS status, "
+            f"min(started_at) AS started FROM {self.db}.actions WHERE action = {{drain:String}} "
+            "GROUP BY txn_id, finding_id, action, target) "
+            "WHERE status = 'ok' AND started >= fromUnixTimestamp64Milli({since:Int64}, 'UTC')",
+            {"drain": DRAIN, "since": since_ms},
+        )
+        return {row[0] for row in rows}
+
+    def holds_drain(self, node_id: str, txn_id: str) -> bool:
+        rows = self.store.query(
+            "SELECT count() FROM (SELECT argMax(status, version) AS status "
+            f"FROM {self.db}.actions WHERE action = {{drain:String}} AND target = {{node:String}} "
+            "AND txn_id = {txn:String} GROUP BY txn_id, finding_id, action, target) WHERE status = 'ok'",
+            {"drain": DRAIN, "node": node_id, "txn": txn_id},
+        )
+        return rows[0][0] > 0
+
+    def actions_of(self, txn_id: str) -> list[dict[str, Any]]:
+        rows = self.store.query(
+            "SELECT action, target, argMax(status, version), argMax(detail, version) "
+            f"FROM {self.db}.actions WHERE txn_id = {{txn:String}} GROUP BY action, target, finding_id "
+            "ORDER BY min(started_at), action",
+            {"txn": txn_id},
+        )
+        return [{"action": a, "target": t, "status": s, "detail": d} for a, t, s, d in rows]
