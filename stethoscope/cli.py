@@ -40,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     baseline = commands.add_parser("baseline", help="graded benchmark report against fleet and own history")
     baseline.add_argument("--out", type=Path, help="also write DIR/baseline.html")
     baseline.add_argument("--all", action="store_true", help="print every row (per-size NCCL rows too)")
+    baseline.add_argument("--node", help="only this node's rows (still graded against its whole class)")
 
     diagnose = commands.add_parser("diagnose", help="evaluate the rules over ClickHouse (dry-run)")
     diagnose.add_argument("--at", help="evaluation time, ISO-8601 or epoch seconds (default now)")
@@ -174,7 +175,10 @@ def _baseline(args: argparse.Namespace) -> int:
 
     with Store(args.dsn, args.database) as store:
         rows = baseline.build(store, Catalog.load())
-    print(baseline.render_table(rows if args.all else baseline.summary_rows(rows)))
+    shown = rows if args.all else baseline.summary_rows(rows)
+    if args.node:
+        shown = [row for row in shown if row.node_id == args.node]
+    print(baseline.render_table(shown))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "baseline.html").write_text(baseline.render_html(rows), encoding="utf-8")

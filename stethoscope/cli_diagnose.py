@@ -112,9 +112,12 @@ def verify_command(args: argparse.Namespace) -> int:
     from stethoscope import baseline
     from stethoscope.ledger import Ledger
 
-    since_ms = to_ms(args.since) if args.since else 0
     with Store(args.dsn, args.database) as store:
-        ours = Ledger(store).holds_drain(args.node, args.txn)
+        ledger = Ledger(store)
+        drained_at = ledger.drain_of(args.node, args.txn)
+        rule_id = ledger.rule_of_txn(args.txn)
+        # the benchmark that counts is one run after the drain (or after --since)
+        since_ms = to_ms(args.since) if args.since else (drained_at or 0)
         latest = store.query(
             f"SELECT toUnixTimestamp64Milli(max(timestamp)), count() FROM {store.database}.bench_results "
             "WHERE node_id = {node:String}",
@@ -134,9 +137,11 @@ def verify_command(args: argparse.Namespace) -> int:
         if r.grade != "green"
     ]
     fresh = latest[1] > 0 and latest[0] >= since_ms
+    ours = drained_at is not None
     verdict = {
         "node": args.node,
         "txn_id": args.txn,
+        "rule_id": rule_id,
         "drain_recorded": ours,
         "benchmarked_since": fresh,
         "green": fresh and bool(summary) and not not_green,

@@ -101,14 +101,22 @@ class Ledger:
         )
         return {row[0] for row in rows}
 
-    def holds_drain(self, node_id: str, txn_id: str) -> bool:
+    def drain_of(self, node_id: str, txn_id: str) -> int | None:
+        """When stethoscope drained `node_id` under `txn_id` (ms); None if the actions hold no such drain."""
         rows = self.store.query(
-            "SELECT count() FROM (SELECT argMax(status, version) AS status "
-            f"FROM {self.db}.actions WHERE action = {{drain:String}} AND target = {{node:String}} "
-            "AND txn_id = {txn:String} GROUP BY txn_id, finding_id, action, target) WHERE status = 'ok'",
+            "SELECT toUnixTimestamp64Milli(started) FROM (SELECT argMax(status, version) AS status, "
+            f"min(started_at) AS started FROM {self.db}.actions WHERE action = {{drain:String}} "
+            "AND target = {node:String} AND txn_id = {txn:String} "
+            "GROUP BY txn_id, finding_id, action, target) WHERE status = 'ok' ORDER BY started LIMIT 1",
             {"drain": DRAIN, "node": node_id, "txn": txn_id},
         )
-        return rows[0][0] > 0
+        return int(rows[0][0]) if rows else None
+
+    def rule_of_txn(self, txn_id: str) -> str:
+        rows = self.store.query(
+            f"SELECT any(rule_id) FROM {self.db}.findings WHERE txn_id = {{txn:String}}", {"txn": txn_id}
+        )
+        return rows[0][0] if rows else ""
 
     def actions_of(self, txn_id: str) -> list[dict[str, Any]]:
         rows = self.store.query(

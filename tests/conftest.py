@@ -137,3 +137,34 @@ def run_module(tmp_path: Path, module: str, args: dict, bindir: Path, check: boo
     result = json.loads((tree / "localhost").read_text())
     result["failed"] = proc.returncode != 0  # the tree callback drops the key; ansible's exit code says it
     return result
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real slurmctld + munged (Debian packages; .ci/run installs them) with the lab's 8 nodes."""
+    from slurm_cluster import SlurmCluster, missing_tools
+
+    missing = missing_tools()
+    if missing:
+        pytest.skip(
+            f"Slurm is not installed here ({', '.join(missing)}): apt-get install slurmctld slurm-client munge"
+        )
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def http_standin():
+    """Start real loopback HTTP servers (Jira / webhook stand-ins); stopped after the test."""
+    from http_standin import StandIn
+
+    started: list[StandIn] = []
+
+    def start(**options) -> StandIn:
+        started.append(StandIn(**options).start())
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()

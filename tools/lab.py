@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 TOP = Path(__file__).resolve().parent.parent
@@ -96,8 +96,12 @@ def node_name(index: int) -> str:
     return f"node{index + 1:02d}"
 
 
-def profile_of(index: int) -> Profile:
-    return PROFILES[index % len(PROFILES)]
+def profile_of(index: int, only_faults: list[str] | None = None) -> Profile:
+    """The node's profile; with `only_faults`, the faults not listed are left out (healthy nodes)."""
+    profile = PROFILES[index % len(PROFILES)]
+    if only_faults is None:
+        return profile
+    return replace(profile, faults=tuple(f for f in profile.faults if f in only_faults))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,18 +461,18 @@ def nvme_script(path: Path, out: Path, controllers: list[str]) -> None:
     path.chmod(0o755)
 
 
-def build(count: int, inventory: Path | None) -> None:
+def build(count: int, inventory: Path | None, only_faults: list[str] | None = None) -> None:
     if LAB.exists():
         shutil.rmtree(LAB)
     nodes = LAB / "nodes"
     for index in range(count):
-        node, profile = nodes / node_name(index), profile_of(index)
+        node, profile = nodes / node_name(index), profile_of(index, only_faults)
         static_root(node, profile, index)
         dynamic_files(node, profile, 0)
         tool_scripts(node, profile)
         (node / "state").mkdir(parents=True, exist_ok=True)
     write(LAB / "step", "0\n")
-    write(LAB / "nodes.json", json.dumps({"count": count}))
+    write(LAB / "nodes.json", json.dumps({"count": count, "only_faults": only_faults}))
     if inventory:
         write_inventory(count, inventory)
     print(f"lab: {count} nodes at step 0 in {LAB}")
@@ -507,9 +511,10 @@ def advance() -> int:
         build(DEFAULT_NODES, None)
         return 0
     step = int((LAB / "step").read_text()) + 1
-    count = json.loads((LAB / "nodes.json").read_text())["count"]
-    for index in range(count):
-        dynamic_files(LAB / "nodes" / node_name(index), profile_of(index), step)
+    recorded = json.loads((LAB / "nodes.json").read_text())
+    for index in range(recorded["count"]):
+        profile = profile_of(index, recorded.get("only_faults"))
+        dynamic_files(LAB / "nodes" / node_name(index), profile, step)
     write(LAB / "step", f"{step}\n")
     return step
 
@@ -522,12 +527,17 @@ def main(argv: list[str] | None = None) -> int:
     build_cmd = commands.add_parser("build", help="rebuild .lab at step 0")
     build_cmd.add_argument("--nodes", type=int, default=DEFAULT_NODES)
     build_cmd.add_argument("--inventory", type=Path, help="also write an inventory for these nodes")
+    build_cmd.add_argument(
+        "--only-faults",
+        help="comma-separated faults to keep (e.g. worn_ssd); the other nodes are built healthy",
+    )
     commands.add_parser("advance", help="advance the replay one step")
     args = parser.parse_args(argv)
     if args.command == "build":
         if args.nodes < 1:
             parser.error("--nodes must be at least 1")
-        build(args.nodes, args.inventory)
+        only = [f for f in args.only_faults.split(",") if f] if args.only_faults is not None else None
+        build(args.nodes, args.inventory, only)
     else:
         print(f"lab: step {advance()}")
     return 0

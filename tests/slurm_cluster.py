@@ -1,0 +1,123 @@
+"""A real Slurm controller for tests: munged and slurmctld (Debian's packages) under a temp folder,
+with the lab's node names and no slurmd (nodes never respond; DRAIN flags and reasons still work)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+REQUIRED = ("munged", "mungekey", "slurmctld", "scontrol")
+
+
+def missing_tools() -> list[str]:
+    return [
+        tool for tool in REQUIRED if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists()
+    ]
+
+
+def _tool(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CONFIG = """ClusterName=stethoscope-test
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser={user}
+AuthType=auth/munge
+AuthInfo=socket={socket}
+CredType=cred/munge
+StateSaveLocation={dir}/state
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmctldLogFile={dir}/slurmctld.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+ReturnToService=2
+NodeName={nodes} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN
+PartitionName=lab Nodes=ALL Default=YES State=UP
+"""
+
+
+class SlurmCluster:
+    def __init__(self, root: Path, nodes: str = "node[01-08]"):
+        self.root = root
+        self.conf = root / "slurm.conf"
+        self.nodes = nodes
+        self.munged: subprocess.Popen | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SLURM_CONF": str(self.conf)}
+
+    def start(self) -> SlurmCluster:
+        (self.root / "state").mkdir(parents=True, exist_ok=True)
+        key, sock = self.root / "munge.key", self.root / "munge.sock"
+        subprocess.run([_tool("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True)
+        key.chmod(0o400)
+        subprocess.run(
+            [
+                _tool("munged"),
+                "--force",
+                f"--key-file={key}",
+                f"--socket={sock}",
+                f"--pid-file={self.root / 'munged.pid'}",
+                f"--log-file={self.root / 'munged.log'}",
+                f"--seed-file={self.root / 'munged.seed'}",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        self.conf.write_text(
+            CONFIG.format(
+                ctld_port=_free_port(),
+                slurmd_port=_free_port(),
+                user=os.environ.get("USER") or "root",
+                socket=sock,
+                dir=self.root,
+                nodes=self.nodes,
+            )
+        )
+        subprocess.run([_tool("slurmctld"), "-f", str(self.conf), "-i"], check=True, capture_output=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.scontrol("ping").returncode == 0:
+                return self
+            time.sleep(0.3)
+        raise RuntimeError(f"slurmctld did not answer: {(self.root / 'slurmctld.log').read_text()[-2000:]}")
+
+    def scontrol(self, *argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [_tool("scontrol"), *argv],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **self.env},
+            check=False,
+        )
+
+    def node(self, name: str) -> dict[str, str]:
+        """State and Reason of one node, as `scontrol -o show node` prints them."""
+        line = self.scontrol("-o", "show", "node", name).stdout.strip()
+        head, _sep, reason = line.partition(" Reason=")
+        fields = dict(token.split("=", 1) for token in head.split() if "=" in token)
+        return {"state": fields.get("State", ""), "reason": reason}
+
+    def stop(self) -> None:
+        for pid_file in ("slurmctld.pid", "munged.pid"):
+            path = self.root / pid_file
+            if path.exists():
+                try:
+                    os.kill(int(path.read_text().strip()), signal.SIGTERM)
+                except (ProcessLookupError, ValueError):
+                    pass
