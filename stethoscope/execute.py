@@ -118,6 +118,8 @@ class Executor:
             status, target, detail = self._dispatch(finding, action)
         except TemplateFailure as exc:
             status, target, detail = "failed", row["target"], {"error": str(exc)}
+        except Exception as exc:  # one action's failure is recorded; the finding's other actions still run
+            status, target, detail = "failed", row["target"], {"error": f"{type(exc).__name__}: {exc}"}
         row.update(status=status, target=target, detail=detail, finished_at=now_ms())
         self._record(row)
         return label, status

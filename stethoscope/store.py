@@ -36,6 +36,33 @@ ROW_TABLES: dict[str, tuple[str, ...]] = {
     ),
     "fingerprints": ("fingerprint", "kind", "node_id", "detail", "first_seen"),
     "nodes": ("node_id", "slurm_name", "rack", "switch", "groups", "updated_at"),
+    "findings": (
+        "finding_id",
+        "txn_id",
+        "rule_id",
+        "node_id",
+        "device",
+        "severity",
+        "confidence",
+        "level",
+        "message",
+        "evidence",
+        "first_seen",
+        "last_seen",
+        "status",
+        "version",
+    ),
+    "actions": (
+        "txn_id",
+        "finding_id",
+        "action",
+        "target",
+        "status",
+        "detail",
+        "started_at",
+        "finished_at",
+        "version",
+    ),
 }
 
 

@@ -147,7 +147,8 @@ def slurm(tmp_path_factory):
     missing = missing_tools()
     if missing:
         pytest.skip(
-            f"Slurm is not installed here ({', '.join(missing)}): apt-get install slurmctld slurm-client munge"
+            f"Slurm is not installed here ({', '.join(missing)}): "
+            "apt-get install slurmctld slurm-client munge (.ci/run does)"
         )
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
     yield cluster

@@ -3,6 +3,7 @@ with the lab's node names and no slurmd (nodes never respond; DRAIN flags and re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -117,7 +118,5 @@ class SlurmCluster:
         for pid_file in ("slurmctld.pid", "munged.pid"):
             path = self.root / pid_file
             if path.exists():
-                try:
+                with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(path.read_text().strip()), signal.SIGTERM)
-                except (ProcessLookupError, ValueError):
-                    pass

@@ -8,6 +8,7 @@ import pytest
 
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.slurm import parse_show_node
+
 from conftest import fake_tools, fixture_text, run_module
 
 REASON = "stethoscope: ssd_reallocated_sectors 1a2b3c4d5e6f"

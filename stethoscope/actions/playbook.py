@@ -5,6 +5,7 @@ and its transaction id as extra vars, the project's ansible.cfg and collections 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,12 @@ def run_playbook(
     top = project_root()
     events: list[dict[str, Any]] = []
 
+    stats: dict[str, Any] = {}
+
     def keep(event: dict[str, Any]) -> bool:
+        if event.get("event") == "playbook_on_stats":
+            data = event.get("event_data") or {}
+            stats.update({k: data.get(k) or {} for k in ("ok", "changed", "failures", "skipped", "dark")})
         if event.get("event") in RECORDED_EVENTS and len(events) < MAX_EVENTS:
             data = event.get("event_data") or {}
             result = data.get("res") or {}
@@ -61,7 +67,8 @@ def run_playbook(
         "ANSIBLE_CONFIG": str(top / "ansible.cfg"),
         "ANSIBLE_COLLECTIONS_PATH": str(top / ".collections"),
         "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
-        "PATH": os.environ.get("PATH", ""),
+        # ansible-playbook of this environment, also when the venv is not activated
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         **envvars,
     }
     with tempfile.TemporaryDirectory(prefix="stethoscope-runner-") as private:
@@ -77,7 +84,6 @@ def run_playbook(
             timeout=timeout,
             event_handler=keep,
         )
-    stats = runner.stats or {}
     return PlaybookResult(
         runner.status == "successful" and runner.rc == 0, runner.status, runner.rc, events, stats
     )

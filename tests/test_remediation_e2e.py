@@ -1,0 +1,144 @@
+"""End to end on the lab: a worn SSD on node07 (the other nodes healthy) -> collect -> `diagnose
+--execute` -> node07 drained in a real slurmctld, its evidence bundle fetched, a ticket in the Jira
+stand-in with the bundle and baseline attached, findings and actions under one txn; a second run acts
+no more (cooldown); verify.yml resumes only under the drain's txn."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from stethoscope.store import Store
+
+from conftest import TOP, ansible_env
+
+BIN = Path(sys.executable).parent
+
+
+def play(env, inventory, playbook, *extra):
+    command = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(TOP / "playbooks" / playbook), *extra]
+    return subprocess.run(command, env=env, cwd=TOP, capture_output=True, text=True, check=False)
+
+
+def test_worn_ssd_is_drained_evidenced_ticketed_once_and_resumed_after_verification(
+    tmp_path, tmp_dsn, slurm, http_standin
+):
+    jira, hook = http_standin(), http_standin()
+    lab, inventory = tmp_path / "lab", tmp_path / "inventory" / "hosts.yml"
+    env = ansible_env(
+        tmp_path,
+        tmp_dsn,
+        STETHOSCOPE_LAB_DIR=str(lab),
+        STETHOSCOPE_TICKET_USER="stethoscope-bot",
+        STETHOSCOPE_TICKET_TOKEN="t0ken-never-logged",
+        **slurm.env,
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            str(TOP / "tools/lab.py"),
+            "build",
+            "--inventory",
+            str(inventory),
+            "--only-faults",
+            "worn_ssd",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run([BIN / "stethoscope", "db", "init"], env=env, check=True, capture_output=True)
+    for _sweep in range(3):  # the lab wears the SSD down one step per sweep
+        assert play(env, inventory, "collect.yml").returncode == 0
+    evidence = tmp_path / "evidence"
+    diagnose = [
+        str(BIN / "stethoscope"), "diagnose", "--json", "--execute", "--inventory", str(inventory),
+        "-e", f"stethoscope_alert_webhook={hook.url}/alert", "-e", f"stethoscope_ticket_url={jira.url}",
+        "-e", f"stethoscope_evidence_dir={evidence}", "-e", f"stethoscope_diagnose_log={tmp_path / 'log'}",
+    ]  # fmt: skip
+    first = subprocess.run(diagnose, env=env, cwd=TOP, capture_output=True, text=True, check=False)
+    assert first.returncode == 1, first.stderr  # a critical finding
+    (finding,) = json.loads(first.stdout)
+    txn = finding["txn_id"]
+    assert (finding["node_id"], finding["device"], finding["rule_id"]) == (
+        "node07",
+        "sda",
+        "ssd_reallocated_sectors",
+    )
+    assert finding["outcome"] == (
+        "log ok, alert ok, playbook:remediate/drain.yml ok, playbook:remediate/evidence.yml ok, "
+        "playbook:remediate/ticket.yml ok"
+    )
+
+    # drained in Slurm with stethoscope's reason; every other node untouched
+    assert "DRAIN" in slurm.node("node07")["state"]
+    assert slurm.node("node07")["reason"].startswith(f"stethoscope: ssd_reallocated_sectors {txn}")
+    assert all("DRAIN" not in slurm.node(f"node0{i}")["state"] for i in (1, 2, 3, 4, 5, 6, 8))
+
+    # the evidence bundle, fetched to the controller
+    with tarfile.open(evidence / txn / "node07.tar.gz") as bundle:
+        names = set(bundle.getnames())
+        manifest = json.load(bundle.extractfile("./manifest.json"))
+        smart = json.load(bundle.extractfile("./smartctl_-j_-a_sda.out"))
+    assert {"./nvidia-smi_-q_-x.out", "./dmesg.out", "./ibstat.out", "./lspci_-vvv.out"} <= names
+    assert manifest["txn_id"] == txn and manifest["finding"]["rule_id"] == "ssd_reallocated_sectors"
+    assert {c["name"]: c["rc"] for c in manifest["commands"]}["smartctl_-j_-a_sda"] == 0
+    assert smart["device"]["name"] == "/dev/sda"
+
+    # the ticket: one Jira issue with the bundle and the baseline comparison attached, basic auth
+    (issue,) = jira.issues.values()
+    assert issue["project"] == {"key": "OPS"} and f"stethoscope-{txn}" in issue["labels"]
+    assert "node07" in issue["summary"] and "184 reallocated sectors" in issue["description"]
+    assert len(issue["attachments"]) == 2 and b"node07.tar.gz" in issue["attachments"][0]
+    assert all(r.headers["Authorization"].startswith("Basic ") for r in jira.requests)
+    assert [r.json()["txn_id"] for r in hook.requests] == [txn]
+    for output in (first.stdout, first.stderr):
+        assert "t0ken-never-logged" not in output
+
+    # findings and actions stored under the one txn
+    with Store(tmp_dsn) as store:
+        db = store.database
+        findings = store.query(f"SELECT node_id, txn_id, status FROM {db}.findings FINAL")
+        actions = store.query(
+            f"SELECT action, argMax(status, version) FROM {db}.actions WHERE txn_id = {{t:String}} "
+            "GROUP BY action ORDER BY min(started_at)",
+            {"t": txn},
+        )
+    assert findings == [("node07", txn, "open")]
+    assert [a for a, _ in actions] == [
+        "log",
+        "alert",
+        "playbook:remediate/drain.yml",
+        "playbook:remediate/evidence.yml",
+        "playbook:remediate/ticket.yml",
+    ]
+    assert {s for _, s in actions} == {"ok"}
+
+    # a second run inside the cooldown acts no more
+    second = subprocess.run(diagnose, env=env, cwd=TOP, capture_output=True, text=True, check=False)
+    (again,) = json.loads(second.stdout)
+    assert again["txn_id"] == txn and again["outcome"].startswith("cooldown")
+    assert len(jira.issues) == 1 and len(hook.requests) == 1
+
+    # verify.yml: a wrong txn never resumes; the drain's txn resumes after a green re-benchmark
+    wrong = play(
+        env, inventory, "remediate/verify.yml", "--limit", "node07", "-e", "stethoscope_txn_id=0123abcd"
+    )
+    assert wrong.returncode != 0 and "not resuming node07" in wrong.stdout
+    assert "DRAIN" in slurm.node("node07")["state"]
+    verified = play(
+        env,
+        inventory,
+        "remediate/verify.yml",
+        "--limit",
+        "node07",
+        "-e",
+        f"stethoscope_txn_id={txn}",
+        "-e",
+        "stethoscope_remediate_execute=true",
+    )
+    assert verified.returncode == 0, verified.stdout[-3000:]
+    assert "DRAIN" not in slurm.node("node07")["state"] and slurm.node("node07")["reason"] == ""
