@@ -14,6 +14,7 @@ LOOKBACK_SECONDS = 24 * 3600
 MISSED_INTERVALS = 3
 DEFAULT_INTERVAL = 60
 NODE_RULE = "unknown.node"
+DEVICE_RULE = "unknown.device"
 
 
 @dataclass
@@ -66,8 +67,9 @@ def silences(store: Store, catalog: Catalog, at_ms: int) -> list[Silence]:
     }
     found: dict[tuple[str, str, str], Silence] = {}
     for node_id, metric, device, last_ms, fresh in store.query(_query(store.database), params):
-        # a node of which nothing arrives any more is one finding about the node, not its metrics
-        rule_id, where = (NODE_RULE, "") if fresh == 0 else (f"unknown.{metric}", device)
+        # one finding per silent device (its metrics listed); a node of which nothing arrives any more
+        # is one finding about the node
+        rule_id, where = (NODE_RULE, "") if fresh == 0 else (DEVICE_RULE, device)
         silence = found.setdefault((rule_id, node_id, where), Silence(rule_id, node_id, where, [], 0))
         silence.metrics.append(metric)
         silence.last_seen_ms = max(silence.last_seen_ms, int(last_ms))

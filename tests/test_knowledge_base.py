@@ -85,7 +85,8 @@ def fleet(metric, mine, labels=None, device="node"):
     return [S(metric, [mine], device, labels, step_ms=HOUR)], [S(metric, [100], device, labels)] * 4
 
 
-MEDIAN = {"stat": "median"}
+OOP = {"algo": "ring", "placement": "oop", "size": "8"}
+AVG = {"algo": "ring", "size": "avg"}
 FLEET = {
     "ib_mtu_mismatch",
     "net_mtu_mismatch",
@@ -217,14 +218,14 @@ CASES = {
         [S("pcie_link_degraded", [1, 1, 0], "0000:17:00.0")],
     ),
     "allreduce_latency_subhealth": (
-        [S("bench_allreduce_latency_us", [100, 101, 99, 100, 120], labels=MEDIAN, step_ms=4 * HOUR)],
-        [S("bench_allreduce_latency_us", [100, 101, 99, 100, 110], labels=MEDIAN, step_ms=4 * HOUR)],
+        [S("bench_allreduce_latency_us", [100, 101, 99, 100, 120], labels=OOP, step_ms=4 * HOUR)],
+        [S("bench_allreduce_latency_us", [100, 101, 99, 100, 110], labels=OOP, step_ms=4 * HOUR)],
     ),
     "allreduce_latency_creep": (
-        [S("bench_allreduce_latency_us", [100, 102, 103, 105, 108], labels=MEDIAN, step_ms=DAY)],
-        [S("bench_allreduce_latency_us", [100, 108, 99, 107, 101], labels=MEDIAN, step_ms=DAY)],
+        [S("bench_allreduce_latency_us", [100, 102, 103, 105, 108], labels=OOP, step_ms=DAY)],
+        [S("bench_allreduce_latency_us", [100, 108, 99, 107, 101], labels=OOP, step_ms=DAY)],
     ),
-    "allreduce_busbw_below_fleet": fleet("bench_allreduce_busbw_gb_per_s", 70, MEDIAN),
+    "allreduce_busbw_below_fleet": fleet("bench_allreduce_busbw_gb_per_s", 70, AVG),
     "gemm_below_fleet": fleet("bench_gemm_tflops", 85, {"dtype": "bf16"}, device="gpu0"),
     "fio_iops_below_fleet": fleet("bench_fio_randread_iops", 60, device="nvme0n1"),
     "governor_not_performance_during_bench": (

@@ -134,3 +134,47 @@ def test_rules_check_cli(tmp_path):
     )
     assert result.returncode == 2 and f"{bad}:4: metric: unknown metric 'nope'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_baseline_correlate_message_and_playbook_fields_are_validated(tmp_path):
+    path = write(
+        tmp_path,
+        """\
+        - rule_id: bad_extensions
+          description: misused extensions
+          severity: warning
+          message: "{{ node_id"
+          correlate: {by: pdu}
+          trigger:
+            - {metric: bench_gemm_tflops, operator: ">", threshold: 10, window: 1d, baseline: class}
+            - {metric: bench_gemm_tflops, operator: ">", threshold: 10, window: 1d, baseline: fleet,
+               history: 7d}
+            - {metric: net_mtu, operator: ">", threshold: 1, window: 5m, deviation: sigma}
+          action:
+            - {type: playbook, playbook: ../../etc/evil.yml}
+            - {type: playbook, playbook: remediate/drain.yml, limit: all}
+        """,
+    )
+    result = load_rules(path, CATALOG)
+    problems = sorted((e.line, e.field) for e in result.errors)
+    assert problems == [
+        (4, "message"),
+        (5, "correlate"),
+        (7, "baseline"),
+        (9, "history"),
+        (10, "baseline"),
+        (12, "playbook"),
+        (13, "limit"),
+    ]
+    assert result.rules == []
+
+
+def test_every_shipped_playbook_action_exists():
+    playbooks = {
+        dict(action.params)["playbook"]
+        for rule in load_rules(TOP / "rules", CATALOG).rules
+        for action in rule.actions
+        if action.type == "playbook"
+    }
+    assert playbooks == {"remediate/drain.yml", "remediate/evidence.yml", "remediate/ticket.yml"}
+    assert all((TOP / "playbooks" / p).is_file() for p in playbooks)

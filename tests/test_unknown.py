@@ -6,7 +6,7 @@ from __future__ import annotations
 from stethoscope.batch import MetricColumns
 from stethoscope.catalog import Catalog
 from stethoscope.timeutil import now_ms
-from stethoscope.unknown import NODE_RULE, silences
+from stethoscope.unknown import DEVICE_RULE, NODE_RULE, silences
 
 AT = now_ms()
 MINUTE = 60_000
@@ -28,6 +28,7 @@ def test_a_metric_that_stops_is_unknown_and_a_silent_node_is_one_finding(store):
     put(store, "healthy", "cpu_governor_performance", "node", [30], labels={"phase": "bench"})
     put(store, "healthy", "gpu_power_watts", "gpu0", [26 * 60])  # older than the 24 h look-back
     found = {(s.rule_id, s.node_id, s.device): s for s in silences(store, Catalog.load(), AT)}
-    assert set(found) == {("unknown.gpu_temperature_celsius", "lost_gpu", "gpu1"), (NODE_RULE, "silent", "")}
+    assert set(found) == {(DEVICE_RULE, "lost_gpu", "gpu1"), (NODE_RULE, "silent", "")}
+    assert found[(DEVICE_RULE, "lost_gpu", "gpu1")].metrics == ["gpu_temperature_celsius"]
     assert sorted(found[(NODE_RULE, "silent", "")].metrics) == ["gpu_temperature_celsius", "ib_port_state"]
     assert found[(NODE_RULE, "silent", "")].last_seen_ms == AT - 10 * MINUTE

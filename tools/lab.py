@@ -316,7 +316,8 @@ def _per_link(profile: Profile, render) -> str:
 
 def nvlink_errors(profile: Profile, step: int) -> str:
     def render(gpu: int, link: int) -> list[str]:
-        crc = 40 * step if "nvlink_crc" in profile.faults and gpu == 2 and link == 3 else 0
+        # gpu0: the one GPU of the A100 capture, whose temperature the NVLink rule reads beside its links
+        crc = 40 * step if "nvlink_crc" in profile.faults and gpu == 0 and link == 3 else 0
         return [
             f"Link {link}: Replay Errors: 0",
             f"Link {link}: Recovery Errors: 0",

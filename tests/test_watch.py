@@ -1,0 +1,69 @@
+"""`stethoscope watch`: cycles, a rule file edited between cycles is picked up, an invalid edit keeps
+the last good version and says what is wrong with it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+from stethoscope.batch import MetricColumns
+from stethoscope.catalog import Catalog
+from stethoscope.ruleset import RuleSet
+from stethoscope.store import Store
+from stethoscope.timeutil import now_ms
+
+from conftest import TOP
+
+RULE = """
+- rule_id: hot
+  description: hot GPU (test)
+  severity: warning
+  trigger:
+    - {{metric: gpu_temperature_celsius, operator: ">", threshold: {threshold}, window: 5m}}
+"""
+
+
+def write(path, threshold):
+    path.write_text(textwrap.dedent(RULE.format(threshold=threshold)))
+    time.sleep(0.01)  # a new mtime even on coarse clocks
+
+
+def test_ruleset_reloads_changes_and_keeps_the_last_good_version(tmp_path):
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    write(folder / "hot.yml", 80)
+    rules = RuleSet(folder, Catalog.load())
+    assert rules.refresh() == [] and rules.rules[0].when.items[0].threshold == 80
+    write(folder / "hot.yml", 70)
+    assert rules.refresh() == [f"{folder / 'hot.yml'}: reloaded, 1 rules"]
+    assert rules.rules[0].when.items[0].threshold == 70
+    (folder / "hot.yml").write_text(
+        (folder / "hot.yml").read_text().replace('operator: ">"', 'operator: "~"')
+    )
+    (message,) = rules.refresh()
+    assert "hot.yml:6: operator:" in message and message.endswith("(keeping the last good version)")
+    assert rules.rules[0].when.items[0].threshold == 70 and rules.refresh() == []  # reported once
+    (folder / "hot.yml").unlink()
+    assert rules.refresh() == [f"{folder / 'hot.yml'}: removed, its rules are dropped"] and rules.rules == []
+
+
+def test_watch_runs_cycles_against_the_store(tmp_path, tmp_dsn):
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    write(folder / "hot.yml", 80)
+    with Store(tmp_dsn) as store:
+        store.init_schema()
+        batch = MetricColumns()
+        for ago in (120_000, 60_000, 1_000):
+            batch.append("node01", "gpu_temperature_celsius", "gpu0", {}, 85.0, now_ms() - ago)
+        store.insert_metrics(batch)
+    command = [
+        sys.executable, "-m", "stethoscope.cli", "--dsn", tmp_dsn, "watch", "--rules", str(folder),
+        "--interval", "0.2", "--cycles", "2",
+    ]  # fmt: skip
+    result = subprocess.run(command, cwd=TOP, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("1 findings from 1 rules (dry-run: no action taken)") == 2
+    assert "node01" in result.stdout and "Traceback" not in result.stderr
