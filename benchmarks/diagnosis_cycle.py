@@ -89,24 +89,26 @@ def one_size(nodes: int, repeat: int) -> dict:
     loaded = load_rules(project_root() / "rules", catalog)
     assert not loaded.errors, loaded.errors
     end_ms = now_ms() - 1000
-    with tempfile.TemporaryDirectory(prefix="stethoscope-bench-") as folder:
-        with Store(f"chdb://{folder}/db") as store:
-            store.init_schema()
+    with (
+        tempfile.TemporaryDirectory(prefix="stethoscope-bench-") as folder,
+        Store(f"chdb://{folder}/db") as store,
+    ):
+        store.init_schema()
+        started = time.perf_counter()
+        rows = generate(store, nodes, end_ms)
+        generate_s = time.perf_counter() - started
+        store.command(f"OPTIMIZE TABLE {store.database}.metrics FINAL")  # as ClickHouse would in time
+        stored = store.query(f"SELECT count() FROM {store.database}.metrics")[0][0]
+        cycles, findings = [], []
+        for _ in range(repeat):
             started = time.perf_counter()
-            rows = generate(store, nodes, end_ms)
-            generate_s = time.perf_counter() - started
-            store.command(f"OPTIMIZE TABLE {store.database}.metrics FINAL")  # as ClickHouse would in time
-            stored = store.query(f"SELECT count() FROM {store.database}.metrics")[0][0]
-            cycles, findings = [], []
-            for _ in range(repeat):
-                started = time.perf_counter()
-                findings = diagnose(store, loaded.rules, end_ms, catalog)
-                cycles.append(time.perf_counter() - started)
-            per_rule = {}
-            for rule in loaded.rules:
-                started = time.perf_counter()
-                evaluate(store, rule, end_ms)
-                per_rule[rule.rule_id] = round(time.perf_counter() - started, 4)
+            findings = diagnose(store, loaded.rules, end_ms, catalog)
+            cycles.append(time.perf_counter() - started)
+        per_rule = {}
+        for rule in loaded.rules:
+            started = time.perf_counter()
+            evaluate(store, rule, end_ms)
+            per_rule[rule.rule_id] = round(time.perf_counter() - started, 4)
     slowest = sorted(per_rule.items(), key=lambda item: -item[1])[:5]
     by_rule: dict[str, int] = {}
     for finding in findings:

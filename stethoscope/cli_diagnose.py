@@ -51,7 +51,10 @@ def _executor_factory(args: argparse.Namespace):
     except (InventoryError, Exception) as exc:  # ansible's own parse errors have many types
         _say(f"inventory: {exc}")
         raise SystemExit(EXIT_USAGE) from None
-    return lambda dsn, database: Context(dsn, database, inventory, overrides)
+    from stethoscope.paths import default_spool_dir
+
+    spool_dir = args.spool_dir or default_spool_dir()
+    return lambda dsn, database: Context(dsn, database, inventory, overrides, spool_dir=spool_dir)
 
 
 def diagnose_command(args: argparse.Namespace) -> int:

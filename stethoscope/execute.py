@@ -9,6 +9,7 @@ The store is closed while playbooks run: their own callback writes to it (embedd
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +21,11 @@ from stethoscope.actions.playbook import run_playbook
 from stethoscope.actions.templating import TemplateFailure, render
 from stethoscope.diagnose import action_label, printable, template_context
 from stethoscope.inventory import Inventory
-from stethoscope.ledger import DRAIN, Ledger
-from stethoscope.paths import project_root
+from stethoscope.ledger import DRAIN, Ledger, action_row
+from stethoscope.paths import default_spool_dir, project_root
 from stethoscope.rules import Action, parse_duration
-from stethoscope.store import Store
+from stethoscope.spool import Spool
+from stethoscope.store import Store, StoreError
 from stethoscope.timeutil import iso, now_ms
 
 
@@ -34,6 +36,7 @@ class Context:
     inventory: Inventory
     overrides: dict[str, Any] = field(default_factory=dict)
     state_dir: Path = field(default_factory=lambda: project_root() / ".stethoscope")
+    spool_dir: Path = field(default_factory=default_spool_dir)
 
     def setting(self, name: str, default: Any = None) -> Any:
         return self.overrides.get(name, self.inventory.settings.get(name, default))
@@ -59,6 +62,7 @@ class Executor:
             len(context.inventory.hosts), float(context.setting("stethoscope_breaker_fraction", 0.10)), window
         )
         self.log_path = Path(context.setting("stethoscope_diagnose_log", context.state_dir / "findings.log"))
+        self.spooled = False
 
     def _store(self) -> Store:
         return Store(self.ctx.dsn, self.ctx.database)
@@ -68,6 +72,7 @@ class Executor:
     ) -> list[dict[str, Any]]:
         acting: list[dict[str, Any]] = []
         with self._store() as store:
+            Spool(self.ctx.spool_dir).replay(store)  # actions a previous run could not record
             ledger = Ledger(store)
             previous = ledger.open_findings()
             self.breaker.drained = ledger.drained_nodes_since(at_ms - self.breaker.window_seconds * 1000)
@@ -96,8 +101,16 @@ class Executor:
         return findings
 
     def _record(self, row: dict[str, Any]) -> None:
-        with self._store() as store:
-            Ledger(store).write_action(row, now_ms())
+        """Into `actions`; if the store cannot take it now, into the spool (replayed on the next run)."""
+        version = now_ms()
+        try:
+            with self._store() as store:
+                Ledger(store).write_action(row, version)
+        except StoreError as exc:
+            Spool(self.ctx.spool_dir).append("actions", [action_row(row, version)])
+            if not self.spooled:
+                print(f"stethoscope: actions spooled, the store is unavailable: {exc}", file=sys.stderr)
+            self.spooled = True
 
     def _act(self, finding: dict[str, Any], action: Action) -> tuple[str, str]:
         label = action_label(action)

@@ -77,19 +77,7 @@ class Ledger:
         return rows[0][0] if rows else ""
 
     def write_action(self, row: dict[str, Any], version: int) -> None:
-        detail = row.get("detail")
-        self.store.insert_rows(
-            "actions",
-            [
-                {
-                    **row,
-                    "detail": detail
-                    if isinstance(detail, str)
-                    else json.dumps(detail, sort_keys=True, default=str),
-                    "version": version,
-                }
-            ],
-        )
+        self.store.insert_rows("actions", [action_row(row, version)])
 
     def drained_nodes_since(self, since_ms: int) -> set[str]:
         rows = self.store.query(
@@ -126,3 +114,10 @@ class Ledger:
             {"txn": txn_id},
         )
         return [{"action": a, "target": t, "status": s, "detail": d} for a, t, s, d in rows]
+
+
+def action_row(row: dict[str, Any], version: int) -> dict[str, Any]:
+    """An `actions` row: its detail as JSON text, its version."""
+    detail = row.get("detail")
+    text = detail if isinstance(detail, str) else json.dumps(detail, sort_keys=True, default=str)
+    return {**row, "detail": text, "version": version}

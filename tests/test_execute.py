@@ -228,3 +228,29 @@ def test_a_bad_inventory_is_a_usage_error(tmp_path, db):
         and "none.yml: no such file" in result.stderr
         and "Traceback" not in result.stderr
     )
+
+
+def test_an_action_the_store_cannot_take_is_spooled_and_replayed(tmp_path, db):
+    from stethoscope.execute import Context, Executor
+    from stethoscope.inventory import load_inventory
+    from stethoscope.spool import Spool
+
+    unreachable = Context("http://127.0.0.1:9/stethoscope", None, load_inventory(inventory(tmp_path)))
+    unreachable.spool_dir = tmp_path / "spool"
+    row = {
+        "txn_id": "t1",
+        "finding_id": "f1",
+        "action": "alert",
+        "target": "http://127.0.0.1/hook",
+        "status": "ok",
+        "detail": {"attempts": 1},
+        "started_at": AT,
+        "finished_at": AT + 5,
+    }
+    Executor(unreachable)._record(row)
+    assert Spool(tmp_path / "spool").pending_rows() == 1
+    with Store(db) as store:
+        Spool(tmp_path / "spool").replay(store)
+    assert table(db, "SELECT txn_id, action, status, detail FROM DB.actions") == [
+        ("t1", "alert", "ok", '{"attempts": 1}')
+    ]
