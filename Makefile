@@ -36,6 +36,7 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy stethoscope
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint
 

@@ -28,7 +28,7 @@ def parse_ndjson(path: Path, catalog: Catalog) -> ParsedFile:
             where = f"{path}:{number}"
             try:
                 row = json.loads(line)
-            except ValueError as exc:
+            except json.JSONDecodeError as exc:
                 parsed.errors.append(f"{where}: not JSON ({exc.msg})")
                 continue
             if not isinstance(row, dict):

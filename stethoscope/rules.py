@@ -224,9 +224,9 @@ class _Validator:
             self.template(data, "message", message)
         if len(self.errors) > before:
             return None
-        when = items[0] if len(items) == 1 else Group("all", tuple(items))
+        when = items[0] if len(items) == 1 and isinstance(items[0], Group) else Group("all", tuple(items))
         return Rule(
-            rule_id,
+            str(rule_id),
             data["description"].strip(),
             data["severity"],
             when,
@@ -349,10 +349,10 @@ class _Validator:
         if len(self.errors) > before:
             return None
         return Condition(
-            metric,
-            operator,
-            float(threshold),
-            window,
+            str(metric),
+            str(operator),
+            float(threshold),  # type: ignore[arg-type]  # checked above: a number
+            int(window or 0),
             aggregate,  # type: ignore[arg-type]
             tuple(sorted((str(k), str(v)) for k, v in labels.items())),
             device,

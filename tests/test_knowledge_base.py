@@ -283,7 +283,17 @@ def test_diagnose_cli_json_and_exit_codes(tmp_path):
     with Store(dsn) as store:
         store.init_schema()
         put(store, "node04", "gpu0", gpu_remapped_rows_pending=[1])
-    run = [sys.executable, "-m", "stethoscope.cli", "--dsn", dsn, "diagnose", "--json"]
+    run = [
+        sys.executable,
+        "-m",
+        "stethoscope.cli",
+        "--dsn",
+        dsn,
+        "diagnose",
+        "--json",
+        "--at",
+        str(AT / 1000),
+    ]
     warning = subprocess.run(run, capture_output=True, text=True, cwd=TOP, check=False)
     assert warning.returncode == 0  # a warning is below the default --fail-on critical
     (finding,) = json.loads(warning.stdout)
