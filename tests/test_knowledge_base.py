@@ -322,3 +322,14 @@ def test_diagnose_cli_json_and_exit_codes(tmp_path):
         [*run, "--fail-on", "warning"], capture_output=True, text=True, cwd=TOP, check=False
     )
     assert strict.returncode == 1
+
+
+def test_the_same_data_and_rules_give_the_same_findings(store):
+    from stethoscope.diagnose import diagnose, printable
+
+    for rule_id, (firing, _quiet) in CASES.items():
+        for spec in firing:
+            store_series(store, f"n_{rule_id}"[:40], spec)
+    runs = [[printable(f) for f in diagnose(store, LOADED.rules, AT, CATALOG)] for _ in range(3)]
+    assert len(runs[0]) >= len(CASES) - len(FLEET)  # fleet rules need peers; the rest fire
+    assert runs[0] == runs[1] == runs[2]
