@@ -140,36 +140,34 @@ class Executor:
     def _dispatch(self, finding: dict[str, Any], action: Action) -> tuple[str, str, Any]:
         params = dict(action.params)
         context = template_context(finding, finding["txn_id"], self.ctx.variables)
+        if action.type == "playbook":
+            return self._playbook(finding, params["playbook"], params.get("extra_vars") or {})
+        if action.type == "api_call":
+            return self._api_call(finding, params, context)
         message = render(params.get("message") or finding.get("rule_message") or finding["message"], context)
-        if action.type == "log":
-            entry = {
-                "at": iso(now_ms()),
-                "txn_id": finding["txn_id"],
-                **printable(finding),
-                "message": message,
-            }
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_path.open("a", encoding="utf-8") as log:
-                log.write(json.dumps(entry, sort_keys=True) + "\n")
-            return "ok", str(self.log_path), {"message": message}
         if action.type == "alert":
             return self._alert(finding, params, context, message)
-        if action.type == "api_call":
-            endpoint = render(params["endpoint"], context)
-            payload = render(params["payload"], context) if "payload" in params else None
-            headers = {k: render(str(v), context) for k, v in (params.get("headers") or {}).items()}
-            result = send(
-                endpoint,
-                payload.encode() if payload is not None else None,
-                method=str(params.get("method", "POST")).upper(),
-                idempotency_key=finding["txn_id"],
-                headers=headers,
-                timeout=float(params.get("timeout", 10)),
-                retries=int(params.get("retries", 3)),
-            )
-            detail = {"http_status": result.status, "attempts": result.attempts, "response": result.detail}
-            return ("ok" if result.ok else "failed"), endpoint, detail
-        return self._playbook(finding, params["playbook"], params.get("extra_vars") or {})
+        entry = {"at": iso(now_ms()), "txn_id": finding["txn_id"], **printable(finding), "message": message}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("a", encoding="utf-8") as log:
+            log.write(json.dumps(entry, sort_keys=True) + "\n")
+        return "ok", str(self.log_path), {"message": message}
+
+    def _api_call(self, finding: dict[str, Any], params: dict[str, Any], context: dict[str, Any]):
+        endpoint = render(params["endpoint"], context)
+        payload = render(params["payload"], context) if "payload" in params else None
+        headers = {k: render(str(v), context) for k, v in (params.get("headers") or {}).items()}
+        result = send(
+            endpoint,
+            payload.encode() if payload is not None else None,
+            method=str(params.get("method", "POST")).upper(),
+            idempotency_key=finding["txn_id"],
+            headers=headers,
+            timeout=float(params.get("timeout", 10)),
+            retries=int(params.get("retries", 3)),
+        )
+        detail = {"http_status": result.status, "attempts": result.attempts, "response": result.detail}
+        return ("ok" if result.ok else "failed"), endpoint, detail
 
     def _alert(self, finding: dict[str, Any], params: dict[str, Any], context: dict[str, Any], message: str):
         endpoint_template = params.get("endpoint") or self.ctx.setting("stethoscope_alert_webhook")
