@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -12,6 +13,7 @@ from stethoscope.paths import project_root
 
 KINDS = ("gauge", "counter")
 DIRECTIONS = ("higher", "lower", "none")
+SWEEP_INTERVAL = 60  # what the catalog assumes for metrics the Ansible sweeps report
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,38 @@ class Catalog:
             if name.startswith(prefix) and len(name) > len(prefix):
                 return MetricSpec(name, spec.unit, spec.kind, spec.better, spec.interval, spec.help)
         return None
+
+    def with_intervals(self, sweep: Any = None, per_metric: Any = None) -> Catalog:
+        """This catalog as an inventory reports it: `sweep` seconds for every metric the Ansible sweeps
+        report (interval SWEEP_INTERVAL in the catalog), `per_metric` {name: seconds} over that."""
+        if per_metric is not None and not isinstance(per_metric, dict):
+            raise CatalogError(
+                f"stethoscope_metric_intervals must be a mapping of metric to seconds, not {per_metric!r}"
+            )
+        overrides = dict(per_metric or {})
+        for name, seconds in [("stethoscope_sweep_interval", sweep), *overrides.items()]:
+            if seconds is not None and (
+                isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0
+            ):
+                raise CatalogError(f"{name}: an interval is a positive number of seconds, not {seconds!r}")
+        unknown = sorted(name for name in overrides if name not in self)
+        if unknown:
+            raise CatalogError(
+                f"stethoscope_metric_intervals names metrics not in the catalog: {', '.join(unknown)}"
+            )
+
+        def interval(spec: MetricSpec) -> MetricSpec:
+            seconds = overrides.get(spec.name) or (
+                sweep if spec.interval == SWEEP_INTERVAL and sweep else None
+            )
+            return replace(spec, interval=int(seconds)) if seconds else spec
+
+        metrics = {name: interval(spec) for name, spec in self.metrics.items()}
+        for name in overrides:  # a member of a family (smart_*) gets an entry of its own
+            spec = self.get(name)
+            if name not in metrics and spec is not None:
+                metrics[name] = interval(spec)
+        return Catalog(metrics, {prefix: interval(spec) for prefix, spec in self.families.items()})
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self.get(name) is not None

@@ -78,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
         "check", help="validate a rule file or folder: file:line, field, problem"
     )
     check.add_argument("path", type=Path)
+    check.add_argument("--inventory", type=Path, help="use its report intervals (stethoscope_sweep_interval)")
 
     spool = commands.add_parser("spool", help="the spool of rows not yet stored")
     spool_commands = spool.add_subparsers(dest="spool_command", required=True)
@@ -139,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return verify_command(args)
     if args.command == "rules":
-        return _rules_check(args.path)
+        return _rules_check(args)
     if args.command == "baseline":
         return _baseline(args)
     if args.command == "summary":
@@ -157,13 +158,15 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _rules_check(path: Path) -> int:
+def _rules_check(args: argparse.Namespace) -> int:
+    from stethoscope.cli_diagnose import catalog_for, inventory_of
     from stethoscope.rules import load_rules
 
+    path = args.path
     if not path.exists():
         print(f"stethoscope: rules check: {path}: no such file or folder", file=sys.stderr)
         return EXIT_USAGE
-    result = load_rules(path, Catalog.load())
+    result = load_rules(path, catalog_for(inventory_of(args)))
     for error in result.errors:
         print(error, file=sys.stderr)
     print(f"{len(result.rules)} rules valid in {result.files} files; {len(result.errors)} problems")

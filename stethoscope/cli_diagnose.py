@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stethoscope.catalog import Catalog
+from stethoscope.catalog import Catalog, CatalogError
 from stethoscope.cycle import run_cycle, worst
 from stethoscope.diagnose import SEVERITY_ORDER
+from stethoscope.inventory import Inventory, load_inventory
 from stethoscope.paths import project_root
 from stethoscope.rules import load_rules
 from stethoscope.ruleset import RuleSet
@@ -36,29 +37,49 @@ def _overrides(pairs: list[str]) -> dict[str, Any] | None:
     return overrides
 
 
-def _executor_factory(args: argparse.Namespace):
+def inventory_of(args: argparse.Namespace) -> Inventory | None:
+    """The inventory named by --inventory (or the lab's, to execute); errors exit 2."""
+    if not (getattr(args, "execute", False) or args.inventory):
+        return None
+    try:
+        return load_inventory(args.inventory)
+    except Exception as exc:  # InventoryError, and ansible's own parse errors, which have many types
+        _say(f"inventory: {exc}")
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def catalog_for(inventory: Inventory | None) -> Catalog:
+    """The catalog, with the inventory's report intervals where it sets them."""
+    catalog = Catalog.load()
+    if inventory is None:
+        return catalog
+    try:
+        return catalog.with_intervals(
+            inventory.settings.get("stethoscope_sweep_interval"),
+            inventory.settings.get("stethoscope_metric_intervals") or {},
+        )
+    except CatalogError as exc:
+        _say(f"inventory {inventory.path}: {exc}")
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def _executor_factory(args: argparse.Namespace, inventory: Inventory | None):
     """None for a dry-run; else a function (dsn, database) -> execution Context. Errors exit 2."""
-    if not args.execute:
+    if not args.execute or inventory is None:
         return None
     from stethoscope.execute import Context
-    from stethoscope.inventory import InventoryError, load_inventory
+    from stethoscope.paths import default_spool_dir
 
     overrides = _overrides(args.extra_var)
     if overrides is None:
         raise SystemExit(EXIT_USAGE)
-    try:
-        inventory = load_inventory(args.inventory)
-    except (InventoryError, Exception) as exc:  # ansible's own parse errors have many types
-        _say(f"inventory: {exc}")
-        raise SystemExit(EXIT_USAGE) from None
-    from stethoscope.paths import default_spool_dir
-
     spool_dir = args.spool_dir or default_spool_dir()
     return lambda dsn, database: Context(dsn, database, inventory, overrides, spool_dir=spool_dir)
 
 
 def diagnose_command(args: argparse.Namespace) -> int:
-    catalog = Catalog.load()
+    inventory = inventory_of(args)
+    catalog = catalog_for(inventory)
     loaded = load_rules(args.rules or project_root() / "rules", catalog)
     for error in loaded.errors:  # an invalid rule is reported and skipped; the others still run
         _say(f"diagnose: {error}")
@@ -67,7 +88,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
     except ValueError:
         _say(f"diagnose: --at {args.at!r} is neither ISO-8601 nor epoch seconds")
         return EXIT_USAGE
-    factory = _executor_factory(args)
+    factory = _executor_factory(args, inventory)
     findings = run_cycle(
         loaded.rules,
         catalog,
@@ -83,9 +104,10 @@ def diagnose_command(args: argparse.Namespace) -> int:
 def watch_command(args: argparse.Namespace) -> int:
     from stethoscope.store import StoreError
 
-    catalog = Catalog.load()
+    inventory = inventory_of(args)
+    catalog = catalog_for(inventory)
     rules = RuleSet(Path(args.rules or project_root() / "rules"), catalog)
-    factory = _executor_factory(args)
+    factory = _executor_factory(args, inventory)
     cycle = 0
     try:
         while True:

@@ -126,3 +126,24 @@ def test_broken_catalog_is_reported_with_the_file(tmp_path):
 def test_catalog_file_is_the_default():
     assert default_path() == TOP / "rules" / "metrics.yml"
     assert json.dumps(sorted(CATALOG.metrics)).count("smart_") >= 100
+
+
+def test_an_inventory_sets_the_sweep_interval_and_single_metrics():
+    from stethoscope.catalog import CatalogError
+
+    base = Catalog.load()
+    slower = base.with_intervals(300, {"gpu_temperature_celsius": 30, "smart_reallocated_sector_ct": 600})
+    assert slower.get("ib_port_state").interval == 300  # swept by Ansible: the inventory's sweep
+    assert slower.get("smart_media_wearout_indicator_normalized").interval == 300  # a family member
+    assert slower.get("gpu_temperature_celsius").interval == 30
+    assert slower.get("smart_reallocated_sector_ct").interval == 600
+    assert slower.get("bench_gemm_tflops").interval == base.get("bench_gemm_tflops").interval  # not swept
+    assert slower.get("train_step_time_ms").interval == base.get("train_step_time_ms").interval
+    for sweep, per_metric, message in [
+        (0, None, "stethoscope_sweep_interval: an interval is a positive number"),
+        ("5m", None, "stethoscope_sweep_interval: an interval is a positive number"),
+        (None, ["x"], "must be a mapping"),
+        (None, {"gpu_made_up": 5}, "names metrics not in the catalog: gpu_made_up"),
+    ]:
+        with pytest.raises(CatalogError, match=message):
+            base.with_intervals(sweep, per_metric)

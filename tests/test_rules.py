@@ -178,3 +178,23 @@ def test_every_shipped_playbook_action_exists():
     }
     assert playbooks == {"remediate/drain.yml", "remediate/evidence.yml", "remediate/ticket.yml"}
     assert all((TOP / "playbooks" / p).is_file() for p in playbooks)
+
+
+def test_rules_check_with_an_inventory_that_sweeps_every_five_minutes(tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  vars:\n    stethoscope_sweep_interval: 300\n  hosts:\n    node01:\n")
+    rule = write(
+        tmp_path,
+        "rule_id: r\ndescription: d\nseverity: info\n"
+        "trigger: [{metric: gpu_temperature_celsius, operator: '>', threshold: 80, window: 5m}]\n",
+    )
+    command = [sys.executable, "-m", "stethoscope.cli", "rules", "check", str(rule)]
+    assert subprocess.run(command, capture_output=True, text=True, cwd=TOP, check=False).returncode == 0
+    slow = subprocess.run(
+        [*command, "--inventory", str(inventory)], capture_output=True, text=True, cwd=TOP, check=False
+    )
+    assert slow.returncode == 2
+    assert (
+        "300 s is shorter than 3 report intervals of gpu_temperature_celsius (3 x 300 s = 900 s)"
+        in slow.stderr
+    )

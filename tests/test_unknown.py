@@ -32,3 +32,10 @@ def test_a_metric_that_stops_is_unknown_and_a_silent_node_is_one_finding(store):
     assert found[(DEVICE_RULE, "lost_gpu", "gpu1")].metrics == ["gpu_temperature_celsius"]
     assert sorted(found[(NODE_RULE, "silent", "")].metrics) == ["gpu_temperature_celsius", "ib_port_state"]
     assert found[(NODE_RULE, "silent", "")].last_seen_ms == AT - 10 * MINUTE
+
+
+def test_the_inventory_sweep_interval_moves_the_unknown_line(store):
+    put(store, "n1", "gpu_temperature_celsius", "gpu0", [14, 9])  # swept every 5 min: 9 min is fine
+    put(store, "n1", "ib_port_state", "mlx5_0/1", [14, 9])
+    assert {s.rule_id for s in silences(store, Catalog.load(), AT)} == {NODE_RULE}
+    assert silences(store, Catalog.load().with_intervals(300), AT) == []
