@@ -137,12 +137,17 @@ def verify_command(args: argparse.Namespace) -> int:
     from stethoscope import baseline
     from stethoscope.ledger import Ledger
 
+    try:
+        since_override = to_ms(args.since) if args.since else None
+    except ValueError:
+        _say(f"verify: --since {args.since!r} is neither ISO-8601 nor epoch seconds")
+        return EXIT_USAGE
     with Store(args.dsn, args.database) as store:
         ledger = Ledger(store)
         drained_at = ledger.drain_of(args.node, args.txn)
         rule_id = ledger.rule_of_txn(args.txn)
         # the benchmark that counts is one run after the drain (or after --since)
-        since_ms = to_ms(args.since) if args.since else (drained_at or 0)
+        since_ms = since_override if since_override is not None else (drained_at or 0)
         latest = store.query(
             f"SELECT toUnixTimestamp64Milli(max(timestamp)), count() FROM {store.database}.bench_results "
             "WHERE node_id = {node:String}",
@@ -162,6 +167,7 @@ def verify_command(args: argparse.Namespace) -> int:
         if r.grade != "green"
     ]
     fresh = latest[1] > 0 and latest[0] >= since_ms
+    green = fresh and bool(summary) and not not_green
     ours = drained_at is not None
     verdict = {
         "node": args.node,
@@ -169,9 +175,9 @@ def verify_command(args: argparse.Namespace) -> int:
         "rule_id": rule_id,
         "drain_recorded": ours,
         "benchmarked_since": fresh,
-        "green": fresh and bool(summary) and not not_green,
+        "green": green,
         "not_green": not_green,
-        "resume": ours and fresh and bool(summary) and not not_green,
+        "resume": ours and green,
     }
     print(json.dumps(verdict, sort_keys=True))
     return EXIT_OK if verdict["resume"] else EXIT_FINDINGS

@@ -179,7 +179,7 @@ def render(findings: list[dict[str, Any]], rule_count: int, executed: bool = Fal
         outcome = f"  {f['outcome']}" if f.get("outcome") else ""
         lines.append(
             f"{f['severity'].upper():<9}{f['node_id']:<14}{f['device'] or '-':<16}{f['rule_id']:<36}"
-            f"{f['level']}  {f['message']}  evidence {f['evidence']}  "
+            f"{f['level']} {f['confidence']:.2f}  {f['message']}  evidence {f['evidence']}  "
             f"actions {','.join(f['actions'])}{outcome}"
         )
     return "\n".join(lines)

@@ -76,7 +76,7 @@ class Executor:
             ledger = Ledger(store)
             previous = ledger.open_findings()
             self.breaker.drained = ledger.drained_nodes_since(at_ms - self.breaker.window_seconds * 1000)
-            seen = set()
+            seen, rows = set(), []
             for finding in findings:
                 seen.add(finding["finding_id"])
                 known = previous.get(finding["finding_id"])
@@ -90,10 +90,11 @@ class Executor:
                     finding.update(txn_id=new_txn_id(), first_seen_ms=at_ms, outcome="")
                     acting.append(finding)
                 finding["first_seen"] = iso(finding["first_seen_ms"])
-                ledger.write_finding(finding, "open", version, at_ms)
+                rows.append((finding, "open", version, at_ms))
+            ledger.write_findings(rows)
             for finding_id, known in previous.items():
-                rule_id = ledger.rule_of(finding_id)
-                if finding_id not in seen and (rule_id in evaluated_rules or rule_id.startswith("unknown.")):
+                evaluated = known.rule_id in evaluated_rules or known.rule_id.startswith("unknown.")
+                if finding_id not in seen and evaluated:
                     ledger.resolve(finding_id, max(now_ms(), known.version + 1))
         for finding in acting:
             results = [self._act(finding, action) for action in finding["plan"]]

@@ -20,6 +20,7 @@ class OpenFinding:
     txn_id: str
     txn_started_ms: int  # first_seen: when this transaction began (and acted)
     version: int
+    rule_id: str
 
 
 class Ledger:
@@ -30,12 +31,13 @@ class Ledger:
     def open_findings(self) -> dict[str, OpenFinding]:
         rows = self.store.query(
             "SELECT finding_id, argMax(txn_id, version), "
-            "toUnixTimestamp64Milli(argMax(first_seen, version)), max(version) "
+            "toUnixTimestamp64Milli(argMax(first_seen, version)), max(version), argMax(rule_id, version) "
             f"FROM {self.db}.findings GROUP BY finding_id HAVING argMax(status, version) = 'open'"
         )
-        return {row[0]: OpenFinding(row[0], row[1], int(row[2]), int(row[3])) for row in rows}
+        return {row[0]: OpenFinding(row[0], row[1], int(row[2]), int(row[3]), row[4]) for row in rows}
 
-    def write_finding(self, finding: dict[str, Any], status: str, version: int, last_seen_ms: int) -> None:
+    def write_findings(self, rows: list[tuple[dict[str, Any], str, int, int]]) -> None:
+        """(finding, status, version, last_seen_ms) each, in one insert."""
         self.store.insert_rows(
             "findings",
             [
@@ -55,6 +57,7 @@ class Ledger:
                     "status": status,
                     "version": version,
                 }
+                for finding, status, version, last_seen_ms in rows
             ],
         )
 
@@ -69,12 +72,6 @@ class Ledger:
             f"FROM {self.db}.findings WHERE finding_id = {{f:String}} ORDER BY version DESC LIMIT 1",
             {"v": version, "f": finding_id},
         )
-
-    def rule_of(self, finding_id: str) -> str:
-        rows = self.store.query(
-            f"SELECT any(rule_id) FROM {self.db}.findings WHERE finding_id = {{f:String}}", {"f": finding_id}
-        )
-        return rows[0][0] if rows else ""
 
     def write_action(self, row: dict[str, Any], version: int) -> None:
         self.store.insert_rows("actions", [action_row(row, version)])

@@ -1,7 +1,8 @@
 """UNKNOWN findings (DESIGN.md "Rules"): a metric a node reported within the last 24 h that has not
-arrived for 3 of its report intervals. A node whose every metric stopped is one finding about the
-node, not one per metric. A metric a node never had is not UNKNOWN; neither are training-job metrics
-(a job that ends stops reporting) nor rows a benchmark recorded (label phase=bench)."""
+arrived for 3 of its report intervals. The silent metrics of one device are one finding about the
+device; a node whose every metric stopped is one finding about the node. A metric a node never had is
+not UNKNOWN; neither are training-job metrics (a job that ends stops reporting) nor what a benchmark
+recorded (bench_* metrics, label phase=bench): benchmarks run on demand."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def _query(database: str) -> str:
         "WHERE timestamp > fromUnixTimestamp64Milli({at:Int64}, 'UTC') - toIntervalSecond({lookback:UInt32}) "
         "AND timestamp <= fromUnixTimestamp64Milli({at:Int64}, 'UTC') "
         "AND NOT startsWith(metric_name, 'train_') AND NOT startsWith(metric_name, 'cuda_') "
+        "AND NOT startsWith(metric_name, 'bench_') "
         "AND labels['phase'] != 'bench' GROUP BY node_id, metric_name, device"
     )
     flagged = (

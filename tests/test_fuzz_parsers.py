@@ -13,6 +13,7 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils import (
     nvlink,
     nvme_feature,
     pcie,
+    slurm,
     smartctl,
 )
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
@@ -36,6 +37,7 @@ PARSERS = {
     "sysfs counter": lambda text: infiniband.parse_counter("counter", text),
     "smartctl -j": smartctl.parse_smartctl_json,
     "nvme get-feature": nvme_feature.parse_get_feature,
+    "scontrol -o show node": slurm.parse_show_node,
 }
 SEEDS = {
     "nvidia-smi -q -x": "real/h200-vm/commands/nvidia-smi_-q_-x.xml",
@@ -44,6 +46,7 @@ SEEDS = {
     "lspci -vvv": "public/lspci/lspci_vvv_H100-SXM5_10de-2330_AER_CESta_RxErr_BadTLP.txt",
     "ibstat": "public/infiniband/ibstat_h100_cx7_ndr_all_active.txt",
     "smartctl -j": "public/smartctl/nvme_intel_p4500_worn_pctused75.json",
+    "scontrol -o show node": "real/slurm/scontrol_-o_show_node_drained.txt",
 }
 
 

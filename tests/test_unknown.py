@@ -26,6 +26,7 @@ def test_a_metric_that_stops_is_unknown_and_a_silent_node_is_one_finding(store):
     put(store, "lost_gpu", "gpu_temperature_celsius", "gpu1", [20, 10, 5])  # 5 min > 3 x 60 s
     put(store, "healthy", "train_step_time_ms", "node", [20, 10])  # the job ended
     put(store, "healthy", "cpu_governor_performance", "node", [30], labels={"phase": "bench"})
+    put(store, "silent", "bench_gemm_tflops", "gpu0", [1])  # a benchmark is no sign of life
     put(store, "healthy", "gpu_power_watts", "gpu0", [26 * 60])  # older than the 24 h look-back
     found = {(s.rule_id, s.node_id, s.device): s for s in silences(store, Catalog.load(), AT)}
     assert set(found) == {(DEVICE_RULE, "lost_gpu", "gpu1"), (NODE_RULE, "silent", "")}
