@@ -7,12 +7,10 @@ import hashlib
 import json
 from typing import Any
 
-from jinja2 import TemplateError
-from jinja2.sandbox import SandboxedEnvironment
-
+from stethoscope.actions import templating
 from stethoscope.catalog import Catalog
 from stethoscope.engine import Match, evaluate
-from stethoscope.rules import Action, Rule
+from stethoscope.rules import Action, Group, Rule
 from stethoscope.store import Store
 from stethoscope.timeutil import iso
 from stethoscope.unknown import silences
@@ -30,7 +28,6 @@ LEVEL_ACTIONS = {
     "L3": (_LOG, _ALERT, _EVIDENCE, _TICKET),
     "L4": (_LOG, _ALERT, _DRAIN, _EVIDENCE, _TICKET),
 }
-_SANDBOX = SandboxedEnvironment()
 
 
 def finding_id(rule_id: str, node_id: str, device: str) -> str:
@@ -66,17 +63,18 @@ def _message(rule: Rule, finding: dict[str, Any]) -> str:
     context = template_context(finding)
     for template in templates:
         try:
-            return _SANDBOX.from_string(template).render(**context)
-        except TemplateError:
+            return templating.render(template, context)
+        except templating.TemplateFailure:
             continue  # a message naming configured variables renders only when executed
     return f"{finding['node_id']} {finding['device']}: {rule.description}".replace("  ", " ")
 
 
-def _finding(rule: Rule, match: Match, at_ms: int) -> dict[str, Any]:
+def _finding(rule: Rule, match: Match, at_ms: int, evidence: dict[str, Any] | None = None) -> dict[str, Any]:
     level = rule.level or DEFAULT_LEVEL[rule.severity]
-    evidence: dict[str, Any] = dict(match.values)
-    if match.nodes:
-        evidence["nodes"] = match.nodes
+    if evidence is None:
+        evidence = dict(match.values)
+        if match.nodes:
+            evidence["nodes"] = match.nodes
     finding = {
         "finding_id": finding_id(rule.rule_id, match.node_id, match.device),
         "rule_id": rule.rule_id,
@@ -104,34 +102,16 @@ def _finding(rule: Rule, match: Match, at_ms: int) -> dict[str, Any]:
 def _unknown_findings(store: Store, catalog: Catalog, at_ms: int) -> list[dict[str, Any]]:
     findings = []
     for silence in silences(store, catalog, at_ms):
-        what = "node" if not silence.device else ", ".join(silence.metrics)
-        message = (
-            f"{silence.node_id}: UNKNOWN, nothing reported since {iso(silence.last_seen_ms)}"
-            if not silence.device
-            else f"{silence.node_id} {silence.device}: UNKNOWN, {what} not reported since "
-            f"{iso(silence.last_seen_ms)}"
+        last_seen = iso(silence.last_seen_ms)
+        subject = f"{silence.node_id} {silence.device}" if silence.device else silence.node_id
+        what = f"{', '.join(silence.metrics)} not reported" if silence.device else "nothing reported"
+        message = f"{subject}: UNKNOWN, {what} since {last_seen}"
+        rule = Rule(
+            silence.rule_id, "stopped reporting", "unknown", Group("all", ()), (), level="L2", message=message
         )
-        findings.append(
-            {
-                "finding_id": finding_id(silence.rule_id, silence.node_id, silence.device),
-                "rule_id": silence.rule_id,
-                "node_id": silence.node_id,
-                "device": silence.device,
-                "severity": "unknown",
-                "confidence": 1.0,
-                "level": "L2",
-                "first_seen": iso(at_ms),
-                "message": message,
-                "evidence": json.dumps({"metrics": silence.metrics, "last_seen": iso(silence.last_seen_ms)}),
-                "actions": [action_label(a) for a in LEVEL_ACTIONS["L2"]],
-                "value": 0.0,
-                "values": {},
-                "nodes": [],
-                "plan": LEVEL_ACTIONS["L2"],
-                "cooldown_seconds": 3600,
-                "rule_message": None,
-            }
-        )
+        match = Match(silence.node_id, silence.device, 0.0)
+        evidence = {"metrics": silence.metrics, "last_seen": last_seen}
+        findings.append(_finding(rule, match, at_ms, evidence))
     return findings
 
 

@@ -76,41 +76,35 @@ class Ledger:
     def write_action(self, row: dict[str, Any], version: int) -> None:
         self.store.insert_rows("actions", [action_row(row, version)])
 
-    def drained_nodes_since(self, since_ms: int) -> set[str]:
-        rows = self.store.query(
-            "SELECT target FROM (SELECT target, argMax(status, version) AS status, "
-            f"min(started_at) AS started FROM {self.db}.actions WHERE action = {{drain:String}} "
+    def _successful_drains(self, where: str, params: dict[str, Any]) -> list[tuple]:
+        """(node, txn_id, started ms) of each drain whose latest status is ok, filtered by `where`."""
+        return self.store.query(
+            "SELECT target, txn_id, toUnixTimestamp64Milli(started) FROM (SELECT target, txn_id, "
+            "argMax(status, version) AS status, min(started_at) AS started "
+            f"FROM {self.db}.actions WHERE action = {{drain:String}} "
             "GROUP BY txn_id, finding_id, action, target) "
-            "WHERE status = 'ok' AND started >= fromUnixTimestamp64Milli({since:Int64}, 'UTC')",
-            {"drain": DRAIN, "since": since_ms},
+            f"WHERE status = 'ok' AND {where} ORDER BY started",
+            {"drain": DRAIN, **params},
         )
-        return {row[0] for row in rows}
+
+    def drained_nodes_since(self, since_ms: int) -> set[str]:
+        rows = self._successful_drains(
+            "started >= fromUnixTimestamp64Milli({since:Int64}, 'UTC')", {"since": since_ms}
+        )
+        return {node for node, _txn, _started in rows}
 
     def drain_of(self, node_id: str, txn_id: str) -> int | None:
         """When stethoscope drained `node_id` under `txn_id` (ms); None if the actions hold no such drain."""
-        rows = self.store.query(
-            "SELECT toUnixTimestamp64Milli(started) FROM (SELECT argMax(status, version) AS status, "
-            f"min(started_at) AS started FROM {self.db}.actions WHERE action = {{drain:String}} "
-            "AND target = {node:String} AND txn_id = {txn:String} "
-            "GROUP BY txn_id, finding_id, action, target) WHERE status = 'ok' ORDER BY started LIMIT 1",
-            {"drain": DRAIN, "node": node_id, "txn": txn_id},
+        rows = self._successful_drains(
+            "target = {node:String} AND txn_id = {txn:String}", {"node": node_id, "txn": txn_id}
         )
-        return int(rows[0][0]) if rows else None
+        return int(rows[0][2]) if rows else None
 
     def rule_of_txn(self, txn_id: str) -> str:
         rows = self.store.query(
             f"SELECT any(rule_id) FROM {self.db}.findings WHERE txn_id = {{txn:String}}", {"txn": txn_id}
         )
         return rows[0][0] if rows else ""
-
-    def actions_of(self, txn_id: str) -> list[dict[str, Any]]:
-        rows = self.store.query(
-            "SELECT action, target, argMax(status, version), argMax(detail, version) "
-            f"FROM {self.db}.actions WHERE txn_id = {{txn:String}} GROUP BY action, target, finding_id "
-            "ORDER BY min(started_at), action",
-            {"txn": txn_id},
-        )
-        return [{"action": a, "target": t, "status": s, "detail": d} for a, t, s, d in rows]
 
 
 def action_row(row: dict[str, Any], version: int) -> dict[str, Any]:

@@ -23,6 +23,7 @@ COLLECTIONS = TOP / ".collections"
 if not (COLLECTIONS / "ansible_collections/aicluster/stethoscope/galaxy.yml").exists():
     subprocess.run(["bash", str(TOP / "tools/link_collection.sh")], check=True, capture_output=True)
 sys.path.insert(0, str(COLLECTIONS))
+sys.path.insert(0, str(TOP / "tools"))  # slurm_lab: the real slurmctld the tests start
 
 
 def fixture_text(relative: str) -> str:
@@ -140,9 +141,9 @@ def run_module(tmp_path: Path, module: str, args: dict, bindir: Path, check: boo
 
 
 @pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
+def slurm_controller(tmp_path_factory):
     """A real slurmctld + munged (Debian packages; .ci/run installs them) with the lab's 8 nodes."""
-    from slurm_cluster import SlurmCluster, missing_tools
+    from slurm_lab import SlurmCluster, missing_tools
 
     missing = missing_tools()
     if missing:
@@ -153,6 +154,13 @@ def slurm(tmp_path_factory):
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+def slurm(slurm_controller):
+    """The session's Slurm controller, with no node drained when the test starts."""
+    slurm_controller.undrain_all()
+    return slurm_controller
 
 
 @pytest.fixture

@@ -207,7 +207,6 @@ def test_circuit_breaker_drains_one_of_eight_and_alerts_instead(tmp_path, db, ht
         "HAVING argMax(status, version) = 'refused'",
     )
     assert all("the limit is 1 (10%, at least 1)" in json.loads(d)["reason"] for (d,) in refused)
-    slurm.scontrol("update", "NodeName=node01", "State=RESUME")
 
 
 def test_a_bad_inventory_is_a_usage_error(tmp_path, db):

@@ -17,7 +17,7 @@ SCENARIOS = sorted(p.name for p in (TOP / "molecule").iterdir() if (p / "molecul
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_scenario(scenario):
     if scenario == "slurm_drain":
-        from slurm_cluster import missing_tools
+        from slurm_lab import missing_tools
 
         if missing_tools():
             pytest.skip(f"Slurm is not installed here ({', '.join(missing_tools())}); .ci/run installs it")

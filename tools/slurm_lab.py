@@ -1,5 +1,11 @@
-"""A real Slurm controller for tests: munged and slurmctld (Debian's packages) under a temp folder,
-with the lab's node names and no slurmd (nodes never respond; DRAIN flags and reasons still work)."""
+#!/usr/bin/env python3
+"""A real Slurm controller for the lab: munged and slurmctld (Debian's packages) under one folder,
+with the lab's node names and no slurmd (nodes never respond; DRAIN flags and reasons still work).
+The tests import it; molecule's slurm_drain scenario runs it:
+
+    tools/slurm_lab.py start DIR    # writes DIR/slurm.conf, starts munged and slurmctld, waits
+    tools/slurm_lab.py stop DIR
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -31,7 +38,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-CONFIG = """ClusterName=stethoscope-test
+CONFIG = """ClusterName=stethoscope-lab
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
@@ -114,9 +121,33 @@ class SlurmCluster:
         fields = dict(token.split("=", 1) for token in head.split() if "=" in token)
         return {"state": fields.get("State", ""), "reason": reason}
 
+    def undrain_all(self) -> None:
+        """Every node back without DRAIN: each test starts from a cluster nobody has drained."""
+        for line in self.scontrol("-o", "show", "node").stdout.splitlines():
+            name = line.split()[0].partition("=")[2] if line.startswith("NodeName=") else ""
+            if name and "DRAIN" in self.node(name)["state"]:
+                self.scontrol("update", f"NodeName={name}", "State=RESUME")
+
     def stop(self) -> None:
         for pid_file in ("slurmctld.pid", "munged.pid"):
             path = self.root / pid_file
             if path.exists():
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(path.read_text().strip()), signal.SIGTERM)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ("start", "stop"):
+        print("usage: slurm_lab.py start|stop DIR", file=sys.stderr)
+        return 2
+    cluster = SlurmCluster(Path(argv[1]))
+    if argv[0] == "start":
+        cluster.start()
+        print(f"slurmctld answers; SLURM_CONF={cluster.conf}")
+    else:
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
