@@ -67,7 +67,7 @@ def main() -> None:
         for _ in range(args.repeat):
             times["ping"].append(timed(ping, env))
             times["collect"].append(timed(collect, env))
-        from stethoscope.store import Store
+        from stethoscope.store.client import Store
 
         with Store(env["STETHOSCOPE_DSN"]) as store:
             rows, nodes = store.query("SELECT count(), uniqExact(node_id) FROM stethoscope.metrics")[0]

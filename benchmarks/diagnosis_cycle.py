@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 from stethoscope.catalog import Catalog
-from stethoscope.diagnose import diagnose
-from stethoscope.engine import evaluate
+from stethoscope.diagnosis.diagnose import diagnose
+from stethoscope.diagnosis.engine import evaluate
+from stethoscope.diagnosis.rules import load_rules
 from stethoscope.paths import project_root
-from stethoscope.rules import load_rules
-from stethoscope.store import Store
+from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
 STEP_S = 5

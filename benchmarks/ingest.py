@@ -16,11 +16,11 @@ from pathlib import Path
 
 import clickhouse_connect
 
-from stethoscope.batch import METRIC_COLUMNS, Batch, MetricColumns
-from stethoscope.schema import single_node_ddl
-from stethoscope.store import Store
+from stethoscope.store.batch import METRIC_COLUMNS, Batch, MetricColumns
+from stethoscope.store.client import Store
+from stethoscope.store.schema import single_node_ddl
+from stethoscope.store.writer import Writer
 from stethoscope.timeutil import now_ms
-from stethoscope.writer import Writer
 
 METRICS = [
     "gpu_temperature_celsius",

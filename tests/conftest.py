@@ -38,7 +38,7 @@ def tmp_dsn(tmp_path: Path) -> str:
 
 @pytest.fixture
 def store(tmp_dsn: str):
-    from stethoscope.store import Store
+    from stethoscope.store.client import Store
 
     with Store(tmp_dsn, f"t_{uuid.uuid4().hex[:8]}") as opened:
         opened.init_schema()
@@ -71,7 +71,7 @@ def database_held_elsewhere(path: Path):
             "-c",
             textwrap.dedent(f"""
             import time
-            from stethoscope.store import Store
+            from stethoscope.store.client import Store
             s = Store("chdb://{path}").open(); s.init_schema(); print("held", flush=True); time.sleep(120)
         """),
         ],

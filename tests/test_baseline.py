@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stethoscope.baseline import build, render_html, render_table, worse_deviation
+from stethoscope.bench.baseline import build, render_html, render_table, worse_deviation
 from stethoscope.catalog import Catalog
-from stethoscope.store import Store
+from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
 from conftest import TOP, ansible_env

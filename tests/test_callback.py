@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from stethoscope.spool import Spool
-from stethoscope.store import Store
+from stethoscope.store.client import Store
+from stethoscope.store.spool import Spool
 
 from conftest import TOP, ansible_env
 

@@ -7,10 +7,10 @@ import textwrap
 
 import pytest
 
-from stethoscope.batch import MetricColumns
 from stethoscope.catalog import Catalog
-from stethoscope.engine import evaluate
-from stethoscope.rules import load_rules
+from stethoscope.diagnosis.engine import evaluate
+from stethoscope.diagnosis.rules import load_rules
+from stethoscope.store.batch import MetricColumns
 from stethoscope.timeutil import now_ms
 
 from conftest import FIXTURES

@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
-from stethoscope.batch import MetricColumns
-from stethoscope.store import Store
+from stethoscope.store.batch import MetricColumns
+from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
 from conftest import TOP
@@ -230,9 +230,9 @@ def test_a_bad_inventory_is_a_usage_error(tmp_path, db):
 
 
 def test_an_action_the_store_cannot_take_is_spooled_and_replayed(tmp_path, db):
-    from stethoscope.execute import Context, Executor
     from stethoscope.inventory import load_inventory
-    from stethoscope.spool import Spool
+    from stethoscope.remediation.executor import Context, Executor
+    from stethoscope.store.spool import Spool
 
     unreachable = Context("http://127.0.0.1:9/stethoscope", None, load_inventory(inventory(tmp_path)))
     unreachable.spool_dir = tmp_path / "spool"

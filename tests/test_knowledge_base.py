@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from stethoscope.batch import MetricColumns
 from stethoscope.catalog import Catalog
-from stethoscope.engine import evaluate
-from stethoscope.rules import load_rules
-from stethoscope.store import Store
+from stethoscope.diagnosis.engine import evaluate
+from stethoscope.diagnosis.rules import load_rules
+from stethoscope.store.batch import MetricColumns
+from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
 from conftest import TOP
@@ -325,7 +325,7 @@ def test_diagnose_cli_json_and_exit_codes(tmp_path):
 
 
 def test_the_same_data_and_rules_give_the_same_findings(store):
-    from stethoscope.diagnose import diagnose, printable
+    from stethoscope.diagnosis.diagnose import diagnose, printable
 
     for rule_id, (firing, _quiet) in CASES.items():
         for spec in firing:

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stethoscope.batch import MetricColumns
-from stethoscope.store import Store
+from stethoscope.store.batch import MetricColumns
+from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
 from conftest import TOP, ansible_env

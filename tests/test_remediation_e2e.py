@@ -11,7 +11,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from stethoscope.store import Store
+from stethoscope.store.client import Store
 
 from conftest import TOP, ansible_env
 

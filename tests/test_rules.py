@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from stethoscope.catalog import Catalog
-from stethoscope.rules import Condition, Group, load_rules, parse_duration
+from stethoscope.diagnosis.rules import Condition, Group, load_rules, parse_duration
 
 from conftest import FIXTURES, TOP
 

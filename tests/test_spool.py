@@ -10,10 +10,10 @@ import sys
 import textwrap
 import time
 
-from stethoscope.batch import Batch, MetricColumns
-from stethoscope.spool import Spool
-from stethoscope.store import Store
-from stethoscope.writer import Writer
+from stethoscope.store.batch import Batch, MetricColumns
+from stethoscope.store.client import Store
+from stethoscope.store.spool import Spool
+from stethoscope.store.writer import Writer
 
 from conftest import database_held_elsewhere
 
@@ -108,7 +108,7 @@ def test_kill_9_mid_write_loses_nothing_acknowledged(tmp_path, tmp_dsn):
             sys.executable,
             "-c",
             textwrap.dedent(f"""
-        from stethoscope.spool import Spool
+        from stethoscope.store.spool import Spool
         spool = Spool({str(spool_dir)!r})
         for batch in range(100000):
             spool.append("metrics", [{{"node_id": "n%d" % batch, "metric_name": "gpu_power_watts",
@@ -150,8 +150,8 @@ def test_embedded_database_busy_spools_and_replays_later(tmp_path):
             sys.executable,
             "-c",
             textwrap.dedent(f"""
-            from stethoscope.batch import Batch
-            from stethoscope.writer import Writer
+            from stethoscope.store.batch import Batch
+            from stethoscope.store.writer import Writer
             print(Writer("chdb://{path}", {str(tmp_path / "spool")!r}).write(Batch()).replayed)
         """),
         ],

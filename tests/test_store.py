@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from stethoscope.batch import Batch, MetricColumns
-from stethoscope.dsn import redact, resolve_dsn
-from stethoscope.schema import cluster_ddl
-from stethoscope.store import Store, StoreError
+from stethoscope.store.batch import Batch, MetricColumns
+from stethoscope.store.client import Store, StoreError
+from stethoscope.store.dsn import redact, resolve_dsn
+from stethoscope.store.schema import cluster_ddl
 from stethoscope.timeutil import now_ms
 
 from conftest import database_held_elsewhere

@@ -3,10 +3,10 @@ metric the node never had, a training job that ended, or a benchmark's one-off r
 
 from __future__ import annotations
 
-from stethoscope.batch import MetricColumns
 from stethoscope.catalog import Catalog
+from stethoscope.diagnosis.unknown import DEVICE_RULE, NODE_RULE, silences
+from stethoscope.store.batch import MetricColumns
 from stethoscope.timeutil import now_ms
-from stethoscope.unknown import DEVICE_RULE, NODE_RULE, silences
 
 AT = now_ms()
 MINUTE = 60_000

@@ -8,10 +8,10 @@ import sys
 import textwrap
 import time
 
-from stethoscope.batch import MetricColumns
 from stethoscope.catalog import Catalog
-from stethoscope.ruleset import RuleSet
-from stethoscope.store import Store
+from stethoscope.diagnosis.ruleset import RuleSet
+from stethoscope.store.batch import MetricColumns
+from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
 from conftest import TOP

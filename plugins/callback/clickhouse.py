@@ -71,10 +71,10 @@ import uuid
 from ansible.plugins.callback import CallbackBase
 
 try:
-    from stethoscope.batch import Batch
     from stethoscope.catalog import default_catalog
-    from stethoscope.result_rows import rows_from_result
-    from stethoscope.writer import Writer
+    from stethoscope.store.batch import Batch
+    from stethoscope.store.result_rows import rows_from_result
+    from stethoscope.store.writer import Writer
 
     IMPORT_ERROR = None
 except ImportError as exc:  # the controller package is not installed in this Python

@@ -10,9 +10,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from stethoscope.batch import METRIC_COLUMNS, Batch, MetricColumns
-from stethoscope.dsn import database_of, embedded_path, is_embedded, redact, resolve_dsn
-from stethoscope.schema import cluster_ddl, single_node_ddl
+from stethoscope.store.batch import METRIC_COLUMNS, Batch, MetricColumns
+from stethoscope.store.dsn import database_of, embedded_path, is_embedded, redact, resolve_dsn
+from stethoscope.store.schema import cluster_ddl, single_node_ddl
 
 # clickhouse-connect logs a traceback for every failed insert; our callers report the error themselves.
 logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)

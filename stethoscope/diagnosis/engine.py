@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from stethoscope.rules import Condition, Group, Rule
-from stethoscope.store import Store
+from stethoscope.diagnosis.rules import Condition, Group, Rule
+from stethoscope.store.client import Store
 
 # The kind of device a metric is reported on; conditions of one kind join on the enclosing device.
 DEVICE_KINDS = (

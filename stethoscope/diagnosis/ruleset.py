@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stethoscope.catalog import Catalog
-from stethoscope.rules import Rule, load_rules, rule_files
+from stethoscope.diagnosis.rules import Rule, load_rules, rule_files
 
 
 @dataclass

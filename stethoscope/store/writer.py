@@ -6,10 +6,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stethoscope.batch import Batch
 from stethoscope.paths import default_spool_dir
-from stethoscope.spool import ReplayReport, Spool
-from stethoscope.store import Store, StoreError
+from stethoscope.store.batch import Batch
+from stethoscope.store.client import Store, StoreError
+from stethoscope.store.spool import ReplayReport, Spool
 
 
 @dataclass

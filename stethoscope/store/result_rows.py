@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-from stethoscope.batch import Batch
+from stethoscope.store.batch import Batch
 
 
 def _labels(raw: Any) -> dict[str, str]:

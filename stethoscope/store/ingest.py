@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stethoscope.batch import MetricColumns
 from stethoscope.catalog import Catalog
+from stethoscope.store.batch import MetricColumns
 from stethoscope.timeutil import to_ms
 
 

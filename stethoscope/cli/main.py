@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 
 from stethoscope.catalog import Catalog, CatalogError
-from stethoscope.dsn import ConfigError, redact
-from stethoscope.ingest import parse_ndjson
 from stethoscope.paths import default_spool_dir
-from stethoscope.spool import Spool
-from stethoscope.store import Store, StoreError
-from stethoscope.summary import render, summarize
-from stethoscope.writer import Writer
+from stethoscope.report.summary import render, summarize
+from stethoscope.store.client import Store, StoreError
+from stethoscope.store.dsn import ConfigError, redact
+from stethoscope.store.ingest import parse_ndjson
+from stethoscope.store.spool import Spool
+from stethoscope.store.writer import Writer
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     spool_dir = args.spool_dir or default_spool_dir()
     if args.command == "db" and args.db_command == "ddl":
-        from stethoscope.schema import cluster_ddl, single_node_ddl
+        from stethoscope.store.schema import cluster_ddl, single_node_ddl
 
         database = args.database or "stethoscope"
         statements = cluster_ddl(database, args.cluster) if args.cluster else single_node_ddl(database)
@@ -132,11 +132,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "ingest":
         return _ingest(args, spool_dir)
     if args.command in ("diagnose", "watch"):
-        from stethoscope.cli_diagnose import diagnose_command, watch_command
+        from stethoscope.cli.diagnose import diagnose_command, watch_command
 
         return diagnose_command(args) if args.command == "diagnose" else watch_command(args)
     if args.command == "verify":
-        from stethoscope.cli_diagnose import verify_command
+        from stethoscope.cli.diagnose import verify_command
 
         return verify_command(args)
     if args.command == "rules":
@@ -159,8 +159,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _rules_check(args: argparse.Namespace) -> int:
-    from stethoscope.cli_diagnose import catalog_for, inventory_of
-    from stethoscope.rules import load_rules
+    from stethoscope.cli.diagnose import catalog_for, inventory_of
+    from stethoscope.diagnosis.rules import load_rules
 
     path = args.path
     if not path.exists():
@@ -174,7 +174,7 @@ def _rules_check(args: argparse.Namespace) -> int:
 
 
 def _baseline(args: argparse.Namespace) -> int:
-    from stethoscope import baseline
+    from stethoscope.bench import baseline
 
     with Store(args.dsn, args.database) as store:
         rows = baseline.build(store, Catalog.load())
@@ -196,7 +196,7 @@ def _ingest(args: argparse.Namespace, spool_dir: Path) -> int:
     parsed = parse_ndjson(args.file, Catalog.load())
     for error in parsed.errors:
         print(f"stethoscope: ingest: {error}", file=sys.stderr)
-    from stethoscope.batch import Batch
+    from stethoscope.store.batch import Batch
 
     report = Writer(args.dsn, spool_dir).write(Batch(metrics=parsed.metrics))
     if report.error:

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from stethoscope.store import Store
+from stethoscope.store.client import Store
 
 DRAIN = "playbook:remediate/drain.yml"
 

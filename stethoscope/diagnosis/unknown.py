@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stethoscope.catalog import Catalog
-from stethoscope.store import Store
+from stethoscope.store.client import Store
 
 LOOKBACK_SECONDS = 24 * 3600
 MISSED_INTERVALS = 3

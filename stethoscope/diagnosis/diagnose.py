@@ -7,13 +7,13 @@ import hashlib
 import json
 from typing import Any
 
-from stethoscope.actions import templating
+from stethoscope import templating
 from stethoscope.catalog import Catalog
-from stethoscope.engine import Match, evaluate
-from stethoscope.rules import Action, Group, Rule
-from stethoscope.store import Store
+from stethoscope.diagnosis.engine import Match, evaluate
+from stethoscope.diagnosis.rules import Action, Group, Rule
+from stethoscope.diagnosis.unknown import silences
+from stethoscope.store.client import Store
 from stethoscope.timeutil import iso
-from stethoscope.unknown import silences
 
 SEVERITY_ORDER = {"info": 0, "warning": 1, "unknown": 1, "critical": 2}
 DEFAULT_LEVEL = {"info": "L1", "warning": "L2", "unknown": "L2", "critical": "L3"}

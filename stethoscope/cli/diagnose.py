@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from stethoscope.catalog import Catalog, CatalogError
-from stethoscope.cycle import run_cycle, worst
-from stethoscope.diagnose import SEVERITY_ORDER
+from stethoscope.diagnosis.diagnose import SEVERITY_ORDER
+from stethoscope.diagnosis.rules import load_rules
+from stethoscope.diagnosis.ruleset import RuleSet
 from stethoscope.inventory import Inventory, load_inventory
 from stethoscope.paths import project_root
-from stethoscope.rules import load_rules
-from stethoscope.ruleset import RuleSet
-from stethoscope.store import Store
+from stethoscope.remediation.cycle import run_cycle, worst
+from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms, to_ms
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
@@ -67,8 +67,8 @@ def _executor_factory(args: argparse.Namespace, inventory: Inventory | None):
     """None for a dry-run; else a function (dsn, database) -> execution Context. Errors exit 2."""
     if not args.execute or inventory is None:
         return None
-    from stethoscope.execute import Context
     from stethoscope.paths import default_spool_dir
+    from stethoscope.remediation.executor import Context
 
     overrides = _overrides(args.extra_var)
     if overrides is None:
@@ -102,7 +102,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
 
 
 def watch_command(args: argparse.Namespace) -> int:
-    from stethoscope.store import StoreError
+    from stethoscope.store.client import StoreError
 
     inventory = inventory_of(args)
     catalog = catalog_for(inventory)
@@ -134,8 +134,8 @@ def watch_command(args: argparse.Namespace) -> int:
 
 
 def verify_command(args: argparse.Namespace) -> int:
-    from stethoscope import baseline
-    from stethoscope.ledger import Ledger
+    from stethoscope.bench import baseline
+    from stethoscope.remediation.ledger import Ledger
 
     try:
         since_override = to_ms(args.since) if args.since else None

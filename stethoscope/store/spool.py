@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stethoscope.batch import Batch, MetricColumns
-from stethoscope.store import ROW_TABLES, Store
+from stethoscope.store.batch import Batch, MetricColumns
+from stethoscope.store.client import ROW_TABLES, Store
 
 TABLES = ("metrics", *ROW_TABLES)
 _seq = itertools.count()

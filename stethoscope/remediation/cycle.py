@@ -8,9 +8,9 @@ import sys
 from typing import Any
 
 from stethoscope.catalog import Catalog
-from stethoscope.diagnose import SEVERITY_ORDER, diagnose, printable, render
-from stethoscope.rules import Rule
-from stethoscope.store import Store
+from stethoscope.diagnosis.diagnose import SEVERITY_ORDER, diagnose, printable, render
+from stethoscope.diagnosis.rules import Rule
+from stethoscope.store.client import Store
 
 
 def run_cycle(
@@ -27,7 +27,7 @@ def run_cycle(
         findings = diagnose(store, rules, at_ms, catalog)
         resolved_dsn, resolved_db = store.dsn, store.database
     if execute_with is not None:
-        from stethoscope.execute import Context, Executor
+        from stethoscope.remediation.executor import Context, Executor
 
         context: Context = execute_with(resolved_dsn, resolved_db)
         findings = Executor(context).run(findings, {r.rule_id for r in rules}, at_ms)

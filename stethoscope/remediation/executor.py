@@ -15,17 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stethoscope.actions.breaker import CircuitBreaker
-from stethoscope.actions.http import send
-from stethoscope.actions.playbook import run_playbook
-from stethoscope.actions.templating import TemplateFailure, render
-from stethoscope.diagnose import action_label, printable, template_context
+from stethoscope.diagnosis.diagnose import action_label, printable, template_context
+from stethoscope.diagnosis.rules import Action, parse_duration
 from stethoscope.inventory import Inventory
-from stethoscope.ledger import DRAIN, Ledger, action_row
 from stethoscope.paths import default_spool_dir, project_root
-from stethoscope.rules import Action, parse_duration
-from stethoscope.spool import Spool
-from stethoscope.store import Store, StoreError
+from stethoscope.remediation.actions.http import send
+from stethoscope.remediation.actions.playbook import run_playbook
+from stethoscope.remediation.breaker import CircuitBreaker
+from stethoscope.remediation.ledger import DRAIN, Ledger, action_row
+from stethoscope.store.client import Store, StoreError
+from stethoscope.store.spool import Spool
+from stethoscope.templating import TemplateFailure, render
 from stethoscope.timeutil import iso, now_ms
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from stethoscope.catalog import Catalog
-from stethoscope.store import Store
+from stethoscope.store.client import Store
 
 
 @dataclass

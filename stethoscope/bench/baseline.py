@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from stethoscope.catalog import Catalog
-from stethoscope.store import Store
+from stethoscope.store.client import Store
 
 RED, YELLOW = 20.0, 10.0
 

@@ -1,0 +1,69 @@
+"""DESIGN.md "Layout": a layer imports only layers below it (evaluation never acts)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "stethoscope"
+
+# Each layer and the layers it may import (its own included). The base modules are read by all.
+BASE = {"catalog", "inventory", "paths", "timeutil", "templating", "stats", "names"}
+BELOW = {
+    "store": set(),
+    "model": {"store"},
+    "bench": {"store"},
+    "telemetry": {"store"},
+    "diagnosis": {"store", "model", "bench", "telemetry"},
+    "remediation": {"store", "model", "bench", "telemetry", "diagnosis"},
+    "report": {"store", "model", "bench", "telemetry", "diagnosis", "remediation"},
+    "cli": {"store", "model", "bench", "telemetry", "diagnosis", "remediation", "report", "serve"},
+    "serve": {"store", "model", "bench", "telemetry", "diagnosis", "remediation", "report"},
+}
+
+
+def _layer(module: str) -> str:
+    """stethoscope.store.client -> store; stethoscope.catalog -> catalog."""
+    return module.split(".")[1]
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "stethoscope":
+                found.update(f"stethoscope.{alias.name}" for alias in node.names)
+            elif node.module.startswith("stethoscope."):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("stethoscope."))
+    return found
+
+
+def _sources() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.stat().st_size)
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_a_layer_imports_only_layers_below_it(path: Path) -> None:
+    relative = path.relative_to(PACKAGE)
+    own = relative.parts[0].removesuffix(".py")
+    allowed = BASE | {own} | BELOW.get(own, set())
+    if own in BASE:
+        allowed = BASE
+    wrong = sorted(m for m in _imports(path) if _layer(m) not in allowed)
+    assert not wrong, f"{relative} ({own}) imports above its layer: {wrong}"
+
+
+def test_every_layer_of_the_design_is_a_subpackage() -> None:
+    for layer in ("store", "diagnosis", "remediation", "bench", "report", "cli"):
+        assert (PACKAGE / layer / "__init__.py").is_file(), layer
+
+
+def test_the_layering_check_sees_an_upward_import(tmp_path: Path) -> None:
+    bad = tmp_path / "x.py"
+    bad.write_text("from stethoscope.remediation.executor import execute\n")
+    assert _imports(bad) == {"stethoscope.remediation.executor"}
+    assert _layer("stethoscope.remediation.executor") not in BASE | {"diagnosis"} | BELOW["diagnosis"]
