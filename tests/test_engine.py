@@ -183,6 +183,15 @@ def test_node_baseline_deviation_in_the_worse_direction(tmp_path, store):
     assert fired(store, slower) == {("creeping", "node"): 20.0}
 
 
+def test_node_baseline_percent_is_not_lifted_by_a_few_slow_warm_up_steps(tmp_path, store):
+    """A job's first steps (compilation, data loader warm-up) take seconds; its normal is the median."""
+    slower = simple(
+        tmp_path, "bench_allreduce_latency_us", ">", 20, window="3h", baseline="node", history="7d"
+    )
+    bench(store, "warmed", "bench_allreduce_latency_us", [3000, 100, 101, 99, 100, 150])
+    assert fired(store, slower) == {("warmed", "node"): 50.0}
+
+
 def test_fleet_baseline_grades_one_slow_node_of_identical_peers(tmp_path, store):
     slow = simple(tmp_path, "bench_allreduce_busbw_gb_per_s", ">", 20, window="3h", baseline="fleet")
     for node, value in [("n1", 180), ("n2", 180), ("n3", 181), ("n4", 126), ("n5", 250)]:

@@ -198,3 +198,28 @@ def test_rules_check_with_an_inventory_that_sweeps_every_five_minutes(tmp_path):
         "300 s is shorter than 3 report intervals of gpu_temperature_celsius (3 x 300 s = 900 s)"
         in slow.stderr
     )
+
+
+def test_family_is_loaded_and_a_bad_family_names_its_line(tmp_path):
+    path = write(
+        tmp_path,
+        """\
+        - rule_id: climbing
+          description: early warning
+          severity: warning
+          family: ssd_reallocated
+          trigger: [{metric: net_mtu, operator: "<", threshold: 4000, window: 5m}]
+        - rule_id: no_family
+          description: alone
+          severity: info
+          trigger: [{metric: net_mtu, operator: "<", threshold: 4000, window: 5m}]
+        - rule_id: bad_family
+          description: a list is not a name
+          severity: info
+          family: [a, b]
+          trigger: [{metric: net_mtu, operator: "<", threshold: 4000, window: 5m}]
+        """,
+    )
+    result = load_rules(path, CATALOG)
+    assert {r.rule_id: r.family for r in result.rules} == {"climbing": "ssd_reallocated", "no_family": None}
+    assert [(e.line, e.field) for e in result.errors] == [(13, "family")]

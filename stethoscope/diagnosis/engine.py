@@ -5,8 +5,9 @@ window and keeps the rows past the threshold; `all` joins its members on the nod
 enclosing device where every member names the same kind of device: gpu2/link3 belongs to gpu2), `any`
 unions them. Benchmark metrics are read from `bench_results`; windows longer than the raw TTL read the
 `metrics_daily` rollup (one sample a day, its last value). A baseline condition compares the window's
-aggregate with the node's own earlier history or with the fleet's median, and its value is the
-deviation in the direction the catalog calls worse. A rule with `correlate` also returns, per match,
+aggregate with the node's own earlier history (its median for a percent deviation, its mean and σ for
+sigma) or with the fleet's median, and its value is the deviation in the direction the catalog calls
+worse. A rule with `correlate` also returns, per match,
 how many matching nodes share its switch (or rack), so several nodes behind one switch become one
 finding about the switch.
 """
@@ -149,9 +150,11 @@ class _Builder:
         worse = {"lower": "1", "higher": "-1"}.get(condition.better)
         signed = f"{worse} * (cur - base)" if worse else "abs(cur - base)"
         if condition.baseline == "node":
+            base = "quantileExact(0.5)(value)" if condition.deviation == "percent" else "avg(value)"
             history_start = f"{start} - toIntervalSecond({self.param(condition.history_seconds, 'UInt32')})"
             history = (
-                "SELECT node_id, device, labels_key, avg(value) AS base, stddevSamp(value) AS spread, "
+                # percent: from the median (a few slow warm-up steps do not lift it); sigma: mean and σ
+                f"SELECT node_id, device, labels_key, {base} AS base, stddevSamp(value) AS spread, "
                 f"count() AS hn FROM ({self.source(condition, history_start, start)}) "
                 "GROUP BY node_id, device, labels_key HAVING hn >= 3"
             )

@@ -2,7 +2,8 @@
 
 The seed format loads as it is: rule_id, description, severity, trigger: [{metric, operator, threshold,
 window}], action: [...]. Beyond it: `when: {all: [...], any: [...]}` nesting, per-condition aggregate,
-labels, device pattern and min_samples, `level`, `confidence` and `cooldown`.
+labels, device pattern and min_samples, `level`, `confidence`, `cooldown` and `family` (rules whose
+findings on one node and device share a transaction).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ RULE_FIELDS = {
     "action",
     "correlate",
     "message",
+    "family",
 }
 CONDITION_FIELDS = {
     "metric",
@@ -156,6 +158,8 @@ class Rule:
     correlate_by: str | None = None  # switch | rack: several nodes behind one are one finding
     correlate_min_nodes: int = 2
     message: str | None = None  # the finding's text (a template); default actions use it
+    # rules of one family (an early-warning trend and its hard limit) share a finding's transaction
+    family: str | None = None
 
 
 @dataclass
@@ -222,6 +226,9 @@ class _Validator:
         message = data.get("message")
         if message is not None:
             self.template(data, "message", message)
+        family = data.get("family")
+        if family is not None and (not isinstance(family, str) or not _RULE_ID.match(family)):
+            self.error(data, "family", f"a name: letters, digits, '_', '.', '-' only; got {family!r}")
         if len(self.errors) > before:
             return None
         when = items[0] if len(items) == 1 and isinstance(items[0], Group) else Group("all", tuple(items))
@@ -238,6 +245,7 @@ class _Validator:
             getattr(data, "line", fallback_line),
             *correlate,
             message,
+            family,
         )
 
     def template(self, where: Any, key: str, text: Any) -> None:
