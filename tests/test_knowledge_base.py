@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import math
+import random
 import subprocess
 import sys
 
@@ -72,6 +74,49 @@ def store_series(store, node, spec):
     store.insert_metrics(batch)
 
 
+SWEEP = 60_000  # the lab's sweep spacing (the catalog's 60 s)
+STREAM = 5_000  # the job reporter's period
+JOB = {"job": "bert-large-7f3a", "source": "stream"}
+
+
+def noisy(center, spread, count, seed):
+    """`count` samples around `center` within ± `spread` (a fraction), the same on every run."""
+    rng = random.Random(seed)
+    return [round(center * (1 + rng.uniform(-spread, spread)), 2) for _ in range(count)]
+
+
+def counter(first, increments):
+    """A cumulative counter as the collector stores it: its first real value, then each sweep's total."""
+    values = [first]
+    for increment in increments:
+        values.append(values[-1] + increment)
+    return values
+
+
+def now_and_then(first, count, bumps):
+    """A flat counter with an occasional +1 (at the sample indexes in `bumps`): healthy noise."""
+    return counter(first, [1 if i in bumps else 0 for i in range(count - 1)])
+
+
+def swing(center, amplitude, count, period=20, seed=0):
+    """Temperature following the load: a sine of `period` sweeps around `center`, ± 0.5 C of noise."""
+    rng = random.Random(seed)
+    return [
+        round(center + amplitude * math.sin(2 * math.pi * i / period) + rng.uniform(-0.5, 0.5), 1)
+        for i in range(count)
+    ]
+
+
+def ramp(start, per_sweep, count, seed=0):
+    rng = random.Random(seed)
+    return [round(start + per_sweep * i + rng.uniform(-1, 1), 1) for i in range(count)]
+
+
+WEEK_OF_SWEEPS = 7 * 24 * 60
+# the seed's drive: 217 reallocated sectors in ~90 days, 2.4 a day, read every sweep
+SEED_REALLOCATION = [20 + int(2.4 * i / 1440) for i in range(WEEK_OF_SWEEPS)]
+
+
 def xid(code, counts):
     return [S("gpu_xid_errors_total", counts, "gpu1", {"xid": str(code)})]
 
@@ -86,6 +131,7 @@ def fleet(metric, mine, labels=None, device="node"):
 
 
 OOP = {"algo": "ring", "placement": "oop", "size": "8"}
+FLAT_RUNS = [100, 101, 99, 100, 101, 99, 100]  # a week of daily runs at the node's own normal
 AVG = {"algo": "ring", "size": "avg"}
 FLEET = {
     "ib_mtu_mismatch",
@@ -131,6 +177,9 @@ CASES = {
         [
             S("nvlink_error_rate_percent", [0.01] * 3, "gpu2/link3"),
             S("gpu_temperature_celsius", [85] * 3, "gpu2"),
+            # one CRC blip in a clean window on a cool GPU: noise, not a failing link
+            S("nvlink_error_rate_percent", [0, 0.01, 0], "gpu5/link1"),
+            S("gpu_temperature_celsius", [50] * 3, "gpu5"),
         ],
     ),
     "nvlink_replay_recovery_errors": (
@@ -160,12 +209,15 @@ CASES = {
     "net_mtu_mismatch": fleet("net_mtu", 45, device="ib0"),
     "rdma_qp_queue_overflow": (
         [
-            S("rdma_qps_dropped_per_second", [5, 6], "mlx5_0"),
-            S("ib_port_xmit_discards_total", [10, 10], "mlx5_0/1"),
+            S("rdma_qps_dropped_per_second", [150, 180, 170, 160, 150], "mlx5_0"),
+            S("ib_port_xmit_discards_total", [10, 10, 10, 10, 10], "mlx5_0/1"),
         ],
         [
-            S("rdma_qps_dropped_per_second", [5, 6], "mlx5_0"),
-            S("ib_port_xmit_discards_total", [10, 900], "mlx5_0/1"),
+            S("rdma_qps_dropped_per_second", [150, 180, 170, 160, 150], "mlx5_0"),
+            S("ib_port_xmit_discards_total", [10, 300, 600, 700, 900], "mlx5_0/1"),
+            # a few drops now and then on a busy port: normal
+            S("rdma_qps_dropped_per_second", [0, 3, 0, 12, 0], "mlx5_1"),
+            S("ib_port_xmit_discards_total", [4, 4, 4, 4, 4], "mlx5_1/1"),
         ],
     ),
     "rdma_qp_in_error": (
@@ -222,8 +274,8 @@ CASES = {
         [S("bench_allreduce_latency_us", [100, 101, 99, 100, 110], labels=OOP, step_ms=4 * HOUR)],
     ),
     "allreduce_latency_creep": (
-        [S("bench_allreduce_latency_us", [100, 102, 103, 105, 108], labels=OOP, step_ms=DAY)],
-        [S("bench_allreduce_latency_us", [100, 108, 99, 107, 101], labels=OOP, step_ms=DAY)],
+        [S("bench_allreduce_latency_us", [*FLAT_RUNS, 100, 102, 103, 105, 108], labels=OOP, step_ms=DAY)],
+        [S("bench_allreduce_latency_us", [*FLAT_RUNS, 100, 108, 99, 107, 101], labels=OOP, step_ms=DAY)],
     ),
     "allreduce_busbw_below_fleet": fleet("bench_allreduce_busbw_gb_per_s", 70, AVG),
     "gemm_below_fleet": fleet("bench_gemm_tflops", 85, {"dtype": "bf16"}, device="gpu0"),
@@ -233,6 +285,91 @@ CASES = {
         [
             S("cpu_governor_performance", [1, 1], labels={"phase": "bench"}),
             S("cpu_governor_performance", [0, 0]),
+        ],
+    ),
+    "training_step_time_regression": (
+        # the seed's BERT job: an hour at 120 ms, then 180 ms and staying there, loss variance high
+        [
+            S("train_loss_variance", noisy(0.08, 0.1, 960, 1), labels=JOB, step_ms=STREAM),
+            S(
+                "train_step_time_ms",
+                noisy(120, 0.03, 720, 2) + noisy(180, 0.03, 240, 3),
+                labels=JOB,
+                step_ms=STREAM,
+            ),
+        ],
+        # a steady job with normal noise and a slow checkpoint step every 10 minutes
+        [
+            S("train_loss_variance", noisy(0.08, 0.1, 960, 4), labels=JOB, step_ms=STREAM),
+            S(
+                "train_step_time_ms",
+                [v * (2 if i % 120 == 0 else 1) for i, v in enumerate(noisy(120, 0.05, 960, 5))],
+                labels=JOB,
+                step_ms=STREAM,
+            ),
+        ],
+    ),
+    "ssd_reallocated_climbing": (
+        [S("smart_reallocated_sector_ct", SEED_REALLOCATION, "sda", step_ms=SWEEP)],
+        [
+            S(
+                "smart_reallocated_sector_ct",
+                now_and_then(4, WEEK_OF_SWEEPS, {3000, 8000}),
+                "sda",
+                step_ms=SWEEP,
+            )
+        ],
+    ),
+    "pcie_aer_correctable_rising": (
+        # 1 a minute, rising to 6 a minute over two hours: well under the storm's 32 a minute
+        [
+            S(
+                "pcie_aer_correctable_errors_total",
+                counter(1532, [1 + i // 20 for i in range(119)]),
+                "0000:17:00.0",
+                step_ms=SWEEP,
+            )
+        ],
+        [
+            S(
+                "pcie_aer_correctable_errors_total",
+                now_and_then(17, 120, {10, 50, 100}),
+                "0000:17:00.0",
+                step_ms=SWEEP,
+            )
+        ],
+    ),
+    "ib_symbol_errors_rising": (
+        # 5, 10, 20, 30, 40 then 60 an hour: still under the 120 an hour limit
+        [
+            S(
+                "ib_symbol_errors_total",
+                counter(3, [r / 60 for r in (5, 10, 20, 30, 40, 60) for _ in range(60)][1:]),
+                "mlx5_1/1",
+                step_ms=SWEEP,
+            )
+        ],
+        [S("ib_symbol_errors_total", now_and_then(12, 360, {30, 140, 200, 330}), "mlx5_1/1", step_ms=SWEEP)],
+    ),
+    "nvme_wear_climbing": (
+        [S("nvme_percentage_used", [91] * 4000 + [92] * 6080, "nvme0n1", step_ms=SWEEP)],
+        [S("nvme_percentage_used", [95] * WEEK_OF_SWEEPS, "nvme0n1", step_ms=SWEEP)],  # parked, not wearing
+    ),
+    "gpu_temperature_rising": (
+        # under load at 72 C, cooling failing: +7 C an hour, still under the 89 C slowdown
+        [S("gpu_temperature_celsius", ramp(72, 7 / 60, 120), "gpu3", step_ms=SWEEP)],
+        [
+            S("gpu_temperature_celsius", swing(71, 11, 120), "gpu3", step_ms=SWEEP),  # swings with the load
+            S(
+                "gpu_temperature_celsius", swing(83, 2, 120, period=15, seed=1), "gpu4", step_ms=SWEEP
+            ),  # hot, steady
+        ],
+    ),
+    "disk_temperature_rising": (
+        [S("disk_temperature_celsius", ramp(52, 8 / 60, 120), "nvme0n1", step_ms=SWEEP)],
+        [
+            S("disk_temperature_celsius", swing(48, 9, 120), "nvme0n1", step_ms=SWEEP),
+            S("disk_temperature_celsius", swing(63, 2, 120, period=15, seed=1), "nvme1n1", step_ms=SWEEP),
         ],
     ),
     "training_subhealth": (
@@ -333,3 +470,31 @@ def test_the_same_data_and_rules_give_the_same_findings(store):
     runs = [[printable(f) for f in diagnose(store, LOADED.rules, AT, CATALOG)] for _ in range(3)]
     assert len(runs[0]) >= len(CASES) - len(FLEET)  # fleet rules need peers; the rest fire
     assert runs[0] == runs[1] == runs[2]
+
+
+EARLY_WARNINGS = {
+    "ssd_reallocated_climbing": "ssd_reallocated_sectors",
+    "pcie_aer_correctable_rising": "pcie_aer_correctable_storm",
+    "ib_symbol_errors_rising": "ib_symbol_errors",
+    "nvme_wear_climbing": "nvme_endurance_consumed",
+    "gpu_temperature_rising": "gpu_thermal_throttling",
+    "disk_temperature_rising": "nvme_critical_warning_temperature",
+    "allreduce_latency_creep": "allreduce_latency_subhealth",
+}
+
+
+@pytest.mark.parametrize("early, hard", sorted(EARLY_WARNINGS.items()))
+def test_each_early_warning_shares_a_family_with_its_hard_limit_and_states_its_lead(early, hard):
+    warning, limit = RULES[early], RULES[hard]
+    assert warning.family is not None and warning.family == limit.family
+    assert warning.severity == "warning"
+    assert "Expected lead: ~" in warning.description and "Early warning of " + hard in warning.description
+
+
+def test_a_steady_slowdown_is_missed_by_the_spread_alone_and_caught_against_the_jobs_normal(store):
+    """The reviewer's BERT case: 120 ms -> 180 ms and staying; no 5 minutes of it vary by 20 %."""
+    for spec in CASES["training_step_time_regression"][0]:
+        store_series(store, "bert", spec)
+    assert evaluate(store, RULES["training_subhealth"], AT) == []
+    (match,) = evaluate(store, RULES["training_step_time_regression"], AT)
+    assert match.node_id == "bert" and 45 < match.values["train_step_time_ms"] < 55  # +50 %
