@@ -78,3 +78,41 @@ def test_scaled_lab_and_its_inventory(tmp_path):
     assert len(list((tmp_path / "lab/nodes").iterdir())) == 20
     assert "node20: {slurm_name: node20}" in inventory.read_text()
     assert (inventory.parent / "group_vars/all.yml").is_file()
+
+
+def test_climbing_ssd_is_the_worn_ssds_slow_variant_derived_from_the_real_capture(tmp_path):
+    lab_cmd(tmp_path, "build", "--nodes", "7", "--only-faults", "climbing_ssd")
+    real = json.loads((FIXTURES / "public/smartctl/sata_ssd_intel_s4500_realloc4_wear55.json").read_text())
+
+    def attributes():
+        out = replay(tmp_path, "node07", "smartctl", "-j", "-a", "/dev/sda").stdout
+        table = json.loads(out)["ata_smart_attributes"]["table"]
+        return {a["name"]: (a["raw"]["value"], a["value"]) for a in table}
+
+    start = attributes()
+    assert start == {
+        a["name"]: (a["raw"]["value"], a["value"]) for a in real["ata_smart_attributes"]["table"]
+    }
+    lab_cmd(tmp_path, "advance")
+    lab_cmd(tmp_path, "advance")
+    after = attributes()
+    changed = {name for name in start if start[name] != after[name]}
+    assert changed == {"Reallocated_Sector_Ct", "Media_Wearout_Indicator"}
+    assert after["Reallocated_Sector_Ct"][0] == 4 + 2 * 2 and after["Media_Wearout_Indicator"][1] == 55 - 2
+
+
+@pytest.mark.slow
+def test_a_climbing_ssd_is_warned_about_before_it_crosses_its_hard_limit(tmp_path, store):
+    """The reviewer's slow fault: sectors climbing for an hour were reported only past 100."""
+    from lab_replay import SWEEP_MS, first_findings
+
+    from stethoscope.catalog import Catalog
+    from stethoscope.diagnosis.rules import load_rules
+    from stethoscope.timeutil import now_ms
+
+    rules = [r for r in load_rules(TOP / "rules", Catalog.load()).rules if r.family == "ssd_reallocated"]
+    lab_cmd(tmp_path, "build", "--nodes", "7", "--only-faults", "climbing_ssd")
+    steps = 52
+    first = first_findings(store, tmp_path, "node07", ["sda"], rules, steps, now_ms() - steps * SWEEP_MS)
+    assert first["ssd_reallocated_sectors"] == 49  # 4 + 2 x 49 = 102 > 100, wear-out 8 < 10
+    assert first["ssd_reallocated_climbing"] < first["ssd_reallocated_sectors"]

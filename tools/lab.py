@@ -96,12 +96,19 @@ def node_name(index: int) -> str:
     return f"node{index + 1:02d}"
 
 
+# Slow variants of a fault, built only when named (`--only-faults climbing_ssd`): each takes the place of
+# the fault it varies, on the same node and capture.
+VARIANTS = {"climbing_ssd": "worn_ssd"}
+
+
 def profile_of(index: int, only_faults: list[str] | None = None) -> Profile:
     """The node's profile; with `only_faults`, the faults not listed are left out (healthy nodes)."""
     profile = PROFILES[index % len(PROFILES)]
     if only_faults is None:
         return profile
-    return replace(profile, faults=tuple(f for f in profile.faults if f in only_faults))
+    faults = [f for f in profile.faults if f in only_faults]
+    faults += [v for v, base in VARIANTS.items() if v in only_faults and base in profile.faults]
+    return replace(profile, faults=tuple(faults))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,6 +155,19 @@ def worn_ssd(data: dict, step: int) -> dict:
             attribute["raw"] = {"string": str(raw), "value": raw}
         if attribute["name"] == "Media_Wearout_Indicator":
             attribute["value"] = max(8, 55 - 16 * step)  # real 55 % life left, wearing out to 8
+    return data
+
+
+def climbing_ssd(data: dict, step: int) -> dict:
+    """The worn SSD's slow variant: reallocated sectors climb steadily, 2 a sweep from the real 4
+    (past the 100 limit at step 49), and the wear-out indicator falls 1 a sweep from the real 55
+    (under 10 from step 46): the seed's drive (0 to 217 in three months), in lab time."""
+    for attribute in data["ata_smart_attributes"]["table"]:
+        if attribute["name"] == "Reallocated_Sector_Ct":
+            raw = attribute["raw"]["value"] + 2 * step
+            attribute["raw"] = {"string": str(raw), "value": raw}
+        if attribute["name"] == "Media_Wearout_Indicator":
+            attribute["value"] = max(8, attribute["value"] - step)
     return data
 
 
@@ -252,8 +272,11 @@ def dynamic_files(node: Path, profile: Profile, step: int) -> None:
     write(out / "SYNTHETIC_nvidia-smi_nvlink_-gt_d.txt", nvlink_data(profile, step))
     for disk, fixture in profile.disks.items():
         data = json.loads((PUBLIC / "smartctl" / fixture).read_text())
-        if "worn_ssd" in profile.faults and "Media_Wearout_Indicator" in json.dumps(data):
-            data = worn_ssd(data, step)
+        if "Media_Wearout_Indicator" in json.dumps(data):
+            if "climbing_ssd" in profile.faults:
+                data = climbing_ssd(data, step)
+            elif "worn_ssd" in profile.faults:
+                data = worn_ssd(data, step)
         data.setdefault("device", {})["name"] = f"/dev/{disk}"
         write(out / f"smartctl_{disk}.json", json.dumps(data, indent=1))
     write(out / "SYNTHETIC_rdma_res_show_qp.json", rdma_qps(profile, step))
@@ -531,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     build_cmd.add_argument("--inventory", type=Path, help="also write an inventory for these nodes")
     build_cmd.add_argument(
         "--only-faults",
-        help="comma-separated faults to keep (e.g. worn_ssd); the other nodes are built healthy",
+        help="comma-separated faults to keep (e.g. worn_ssd, or its slow variant climbing_ssd); "
+        "the other nodes are built healthy",
     )
     commands.add_parser("advance", help="advance the replay one step")
     args = parser.parse_args(argv)
