@@ -1,4 +1,4 @@
-"""DESIGN.md "Layout": a layer imports only layers below it (evaluation never acts)."""
+"""docs/design.md "Layout": a layer imports only layers below it (evaluation never acts)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 # Copyright: stethoscope developers
 # Apache License 2.0
-"""Class and node fingerprints (DESIGN.md): what identical nodes share, and that plus serial numbers."""
+"""Class and node fingerprints (docs/design.md): what identical nodes share, and that plus serial numbers."""
 
 from __future__ import annotations
 

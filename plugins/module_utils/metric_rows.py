@@ -1,6 +1,6 @@
 # Copyright: stethoscope developers
 # Apache License 2.0
-"""Rows of `stethoscope_metrics`: {name, device, value, labels} with catalog names (DESIGN.md)."""
+"""Rows of `stethoscope_metrics`: {name, device, value, labels} with catalog names (docs/design.md)."""
 
 from __future__ import annotations
 

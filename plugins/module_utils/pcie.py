@@ -54,7 +54,7 @@ def parse_link_width(text):
 
 
 def link_degraded(width, max_width, speed, max_speed, busy):
-    """DESIGN.md: width below max always counts; speed below max only while busy (GPUs idle down)."""
+    """docs/design.md: width below max always counts; speed below max only while busy (GPUs idle down)."""
     if width is not None and max_width is not None and width < max_width:
         return 1
     if busy and speed is not None and max_speed is not None and speed < max_speed:

@@ -1,4 +1,4 @@
-"""Rule evaluation in ClickHouse: one query per rule over all nodes (DESIGN.md "Rules").
+"""Rule evaluation in ClickHouse: one query per rule over all nodes (docs/design.md "Rules").
 
 A condition becomes a subquery that aggregates a metric per node, device and label set over its
 window and keeps the rows past the threshold; `all` joins its members on the node (and on the

@@ -1,4 +1,4 @@
-"""Rule files (DESIGN.md "Rules"): YAML, data only, loaded and validated with file:line for every error.
+"""Rule files (docs/design.md "Rules"): YAML, data only, loaded and validated with file:line for every error.
 
 The seed format loads as it is: rule_id, description, severity, trigger: [{metric, operator, threshold,
 window}], action: [...]. Beyond it: `when: {all: [...], any: [...]}` nesting, per-condition aggregate,

@@ -1,4 +1,4 @@
-"""UNKNOWN findings (DESIGN.md "Rules"): a metric a node reported within the last 24 h that has not
+"""UNKNOWN findings (docs/design.md "Rules"): a metric a node reported within the last 24 h that has not
 arrived for 3 of its report intervals. The silent metrics of one device are one finding about the
 device; a node whose every metric stopped is one finding about the node. A metric a node never had is
 not UNKNOWN; neither are training-job metrics (a job that ends stops reporting) nor what a benchmark

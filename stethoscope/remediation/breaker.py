@@ -1,4 +1,4 @@
-"""The circuit breaker (DESIGN.md "Remediation safety"): no more than `fraction` of the fleet isolated
+"""The circuit breaker (docs/design.md "Remediation safety"): no more than `fraction` of the fleet isolated
 within `window`, and always at least one node; past that, drains are refused and alerted instead."""
 
 from __future__ import annotations

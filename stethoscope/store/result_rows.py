@@ -1,4 +1,4 @@
-"""Turn one task result into store rows (DESIGN.md "Module result shape"); results are only read."""
+"""Turn one task result into store rows (docs/design.md "Module result shape"); results are only read."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Table definitions of DESIGN.md, rendered for one server (embedded or not) or for a cluster.
+"""Table definitions of docs/design.md, rendered for one server (embedded or not) or for a cluster.
 
 One definition per table; `single_node_ddl` and `cluster_ddl` render it, so the two never drift.
 Rows that differ only in labels must not collapse while a replayed row does: the sorting keys carry
