@@ -205,6 +205,14 @@ CASES = {
         [S("ib_link_downed_total", [2, 2, 3], "mlx5_0/1")],
         [S("ib_link_downed_total", [255, 255, 255], "mlx5_0/1")],
     ),
+    "ib_counter_saturated": (
+        [S("ib_link_downed_total", [255] * 3, "mlx5_0/1", {"saturated": "1"})],
+        [
+            S("ib_link_downed_total", [254] * 3, "mlx5_0/1"),  # one short of the 8-bit limit: still counting
+            S("ib_symbol_errors_total", [70_000] * 3, "mlx5_1/1"),  # a 64-bit counter is never saturated
+            S("ib_port_xmit_discards_total", [65_535], "mlx5_2/1", {"saturated": "1"}),  # one sweep only
+        ],
+    ),
     "ib_mtu_mismatch": fleet("ib_port_active_mtu", 50, device="mlx5_0/1"),
     "net_mtu_mismatch": fleet("net_mtu", 45, device="ib0"),
     "rdma_qp_queue_overflow": (
