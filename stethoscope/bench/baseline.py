@@ -4,9 +4,9 @@ graded in the catalog's worse direction, its own history (3σ), and the ring-vs-
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass, field
 
+from stethoscope import stats
 from stethoscope.catalog import Catalog
 from stethoscope.store.client import Store
 
@@ -39,16 +39,6 @@ class Row:
     @property
     def label_text(self) -> str:
         return ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def _rsd(values: list[float]) -> float:
-    if len(values) < 2 or statistics.mean(values) == 0:
-        return 0.0
-    return statistics.stdev(values) / abs(statistics.mean(values)) * 100.0
 
 
 def worse_deviation(value: float, reference: float, better: str) -> float:
@@ -104,7 +94,7 @@ def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0) -> list[
         entry = meta[key]
         latest = entry["order"][-1]
         values = by_run[latest]
-        rsd = _rsd(values)
+        rsd = stats.rsd_percent(values)
         row = Row(
             node,
             entry["class"],
@@ -112,17 +102,16 @@ def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0) -> list[
             name,
             device,
             json.loads(labels),
-            _median(values),
+            stats.median(values),
             len(values),
             round(rsd, 3),
             entry["unstable"][latest] or rsd > max_rsd_percent,
         )
         # own history: earlier runs under the same node fingerprint (a swapped part starts anew)
-        earlier = [
-            _median(by_run[r]) for r in entry["order"][:-1] if entry["node_fp"][r] == entry["node_fp"][latest]
-        ]
+        same_parts = [r for r in entry["order"][:-1] if entry["node_fp"][r] == entry["node_fp"][latest]]
+        earlier = [stats.median(by_run[r]) for r in same_parts]
         if len(earlier) >= 2:
-            row.history_mean, row.history_sigma = statistics.mean(earlier), statistics.stdev(earlier)
+            row.history_mean, row.history_sigma = stats.mean(earlier), stats.stdev(earlier)
             row.history_runs = len(earlier)
             spec = catalog.get(name)
             better = spec.better if spec else "none"
@@ -141,8 +130,7 @@ def _fleet(rows: list[Row], catalog: Catalog) -> None:
         groups.setdefault((row.class_fingerprint, row.suite, row.metric_name, row.label_text), []).append(row)
     for members in groups.values():
         values = [m.value for m in members]
-        median = _median(values)
-        mad = _median([abs(v - median) for v in values])
+        median, mad = stats.median(values), stats.mad(values)
         for row in members:
             spec = catalog.get(row.metric_name)
             row.fleet_median, row.fleet_mad, row.fleet_nodes = median, mad, len(members)

@@ -1,48 +1,77 @@
-"""The `stethoscope` command. Exit codes: 0 healthy, 1 findings, 2 usage or config error."""
+"""The `stethoscope` command. Exit codes: 0 healthy, 1 findings, 2 usage or config error, 3 the run
+itself failed (a crash is never reported as findings)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from stethoscope.catalog import Catalog, CatalogError
 from stethoscope.paths import default_spool_dir
-from stethoscope.report.summary import render, summarize
 from stethoscope.store.client import Store, StoreError
 from stethoscope.store.dsn import ConfigError, redact
 from stethoscope.store.ingest import parse_ndjson
 from stethoscope.store.spool import Spool
 from stethoscope.store.writer import Writer
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
+PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """--dsn, --database, --spool-dir, --debug: on the top parser (default None) and on every
+    subcommand (default SUPPRESS, so that a value given before the subcommand is not overwritten)."""
+    parser.add_argument(
+        "--dsn", default=default, help="clickhouse-connect DSN (default $STETHOSCOPE_DSN, else embedded)"
+    )
+    parser.add_argument("--database", default=default, help="database name (default stethoscope)")
+    parser.add_argument(
+        "--spool-dir", type=Path, default=default, help="spool folder (default .stethoscope/spool)"
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=default if default is argparse.SUPPRESS else False,
+        help="print the traceback of an internal error (or STETHOSCOPE_DEBUG=1)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stethoscope", description=__doc__)
-    parser.add_argument("--dsn", help="clickhouse-connect DSN (default $STETHOSCOPE_DSN, else embedded)")
-    parser.add_argument("--database", help="database name (default stethoscope)")
-    parser.add_argument("--spool-dir", type=Path, help="spool folder (default .stethoscope/spool)")
-    commands = parser.add_subparsers(dest="command", required=True)
+    _global_options(parser, None)
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, argparse.SUPPRESS)
 
-    db = commands.add_parser("db", help="database schema")
-    db_commands = db.add_subparsers(dest="db_command", required=True)
-    init = db_commands.add_parser("init", help="create the tables (idempotent)")
+    def group(parent: argparse.ArgumentParser, dest: str) -> Callable[..., argparse.ArgumentParser]:
+        """A function adding a subcommand to `parent` that takes the global options too."""
+        subparsers = parent.add_subparsers(dest=dest, required=True)
+        return lambda name, **kwargs: subparsers.add_parser(name, parents=[common], **kwargs)
+
+    command = group(parser, "command")
+
+    db = command("db", help="database schema")
+    db_command = group(db, "db_command")
+    init = db_command("init", help="create the tables (idempotent)")
     init.add_argument("--ttl-days", type=int, default=30, help="raw metrics TTL (default 30)")
-    ddl = db_commands.add_parser("ddl", help="print the DDL")
+    ddl = db_command("ddl", help="print the DDL")
     ddl.add_argument("--cluster", metavar="NAME", help="print the Replicated + Distributed variant")
 
-    ingest = commands.add_parser("ingest", help="store metric rows from an NDJSON file")
+    ingest = command("ingest", help="store metric rows from an NDJSON file")
     ingest.add_argument("file", type=Path)
 
-    commands.add_parser("summary", help="per node: rows stored and the unhealthy values seen")
+    summary = command("summary", help="per node: rows stored and the findings diagnose gives")
+    summary.add_argument("--inventory", type=Path, help="only this inventory's hosts")
 
-    baseline = commands.add_parser("baseline", help="graded benchmark report against fleet and own history")
+    baseline = command("baseline", help="graded benchmark report against fleet and own history")
     baseline.add_argument("--out", type=Path, help="also write DIR/baseline.html")
     baseline.add_argument("--all", action="store_true", help="print every row (per-size NCCL rows too)")
     baseline.add_argument("--node", help="only this node's rows (still graded against its whole class)")
 
-    diagnose = commands.add_parser("diagnose", help="evaluate the rules over ClickHouse (dry-run)")
+    diagnose = command("diagnose", help="evaluate the rules over ClickHouse (dry-run)")
     diagnose.add_argument("--at", help="evaluation time, ISO-8601 or epoch seconds (default now)")
     diagnose.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
     diagnose.add_argument("--json", action="store_true", help="print the findings as JSON")
@@ -54,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _execution_options(diagnose)
 
-    watch = commands.add_parser("watch", help="diagnose periodically, re-reading changed rule files")
+    watch = command("watch", help="diagnose periodically, re-reading changed rule files")
     watch.add_argument("--interval", type=float, default=60.0, help="seconds between cycles (default 60)")
     watch.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
     watch.add_argument("--json", action="store_true", help="print the findings as JSON")
@@ -63,27 +92,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     _execution_options(watch)
 
-    verify = commands.add_parser(
+    verify = command(
         "verify", help="after a repair: is the node's drain ours, and is its new benchmark green?"
     )
     verify.add_argument("--node", required=True, help="inventory hostname")
     verify.add_argument("--txn", required=True, help="the transaction id of the drain")
     verify.add_argument(
+        "--inventory", type=Path, help="inventory the node must be a host of (default inventories/lab)"
+    )
+    verify.add_argument(
         "--since", help="only benchmark results from this time on (ISO-8601 or epoch seconds)"
     )
 
-    rules = commands.add_parser("rules", help="the diagnosis rules")
-    rules_commands = rules.add_subparsers(dest="rules_command", required=True)
-    check = rules_commands.add_parser(
-        "check", help="validate a rule file or folder: file:line, field, problem"
-    )
+    rules = command("rules", help="the diagnosis rules")
+    rules_command = group(rules, "rules_command")
+    check = rules_command("check", help="validate a rule file or folder: file:line, field, problem")
     check.add_argument("path", type=Path)
     check.add_argument("--inventory", type=Path, help="use its report intervals (stethoscope_sweep_interval)")
 
-    spool = commands.add_parser("spool", help="the spool of rows not yet stored")
-    spool_commands = spool.add_subparsers(dest="spool_command", required=True)
-    spool_commands.add_parser("status", help="how many rows wait in the spool")
-    spool_commands.add_parser("replay", help="write the spool to the store now")
+    spool = command("spool", help="the spool of rows not yet stored")
+    spool_command = group(spool, "spool_command")
+    spool_command("status", help="how many rows wait in the spool")
+    spool_command("replay", help="write the spool to the store now")
     return parser
 
 
@@ -110,6 +140,21 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `stethoscope baseline | head`
         sys.stderr.close()
         return EXIT_OK
+    except KeyboardInterrupt:
+        return EXIT_FAILED
+    except Exception as exc:  # a crash is a failed run (3), never "findings" (1); one line unless --debug
+        if args.debug or os.environ.get("STETHOSCOPE_DEBUG", "") not in ("", "0"):
+            traceback.print_exc()
+        frames = traceback.extract_tb(exc.__traceback__)
+        ours = [f for f in frames if Path(f.filename).resolve().is_relative_to(PACKAGE)]
+        where = (ours or frames)[-1]
+        print(
+            f"stethoscope: internal error: {type(exc).__name__}: {redact(str(exc))} "
+            f"(at {Path(where.filename).name}:{where.lineno}; "
+            "--debug or STETHOSCOPE_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -144,9 +189,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "baseline":
         return _baseline(args)
     if args.command == "summary":
-        with Store(args.dsn, args.database) as store:
-            print(render(summarize(store, Catalog.load())))
-        return EXIT_OK
+        return _summary(args)
     if args.spool_command == "status":
         print(f"{Spool(spool_dir).pending_rows()} rows waiting in {spool_dir}")
         return EXIT_OK
@@ -155,6 +198,26 @@ def _run(args: argparse.Namespace) -> int:
     for problem in report.problems:
         print(f"stethoscope: spool: {problem}", file=sys.stderr)
     print(f"replayed {report.rows} rows from {report.files} files")
+    return EXIT_OK
+
+
+def _summary(args: argparse.Namespace) -> int:
+    from stethoscope.cli.diagnose import catalog_for, checked_rules, hosts_of, inventory_of
+    from stethoscope.report.summary import initialised, render, summarize
+    from stethoscope.timeutil import now_ms
+
+    inventory = inventory_of(args)
+    catalog = catalog_for(inventory)
+    rules = checked_rules(None, catalog, "summary").rules
+    with Store(args.dsn, args.database) as store:
+        if not initialised(store):
+            print(
+                f"stethoscope: summary: no schema in {redact(store.dsn)} (database {store.database}): "
+                "run `stethoscope db init` first",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        print(render(summarize(store, catalog, rules, now_ms(), hosts_of(inventory))))
     return EXIT_OK
 
 
