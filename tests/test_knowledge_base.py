@@ -156,6 +156,14 @@ CASES = {
         [S("ib_link_downed_total", [2, 2, 3], "mlx5_0/1")],
         [S("ib_link_downed_total", [255, 255, 255], "mlx5_0/1")],
     ),
+    # a legacy counter rdma_facts labelled saturated=1 (no counters_ext twin); a 64-bit one at 255 counts on
+    "ib_counter_saturated": (
+        [S("ib_link_downed_total", [255, 255, 255], "mlx5_0/1", {"saturated": "1"})],
+        [
+            S("ib_link_downed_total", [255, 255, 255], "mlx5_0/1"),
+            S("ib_symbol_errors_total", [3, 3], "mlx5_0/1"),
+        ],
+    ),
     "ib_mtu_mismatch": fleet("ib_port_active_mtu", 50, device="mlx5_0/1"),
     "net_mtu_mismatch": fleet("net_mtu", 45, device="ib0"),
     "rdma_qp_queue_overflow": (
