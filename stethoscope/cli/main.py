@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
     summary = command("summary", help="per node: rows stored and the findings diagnose gives")
     summary.add_argument("--inventory", type=Path, help="only this inventory's hosts")
+    summary.add_argument("--at", help="evaluation time, ISO-8601 or epoch seconds (default now)")
 
     baseline = command("baseline", help="graded benchmark report against fleet and own history")
     baseline.add_argument("--out", type=Path, help="also write DIR/baseline.html")
@@ -204,8 +205,15 @@ def _run(args: argparse.Namespace) -> int:
 def _summary(args: argparse.Namespace) -> int:
     from stethoscope.cli.diagnose import catalog_for, checked_rules, hosts_of, inventory_of
     from stethoscope.report.summary import initialised, render, summarize
-    from stethoscope.timeutil import now_ms
+    from stethoscope.timeutil import now_ms, to_ms
 
+    try:
+        at_ms = to_ms(args.at) if args.at else now_ms()
+    except ValueError:
+        print(
+            f"stethoscope: summary: --at {args.at!r} is neither ISO-8601 nor epoch seconds", file=sys.stderr
+        )
+        return EXIT_USAGE
     inventory = inventory_of(args)
     catalog = catalog_for(inventory)
     rules = checked_rules(None, catalog, "summary").rules
@@ -217,7 +225,7 @@ def _summary(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-        print(render(summarize(store, catalog, rules, now_ms(), hosts_of(inventory))))
+        print(render(summarize(store, catalog, rules, at_ms, hosts_of(inventory))))
     return EXIT_OK
 
 
