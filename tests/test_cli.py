@@ -170,3 +170,19 @@ def test_summary_on_an_uninitialised_database_says_run_db_init(tmp_dsn):
     result = cli("summary", "--dsn", tmp_dsn)
     assert result.returncode == 2 and "stethoscope db init" in result.stderr
     assert "Traceback" not in result.stderr and "UNKNOWN_DATABASE" not in result.stderr
+
+
+def test_verify_refuses_a_node_that_is_not_a_valid_host_of_the_inventory(tmp_path, tmp_dsn):
+    cli("--dsn", tmp_dsn, "db", "init")
+    for node in ("node;rm -rf /", "-oProxyCommand=sh"):  # refused by the one validator
+        result = cli("verify", "--dsn", tmp_dsn, f"--node={node}", "--txn", "t1")
+        assert result.returncode == 2 and "is not a valid host of" in result.stderr, result.stderr
+        assert result.stdout == ""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    gpu01: {}\n")
+    for env in ({}, {"STETHOSCOPE_INVENTORY": str(inventory)}):
+        args = () if env else ("--inventory", str(inventory))
+        other = cli("verify", "--dsn", tmp_dsn, "--node", "node01", "--txn", "t1", *args, env_extra=env)
+        assert other.returncode == 2 and str(inventory) in other.stderr  # a lab node, not a host of this one
+    ours = cli("verify", "--dsn", tmp_dsn, "--node", "node01", "--txn", "t1")
+    assert ours.returncode == 1 and json.loads(ours.stdout)["drain_recorded"] is False  # no drain under t1
