@@ -122,6 +122,12 @@ def _rule_path(tmp_path, case):
     return folder  # "empty": a folder without a rule file
 
 
+def test_rules_check_on_a_folder_without_rules_is_a_config_error(tmp_path):
+    (tmp_path / "rules").mkdir()
+    result = cli("rules", "check", str(tmp_path / "rules"))
+    assert result.returncode == 2 and "no rules under" in result.stderr
+
+
 @pytest.mark.parametrize("command", ["diagnose", "watch"])
 @pytest.mark.parametrize("case", ["broken", "missing", "empty"])
 def test_rules_that_do_not_load_are_a_config_error_not_healthy(tmp_path, tmp_dsn, command, case):

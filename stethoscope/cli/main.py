@@ -241,7 +241,9 @@ def _rules_check(args: argparse.Namespace) -> int:
     for error in result.errors:
         print(error, file=sys.stderr)
     print(f"{len(result.rules)} rules valid in {result.files} files; {len(result.errors)} problems")
-    return EXIT_USAGE if result.errors else EXIT_OK
+    if not result.rules and not result.errors:
+        print(f"stethoscope: rules check: no rules under {path}", file=sys.stderr)
+    return EXIT_USAGE if result.errors or not result.rules else EXIT_OK
 
 
 def _baseline(args: argparse.Namespace) -> int:
