@@ -142,19 +142,22 @@ def watch_command(args: argparse.Namespace) -> int:
             cycle += 1
             for message in rules.refresh():
                 _say(f"watch: {message}")
-            try:
-                run_cycle(
-                    rules.rules,
-                    catalog,
-                    now_ms(),
-                    dsn=args.dsn,
-                    database=args.database,
-                    as_json=args.json,
-                    execute_with=factory,
-                    nodes=hosts_of(inventory),
-                )
-            except StoreError as exc:  # the database may come back: keep watching
-                _say(f"watch: cycle {cycle}: {exc}")
+            if not rules.rules:  # every rule file removed since: never "healthy" over no rules
+                _say(f"watch: cycle {cycle}: no rules under {path}; nothing evaluated")
+            else:
+                try:
+                    run_cycle(
+                        rules.rules,
+                        catalog,
+                        now_ms(),
+                        dsn=args.dsn,
+                        database=args.database,
+                        as_json=args.json,
+                        execute_with=factory,
+                        nodes=hosts_of(inventory),
+                    )
+                except StoreError as exc:  # the database may come back: keep watching
+                    _say(f"watch: cycle {cycle}: {exc}")
             if args.cycles and cycle >= args.cycles:
                 return EXIT_OK
             time.sleep(args.interval)
