@@ -61,7 +61,10 @@ def test_worn_ssd_is_drained_evidenced_ticketed_once_and_resumed_after_verificat
     ]  # fmt: skip
     first = subprocess.run(diagnose, env=env, cwd=TOP, capture_output=True, text=True, check=False)
     assert first.returncode == 1, first.stderr  # a critical finding
-    (finding,) = json.loads(first.stdout)
+    # besides the worn SSD, the real captures' legacy IB counters stopped at 255: info findings that only log
+    saturated = [f for f in json.loads(first.stdout) if f["rule_id"] == "ib_counter_saturated"]
+    (finding,) = [f for f in json.loads(first.stdout) if f["rule_id"] != "ib_counter_saturated"]
+    assert saturated and {(f["severity"], f["outcome"]) for f in saturated} == {("info", "log ok")}
     txn = finding["txn_id"]
     assert (finding["node_id"], finding["device"], finding["rule_id"]) == (
         "node07",
@@ -101,7 +104,9 @@ def test_worn_ssd_is_drained_evidenced_ticketed_once_and_resumed_after_verificat
     # findings and actions stored under the one txn
     with Store(tmp_dsn) as store:
         db = store.database
-        findings = store.query(f"SELECT node_id, txn_id, status FROM {db}.findings FINAL")
+        findings = store.query(
+            f"SELECT node_id, txn_id, status FROM {db}.findings FINAL WHERE rule_id != 'ib_counter_saturated'"
+        )
         actions = store.query(
             f"SELECT action, argMax(status, version) FROM {db}.actions WHERE txn_id = {{t:String}} "
             "GROUP BY action ORDER BY min(started_at)",
@@ -119,7 +124,7 @@ def test_worn_ssd_is_drained_evidenced_ticketed_once_and_resumed_after_verificat
 
     # a second run inside the cooldown acts no more
     second = subprocess.run(diagnose, env=env, cwd=TOP, capture_output=True, text=True, check=False)
-    (again,) = json.loads(second.stdout)
+    (again,) = [f for f in json.loads(second.stdout) if f["rule_id"] != "ib_counter_saturated"]
     assert again["txn_id"] == txn and again["outcome"].startswith("cooldown")
     assert len(jira.issues) == 1 and len(hook.requests) == 1
 
