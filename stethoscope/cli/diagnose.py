@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from stethoscope.catalog import Catalog, CatalogError
+from stethoscope.cli.exit_codes import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from stethoscope.diagnosis.diagnose import SEVERITY_ORDER
 from stethoscope.diagnosis.rules import LoadResult, load_rules
 from stethoscope.diagnosis.ruleset import RuleSet
@@ -19,8 +20,6 @@ from stethoscope.paths import project_root
 from stethoscope.remediation.cycle import run_cycle, worst
 from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms, to_ms
-
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2  # as stethoscope.cli.main
 
 
 def _say(message: str) -> None:

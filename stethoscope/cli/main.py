@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stethoscope.catalog import Catalog, CatalogError
+from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from stethoscope.paths import default_spool_dir
 from stethoscope.store.client import Store, StoreError
 from stethoscope.store.dsn import ConfigError, redact
@@ -18,7 +19,6 @@ from stethoscope.store.ingest import parse_ndjson
 from stethoscope.store.spool import Spool
 from stethoscope.store.writer import Writer
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 PACKAGE = Path(__file__).resolve().parent.parent
 
 
