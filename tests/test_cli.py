@@ -192,3 +192,25 @@ def test_verify_refuses_a_node_that_is_not_a_valid_host_of_the_inventory(tmp_pat
         assert other.returncode == 2 and str(inventory) in other.stderr  # a lab node, not a host of this one
     ours = cli("verify", "--dsn", tmp_dsn, "--node", "node01", "--txn", "t1")
     assert ours.returncode == 1 and json.loads(ours.stdout)["drain_recorded"] is False  # no drain under t1
+
+
+def test_watch_with_another_inventory_does_not_evaluate_the_lab_nodes(tmp_path, tmp_dsn):
+    _hot_store(tmp_dsn)  # node01 (a lab name) is hot
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "hot.yml").write_text(HOT_RULE)
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    gpu01: {}\n")
+    run = [
+        "--dsn",
+        tmp_dsn,
+        "watch",
+        "--rules",
+        str(tmp_path / "rules"),
+        "--interval",
+        "0.1",
+        "--cycles",
+        "1",
+    ]
+    assert "1 findings from 1 rules" in cli(*run).stdout  # no inventory given: every stored node
+    other = cli(*run, env_extra={"STETHOSCOPE_INVENTORY": str(inventory)})
+    assert other.returncode == 0 and "healthy: 1 rules, no finding" in other.stdout, other.stderr
