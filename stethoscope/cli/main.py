@@ -7,7 +7,6 @@ import argparse
 import os
 import sys
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 from stethoscope.catalog import Catalog, CatalogError
@@ -43,36 +42,28 @@ def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stethoscope", description=__doc__)
     _global_options(parser, None)
-    common = argparse.ArgumentParser(add_help=False)
-    _global_options(common, argparse.SUPPRESS)
+    commands = parser.add_subparsers(dest="command", required=True)
 
-    def group(parent: argparse.ArgumentParser, dest: str) -> Callable[..., argparse.ArgumentParser]:
-        """A function adding a subcommand to `parent` that takes the global options too."""
-        subparsers = parent.add_subparsers(dest=dest, required=True)
-        return lambda name, **kwargs: subparsers.add_parser(name, parents=[common], **kwargs)
-
-    command = group(parser, "command")
-
-    db = command("db", help="database schema")
-    db_command = group(db, "db_command")
-    init = db_command("init", help="create the tables (idempotent)")
+    db = commands.add_parser("db", help="database schema")
+    db_commands = db.add_subparsers(dest="db_command", required=True)
+    init = db_commands.add_parser("init", help="create the tables (idempotent)")
     init.add_argument("--ttl-days", type=int, default=30, help="raw metrics TTL (default 30)")
-    ddl = db_command("ddl", help="print the DDL")
+    ddl = db_commands.add_parser("ddl", help="print the DDL")
     ddl.add_argument("--cluster", metavar="NAME", help="print the Replicated + Distributed variant")
 
-    ingest = command("ingest", help="store metric rows from an NDJSON file")
+    ingest = commands.add_parser("ingest", help="store metric rows from an NDJSON file")
     ingest.add_argument("file", type=Path)
 
-    summary = command("summary", help="per node: rows stored and the findings diagnose gives")
+    summary = commands.add_parser("summary", help="per node: rows stored and the findings diagnose gives")
     summary.add_argument("--inventory", type=Path, help="only this inventory's hosts")
     summary.add_argument("--at", help="evaluation time, ISO-8601 or epoch seconds (default now)")
 
-    baseline = command("baseline", help="graded benchmark report against fleet and own history")
+    baseline = commands.add_parser("baseline", help="graded benchmark report against fleet and own history")
     baseline.add_argument("--out", type=Path, help="also write DIR/baseline.html")
     baseline.add_argument("--all", action="store_true", help="print every row (per-size NCCL rows too)")
     baseline.add_argument("--node", help="only this node's rows (still graded against its whole class)")
 
-    diagnose = command("diagnose", help="evaluate the rules over ClickHouse (dry-run)")
+    diagnose = commands.add_parser("diagnose", help="evaluate the rules over ClickHouse (dry-run)")
     diagnose.add_argument("--at", help="evaluation time, ISO-8601 or epoch seconds (default now)")
     diagnose.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
     diagnose.add_argument("--json", action="store_true", help="print the findings as JSON")
@@ -84,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _execution_options(diagnose)
 
-    watch = command("watch", help="diagnose periodically, re-reading changed rule files")
+    watch = commands.add_parser("watch", help="diagnose periodically, re-reading changed rule files")
     watch.add_argument("--interval", type=float, default=60.0, help="seconds between cycles (default 60)")
     watch.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
     watch.add_argument("--json", action="store_true", help="print the findings as JSON")
@@ -93,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _execution_options(watch)
 
-    verify = command(
+    verify = commands.add_parser(
         "verify", help="after a repair: is the node's drain ours, and is its new benchmark green?"
     )
     verify.add_argument("--node", required=True, help="inventory hostname")
@@ -105,17 +96,30 @@ def _parser() -> argparse.ArgumentParser:
         "--since", help="only benchmark results from this time on (ISO-8601 or epoch seconds)"
     )
 
-    rules = command("rules", help="the diagnosis rules")
-    rules_command = group(rules, "rules_command")
-    check = rules_command("check", help="validate a rule file or folder: file:line, field, problem")
+    rules = commands.add_parser("rules", help="the diagnosis rules")
+    rules_commands = rules.add_subparsers(dest="rules_command", required=True)
+    check = rules_commands.add_parser(
+        "check", help="validate a rule file or folder: file:line, field, problem"
+    )
     check.add_argument("path", type=Path)
     check.add_argument("--inventory", type=Path, help="use its report intervals (stethoscope_sweep_interval)")
 
-    spool = command("spool", help="the spool of rows not yet stored")
-    spool_command = group(spool, "spool_command")
-    spool_command("status", help="how many rows wait in the spool")
-    spool_command("replay", help="write the spool to the store now")
+    spool = commands.add_parser("spool", help="the spool of rows not yet stored")
+    spool_commands = spool.add_subparsers(dest="spool_command", required=True)
+    spool_commands.add_parser("status", help="how many rows wait in the spool")
+    spool_commands.add_parser("replay", help="write the spool to the store now")
+    _share_global_options(parser)
     return parser
+
+
+def _share_global_options(parser: argparse.ArgumentParser) -> None:
+    """Every subcommand, at any depth, takes the global options too, after its name; their default is
+    SUPPRESS there, so that a value given before the subcommand is not overwritten."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                _global_options(subparser, argparse.SUPPRESS)
+                _share_global_options(subparser)
 
 
 def _execution_options(parser: argparse.ArgumentParser) -> None:
