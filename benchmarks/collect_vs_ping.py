@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from stethoscope import stats
 
 TOP = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -71,7 +72,7 @@ def main() -> None:
 
         with Store(env["STETHOSCOPE_DSN"]) as store:
             rows, nodes = store.query("SELECT count(), uniqExact(node_id) FROM stethoscope.metrics")[0]
-    medians = {name: statistics.median(values) for name, values in times.items()}
+    medians = {name: stats.median(values) for name, values in times.items()}
     print(
         json.dumps(
             {

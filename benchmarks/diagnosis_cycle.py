@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from stethoscope import stats
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import diagnose
 from stethoscope.diagnosis.engine import evaluate
@@ -120,7 +120,7 @@ def one_size(nodes: int, repeat: int) -> dict:
         "generate_seconds": round(generate_s, 1),
         "rules": len(loaded.rules),
         "cycle_seconds": [round(c, 3) for c in cycles],
-        "cycle_median_seconds": round(statistics.median(cycles), 3),
+        "cycle_median_seconds": round(stats.median(cycles), 3),
         "findings": len(findings),
         "findings_by_rule": dict(sorted(by_rule.items())),
         "slowest_rules_seconds": dict(slowest),

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import clickhouse_connect
 
+from stethoscope import stats
 from stethoscope.store.batch import METRIC_COLUMNS, Batch, MetricColumns
 from stethoscope.store.client import Store
 from stethoscope.store.schema import single_node_ddl
@@ -101,7 +101,7 @@ def main() -> None:
                 target = Path(tmp) / f"{name}-{attempt}" / "db"
                 target.parent.mkdir()
                 results[name].append(args.rows / run(target, rows))
-    medians = {name: statistics.median(values) for name, values in results.items()}
+    medians = {name: stats.median(values) for name, values in results.items()}
     report = {
         "rows": args.rows,
         "repeat": args.repeat,

@@ -4,15 +4,12 @@ receive), each host's slurm_name/rack/switch, and the `stethoscope_*` settings o
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stethoscope.names import is_node_name
 from stethoscope.paths import project_root
-
-# an inventory hostname as Slurm and a shell would accept it; anything else never reaches a command
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
 class InventoryError(ValueError):
@@ -37,9 +34,8 @@ class Inventory:
     def host(self, name: str) -> Host | None:
         """The host named `name`, only if it is an inventory host with a valid name."""
         host = self.hosts.get(name)
-        return (
-            host if host is not None and NODE_NAME.match(name) and NODE_NAME.match(host.slurm_name) else None
-        )
+        valid = host is not None and is_node_name(name) and is_node_name(host.slurm_name)
+        return host if valid else None
 
 
 def default_inventory() -> Path:
@@ -58,7 +54,6 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
     manager = InventoryManager(loader=loader, sources=[str(path)])
     variables = VariableManager(loader=loader, inventory=manager)
     hosts: dict[str, Host] = {}
-    settings: dict[str, Any] = {}
     for host in manager.get_hosts():
         host_vars = variables.get_vars(host=host, include_hostvars=False)
         hosts[host.name] = Host(
@@ -68,8 +63,19 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
             str(host_vars.get("switch") or ""),
             sorted(g.name for g in host.get_groups() if g.name not in ("all", "ungrouped")),
         )
-        if not settings:
-            settings = {k: v for k, v in host_vars.items() if k.startswith("stethoscope_")}
     if not hosts:
         raise InventoryError(f"inventory {path}: no hosts")
-    return Inventory(path.resolve(), hosts, settings)
+    return Inventory(path.resolve(), hosts, _all_group_settings(loader, manager, path))
+
+
+def _all_group_settings(loader: Any, manager: Any, path: Path) -> dict[str, Any]:
+    """The `stethoscope_*` vars of the `all` group: inline in the inventory file, then group_vars/all
+    (Ansible's precedence), never one host's own (a host var there would speak for the fleet)."""
+    from ansible.utils.vars import combine_vars
+    from ansible.vars.plugins import get_vars_from_inventory_sources
+
+    group = manager.groups["all"]
+    merged = group.get_vars()
+    for stage in ("inventory", "task"):  # where the vars plugins run depends on RUN_VARS_PLUGINS
+        merged = combine_vars(merged, get_vars_from_inventory_sources(loader, [str(path)], [group], stage))
+    return {k: v for k, v in merged.items() if k.startswith("stethoscope_")}

@@ -7,8 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stethoscope.bench.baseline import build, render_html, render_table, worse_deviation
+from stethoscope.bench.baseline import build, render_table, worse_deviation
 from stethoscope.catalog import Catalog
+from stethoscope.report.baseline_html import render_html
 from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
@@ -78,6 +79,19 @@ def test_a_swapped_part_starts_a_new_history(store):
     assert row.history_runs == 0 and not row.beyond_3_sigma
 
 
+def test_a_node_name_with_markup_is_escaped_in_the_baseline_html(store):
+    hostile = "<script>alert(1)</script>"
+    rows = [
+        bench_row(f"r-{node}", node, "bench_fio_randread_iops", value, labels={"tag": '"><img src=x>'})
+        for node, value in [(hostile, 50.0), ("n2", 100.0), ("n3", 101.0)]
+    ]
+    store.insert_rows("bench_results", rows)
+    page = render_html(build(store, CATALOG))
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and hostile not in page
+    assert "&#34;&gt;&lt;img src=x&gt;" in page and "<img" not in page
+    assert page.count("<script>") == 1  # the page's own sorting code, nothing from the data
+
+
 def test_baseline_playbook_on_the_lab_grades_the_slow_node_red(tmp_path, tmp_dsn):
     lab_dir = tmp_path / "lab"
     env = ansible_env(tmp_path, tmp_dsn, STETHOSCOPE_LAB_DIR=str(lab_dir))
@@ -117,7 +131,7 @@ def test_baseline_playbook_on_the_lab_grades_the_slow_node_red(tmp_path, tmp_dsn
     assert ring.hints == ["ring degraded while tree is normal: suspect switch port congestion"]
     (tree,) = [r for r in rows if r.node_id == "node03" and r.labels == {"algo": "tree", "size": "avg"}]
     assert tree.grade == "green"
-    assert '"grade": "red"' in render_html(rows)
+    assert '<tr class="red"><td class="g">red</td><td>node03</td>' in render_html(rows)
     with Store(tmp_dsn) as store:
         (facts,) = store.query(
             "SELECT facts FROM stethoscope.facts WHERE node_id = 'node08' AND collector = "

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import TOP
 
 
@@ -85,3 +87,130 @@ def test_missing_file_and_bad_dsn_are_usage_errors(tmp_path):
 def test_cluster_ddl_printed():
     result = cli("db", "ddl", "--cluster", "gpu")
     assert result.returncode == 0 and "ON CLUSTER 'gpu'" in result.stdout
+
+
+HOT_RULE = """
+- rule_id: hot
+  description: hot GPU (test)
+  severity: critical
+  trigger:
+    - {metric: gpu_temperature_celsius, operator: ">", threshold: 80, window: 5m}
+"""
+
+
+def _hot_store(dsn):
+    from stethoscope.store.batch import MetricColumns
+    from stethoscope.store.client import Store
+    from stethoscope.timeutil import now_ms
+
+    with Store(dsn) as store:
+        store.init_schema()
+        batch = MetricColumns()
+        for ago in (120_000, 60_000, 1_000):
+            batch.append("node01", "gpu_temperature_celsius", "gpu0", {}, 85.0, now_ms() - ago)
+        store.insert_metrics(batch)
+
+
+def _rule_path(tmp_path, case):
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    if case == "broken":  # a critical rule whose operator does not parse, next to one that loads
+        (folder / "hot.yml").write_text(HOT_RULE.replace('operator: ">"', 'operator: "~"'))
+        (folder / "ok.yml").write_text(HOT_RULE.replace("rule_id: hot", "rule_id: warm").replace("80", "99"))
+    elif case == "missing":
+        return folder / "nope"
+    return folder  # "empty": a folder without a rule file
+
+
+def test_rules_check_on_a_folder_without_rules_is_a_config_error(tmp_path):
+    (tmp_path / "rules").mkdir()
+    result = cli("rules", "check", str(tmp_path / "rules"))
+    assert result.returncode == 2 and "no rules under" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["diagnose", "watch"])
+@pytest.mark.parametrize("case", ["broken", "missing", "empty"])
+def test_rules_that_do_not_load_are_a_config_error_not_healthy(tmp_path, tmp_dsn, command, case):
+    _hot_store(tmp_dsn)
+    path = _rule_path(tmp_path, case)
+    extra = ["--fail-on", "critical"] if command == "diagnose" else ["--interval", "0.1", "--cycles", "1"]
+    result = cli("--dsn", tmp_dsn, command, "--rules", str(path), *extra)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "healthy" not in result.stdout and "Traceback" not in result.stderr
+    expected = {"broken": f"{path / 'hot.yml'}:6: operator", "missing": "no such file", "empty": "no rules"}
+    assert expected[case] in result.stderr
+
+
+def test_an_internal_error_is_exit_3_in_one_line(tmp_path):
+    inject = (
+        "import sys, stethoscope.cli.main as m\n"
+        "def boom(args): raise RuntimeError('injected')\n"
+        "m._run = boom\n"
+        "sys.exit(m.main(sys.argv[1:]))\n"
+    )
+    run = [sys.executable, "-c", inject, "spool", "status"]
+    plain = subprocess.run(run, capture_output=True, text=True, cwd=TOP, check=False)
+    assert plain.returncode == 3 and plain.stdout == ""
+    assert plain.stderr.count("\n") == 1 and "internal error: RuntimeError: injected" in plain.stderr
+    debug = subprocess.run([*run, "--debug"], capture_output=True, text=True, cwd=TOP, check=False)
+    assert debug.returncode == 3 and "Traceback" in debug.stderr
+    env = {**os.environ, "STETHOSCOPE_DEBUG": "1"}
+    by_env = subprocess.run(run, capture_output=True, text=True, cwd=TOP, env=env, check=False)
+    assert by_env.returncode == 3 and "Traceback" in by_env.stderr
+
+
+def test_global_options_after_the_subcommand(tmp_path, tmp_dsn):
+    before = cli("--dsn", tmp_dsn, "--database", "after", "db", "init")
+    assert before.returncode == 0, before.stderr
+    after = cli("db", "init", "--dsn", tmp_dsn, "--database", "after", "--spool-dir", str(tmp_path / "s"))
+    assert after.returncode == 0 and "(database after)" in after.stdout, after.stderr
+    # a value before the subcommand is not overwritten by the subcommand's own (absent) default
+    mixed = cli("--database", "mixed", "db", "ddl")
+    assert "CREATE DATABASE IF NOT EXISTS mixed" in mixed.stdout
+    assert "CREATE DATABASE IF NOT EXISTS late" in cli("db", "ddl", "--database", "late").stdout
+    status = cli("spool", "status", "--spool-dir", str(tmp_path / "s"))
+    assert status.returncode == 0 and str(tmp_path / "s") in status.stdout
+
+
+def test_summary_on_an_uninitialised_database_says_run_db_init(tmp_dsn):
+    result = cli("summary", "--dsn", tmp_dsn)
+    assert result.returncode == 2 and "stethoscope db init" in result.stderr
+    assert "Traceback" not in result.stderr and "UNKNOWN_DATABASE" not in result.stderr
+
+
+def test_verify_refuses_a_node_that_is_not_a_valid_host_of_the_inventory(tmp_path, tmp_dsn):
+    cli("--dsn", tmp_dsn, "db", "init")
+    for node in ("node;rm -rf /", "-oProxyCommand=sh"):  # refused by the one validator
+        result = cli("verify", "--dsn", tmp_dsn, f"--node={node}", "--txn", "t1")
+        assert result.returncode == 2 and "is not a valid host of" in result.stderr, result.stderr
+        assert result.stdout == ""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    gpu01: {}\n")
+    for env in ({}, {"STETHOSCOPE_INVENTORY": str(inventory)}):
+        args = () if env else ("--inventory", str(inventory))
+        other = cli("verify", "--dsn", tmp_dsn, "--node", "node01", "--txn", "t1", *args, env_extra=env)
+        assert other.returncode == 2 and str(inventory) in other.stderr  # a lab node, not a host of this one
+    ours = cli("verify", "--dsn", tmp_dsn, "--node", "node01", "--txn", "t1")
+    assert ours.returncode == 1 and json.loads(ours.stdout)["drain_recorded"] is False  # no drain under t1
+
+
+def test_watch_with_another_inventory_does_not_evaluate_the_lab_nodes(tmp_path, tmp_dsn):
+    _hot_store(tmp_dsn)  # node01 (a lab name) is hot
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "hot.yml").write_text(HOT_RULE)
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    gpu01: {}\n")
+    run = [
+        "--dsn",
+        tmp_dsn,
+        "watch",
+        "--rules",
+        str(tmp_path / "rules"),
+        "--interval",
+        "0.1",
+        "--cycles",
+        "1",
+    ]
+    assert "1 findings from 1 rules" in cli(*run).stdout  # no inventory given: every stored node
+    other = cli(*run, env_extra={"STETHOSCOPE_INVENTORY": str(inventory)})
+    assert other.returncode == 0 and "healthy: 1 rules, no finding" in other.stdout, other.stderr

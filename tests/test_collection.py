@@ -88,3 +88,35 @@ def test_ansible_lint_production_profile_is_clean():
         check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+MODULES = sorted(p.stem for p in (TOP / "plugins/modules").glob("*.py") if p.stem != "__init__")
+ROLES = sorted(p.name for p in (TOP / "roles").iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize(("kind", "names"), [("module", MODULES), ("role", ROLES)])
+def test_ansible_doc_renders_every_module_and_role(kind, names):
+    """One call for all of a kind: ansible-doc stops at the first page it cannot render."""
+    env = {**os.environ, "ANSIBLE_CONFIG": str(TOP / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(TOP / ".collections")
+    command = [str(BIN / "ansible-doc"), "-t", kind, *(f"aicluster.stethoscope.{n}" for n in names)]
+    doc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=TOP, check=False)
+    assert doc.returncode == 0 and "[ERROR]" not in doc.stderr, doc.stderr
+    headers = [line for line in doc.stdout.splitlines() if line.startswith(">")]
+    rendered = sorted(h.split()[2].strip("*").removeprefix("aicluster.stethoscope.") for h in headers)
+    assert rendered == names
+    assert len(doc.stdout.splitlines()) > 10 * len(names)  # each page has its options, not only a title
+
+
+def test_host_key_checking_stays_ansibles_default():
+    """The lab's hosts are local connections; a real inventory must not inherit a disabled check."""
+    env = {**os.environ, "ANSIBLE_CONFIG": str(TOP / "ansible.cfg")}
+    dump = subprocess.run(
+        [str(BIN / "ansible-config"), "dump", "--only-changed"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert dump.returncode == 0 and "CONFIG_FILE" in dump.stdout, dump.stderr
+    assert "HOST_KEY_CHECKING" not in dump.stdout

@@ -172,11 +172,27 @@ def test_a_template_error_fails_its_action_only(tmp_path, db, http_standin):
 
 
 def test_a_node_outside_the_inventory_never_reaches_a_playbook(tmp_path, db):
+    from stethoscope.catalog import Catalog
+    from stethoscope.diagnosis.diagnose import diagnose as evaluate_all
+    from stethoscope.diagnosis.rules import load_rules
+    from stethoscope.inventory import load_inventory
+    from stethoscope.remediation.executor import Context, Executor
+
     with Store(db) as store:
         worn(store, "node99;reboot")
     actions = [{"type": "playbook", "playbook": "remediate/drain.yml"}]
-    (finding,), _ = diagnose(tmp_path, db, rules(tmp_path, actions), *execute_args(tmp_path))
-    assert finding["outcome"] == "playbook:remediate/drain.yml skipped"
+    folder = rules(tmp_path, actions)
+    findings, _ = diagnose(tmp_path, db, folder, *execute_args(tmp_path))
+    assert findings == []  # only the inventory's hosts are evaluated
+    # and should such a finding reach the executor anyway, its name goes no further
+    loaded = load_rules(folder, Catalog.load())
+    with Store(db) as store:
+        (finding,) = evaluate_all(store, loaded.rules, AT)
+        database = store.database
+    context = Context(db, database, load_inventory(tmp_path / "inventory" / "hosts.yml"))
+    context.spool_dir = tmp_path / "spool"
+    (acted,) = Executor(context).run([finding], {"worn_ssd"}, AT)
+    assert acted["outcome"] == "playbook:remediate/drain.yml skipped"
 
 
 def test_circuit_breaker_drains_one_of_eight_and_alerts_instead(tmp_path, db, http_standin, slurm):
@@ -253,3 +269,63 @@ def test_an_action_the_store_cannot_take_is_spooled_and_replayed(tmp_path, db):
     assert table(db, "SELECT txn_id, action, status, detail FROM DB.actions") == [
         ("t1", "alert", "ok", '{"attempts": 1}')
     ]
+
+
+def other_inventory(tmp_path, first_host_vars=""):
+    """A second cluster's inventory: its own hosts (none of the lab's), its settings in `all`."""
+    path = tmp_path / "other" / "hosts.yml"
+    (path.parent / "group_vars").mkdir(parents=True)
+    (path.parent / "group_vars" / "all.yml").write_text(
+        "---\nstethoscope_breaker_fraction: 0.25\nstethoscope_ticket_project: OTHER\n"
+    )
+    path.write_text(
+        "---\nall:\n  vars:\n    ansible_connection: local\n    stethoscope_alert_webhook: http://127.0.0.1:9/all\n"
+        "  children:\n    login:\n      hosts:\n"
+        f"        login01: {{{first_host_vars}}}\n"
+        "    gpu_nodes:\n      hosts:\n        gpu-a01-01.cluster.example: {slurm_name: a01n01}\n"
+    )
+    return path
+
+
+def test_diagnose_with_another_inventory_never_acts_on_the_lab_nodes_in_the_same_database(tmp_path, db):
+    with Store(db) as store:
+        worn(store, "node03")  # a lab node, stored in the same database
+    lab_run = execute_args(tmp_path)  # the lab's inventory (node01..node08): node03's finding opens
+    (lab_finding,), _ = diagnose(tmp_path, db, rules(tmp_path, [{"type": "log", "message": "x"}]), *lab_run)
+    assert lab_finding["node_id"] == "node03"
+    with Store(db) as store:
+        worn(store, "gpu-a01-01.cluster.example", at=AT + 1_000)
+    other = other_inventory(tmp_path)
+    log = f"stethoscope_diagnose_log={tmp_path / 'other.log'}"
+    dry, _ = diagnose(tmp_path, db, tmp_path / "rules", "--inventory", str(other), at=AT + 2_000)
+    assert [f["node_id"] for f in dry] == ["gpu-a01-01.cluster.example"]
+    acted, _ = diagnose(
+        tmp_path, db, tmp_path / "rules", "--execute", "--inventory", str(other), "-e", log, at=AT + 2_000
+    )
+    assert [(f["node_id"], f["outcome"]) for f in acted] == [("gpu-a01-01.cluster.example", "log ok")]
+    acted_on = table(
+        db,
+        "SELECT DISTINCT node_id FROM DB.findings WHERE finding_id IN "
+        f"(SELECT finding_id FROM DB.actions WHERE txn_id != '{lab_finding['txn_id']}')",
+    )
+    assert acted_on == [("gpu-a01-01.cluster.example",)]  # node03 only ever by the lab's own run
+    open_ = table(
+        db,
+        "SELECT node_id FROM DB.findings GROUP BY finding_id, node_id "
+        "HAVING argMax(status, version) = 'open' ORDER BY node_id",
+    )
+    assert open_ == [("gpu-a01-01.cluster.example",), ("node03",)]  # the lab's finding not resolved by it
+
+
+def test_inventory_settings_come_from_the_all_group_not_the_first_host(tmp_path):
+    from stethoscope.inventory import load_inventory
+
+    path = other_inventory(tmp_path, "stethoscope_breaker_fraction: 0.9, stethoscope_only_here: 1")
+    loaded = load_inventory(path)
+    assert next(iter(loaded.hosts)) == "login01"  # the host with its own stethoscope_ vars is read first
+    assert loaded.settings == {
+        "stethoscope_alert_webhook": "http://127.0.0.1:9/all",
+        "stethoscope_breaker_fraction": 0.25,
+        "stethoscope_ticket_project": "OTHER",
+    }
+    assert loaded.hosts["gpu-a01-01.cluster.example"].slurm_name == "a01n01"  # host vars still per host

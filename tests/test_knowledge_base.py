@@ -205,12 +205,14 @@ CASES = {
         [S("ib_link_downed_total", [2, 2, 3], "mlx5_0/1")],
         [S("ib_link_downed_total", [255, 255, 255], "mlx5_0/1")],
     ),
+    # a legacy counter rdma_facts labelled saturated=1 (no counters_ext twin); a 64-bit one at 255 counts on
     "ib_counter_saturated": (
         [S("ib_link_downed_total", [255] * 3, "mlx5_0/1", {"saturated": "1"})],
         [
             S("ib_link_downed_total", [254] * 3, "mlx5_0/1"),  # one short of the 8-bit limit: still counting
             S("ib_symbol_errors_total", [70_000] * 3, "mlx5_1/1"),  # a 64-bit counter is never saturated
             S("ib_port_xmit_discards_total", [65_535], "mlx5_2/1", {"saturated": "1"}),  # one sweep only
+            S("ib_link_downed_total", [255, 255, 255], "mlx5_3/1"),  # unlabelled: a 64-bit twin at 255
         ],
     ),
     "ib_mtu_mismatch": fleet("ib_port_active_mtu", 50, device="mlx5_0/1"),

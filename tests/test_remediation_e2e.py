@@ -61,7 +61,11 @@ def test_worn_ssd_is_drained_evidenced_ticketed_once_and_resumed_after_verificat
     ]  # fmt: skip
     first = subprocess.run(diagnose, env=env, cwd=TOP, capture_output=True, text=True, check=False)
     assert first.returncode == 1, first.stderr  # a critical finding
-    found = json.loads(first.stdout)
+    # besides the worn SSD, the real captures' legacy IB counters stopped at 255: info findings that only log
+    everything = json.loads(first.stdout)
+    saturated = [f for f in everything if f["rule_id"] == "ib_counter_saturated"]
+    assert saturated and {(f["severity"], f["outcome"]) for f in saturated} == {("info", "log ok")}
+    found = [f for f in everything if f["rule_id"] != "ib_counter_saturated"]
     # one family on one drive: the early warning (sectors climbing) and the hard limit it leads to
     assert sorted((f["node_id"], f["device"], f["rule_id"]) for f in found) == [
         ("node07", "sda", "ssd_reallocated_climbing"),

@@ -10,12 +10,12 @@ short_description: Drain a Slurm node for a stethoscope finding, or resume one t
 version_added: "0.1.0"
 description:
   - Reads the node with C(scontrol -o show node), and drains it with C(scontrol update NodeName=... State=DRAIN Reason=...) or resumes it with C(State=RESUME).
-  - Resuming is refused unless the node's current drain reason is the one given in O(reason) (stethoscope's C(stethoscope: <rule> <txn>)), so a node drained by a human, or for another transaction, is never resumed.
+  - "Resuming is refused unless the node's current drain reason is the one given in O(reason) (stethoscope's C(stethoscope: <rule> <txn>)), so a node drained by a human, or for another transaction, is never resumed."
   - Idempotent; check mode and diff report what would change and run no update.
   - On a node whose slurmd has never answered, Slurm clears the DRAIN flag and still answers "Invalid node state specified"; success is judged by reading the node again, not by that exit code.
 options:
   name:
-    description: The node's name in Slurm (the inventory's C(slurm_name)); letters, digits, C(.), C(_), C(-).
+    description: The node's name in Slurm (the inventory's C(slurm_name)); letters, digits, C(.), C(_), C(-), not starting with C(-).
     type: str
     required: true
   state:
@@ -73,7 +73,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.slurm import parse_show_node
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+# the controller's one node-name rule (stethoscope/names.py), repeated here: a module cannot import it
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 ENV = {"LANGUAGE": "C", "LC_ALL": "C"}
 
 
@@ -106,7 +107,7 @@ def main():
         supports_check_mode=True,
     )
     name, state, reason = module.params["name"], module.params["state"], module.params["reason"].strip()
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):
         module.fail_json(msg="slurm_node: %r is not a valid node name" % name)
     if not reason or "\n" in reason:
         module.fail_json(msg="slurm_node: the reason must be one non-empty line")

@@ -4,9 +4,9 @@ graded in the catalog's worse direction, its own history (3σ), and the ring-vs-
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass, field
 
+from stethoscope import stats
 from stethoscope.catalog import Catalog
 from stethoscope.store.client import Store
 
@@ -39,16 +39,6 @@ class Row:
     @property
     def label_text(self) -> str:
         return ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def _rsd(values: list[float]) -> float:
-    if len(values) < 2 or statistics.mean(values) == 0:
-        return 0.0
-    return statistics.stdev(values) / abs(statistics.mean(values)) * 100.0
 
 
 def worse_deviation(value: float, reference: float, better: str) -> float:
@@ -104,7 +94,7 @@ def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0) -> list[
         entry = meta[key]
         latest = entry["order"][-1]
         values = by_run[latest]
-        rsd = _rsd(values)
+        rsd = stats.rsd_percent(values)
         row = Row(
             node,
             entry["class"],
@@ -112,17 +102,16 @@ def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0) -> list[
             name,
             device,
             json.loads(labels),
-            _median(values),
+            stats.median(values),
             len(values),
             round(rsd, 3),
             entry["unstable"][latest] or rsd > max_rsd_percent,
         )
         # own history: earlier runs under the same node fingerprint (a swapped part starts anew)
-        earlier = [
-            _median(by_run[r]) for r in entry["order"][:-1] if entry["node_fp"][r] == entry["node_fp"][latest]
-        ]
+        same_parts = [r for r in entry["order"][:-1] if entry["node_fp"][r] == entry["node_fp"][latest]]
+        earlier = [stats.median(by_run[r]) for r in same_parts]
         if len(earlier) >= 2:
-            row.history_mean, row.history_sigma = statistics.mean(earlier), statistics.stdev(earlier)
+            row.history_mean, row.history_sigma = stats.mean(earlier), stats.stdev(earlier)
             row.history_runs = len(earlier)
             spec = catalog.get(name)
             better = spec.better if spec else "none"
@@ -141,8 +130,7 @@ def _fleet(rows: list[Row], catalog: Catalog) -> None:
         groups.setdefault((row.class_fingerprint, row.suite, row.metric_name, row.label_text), []).append(row)
     for members in groups.values():
         values = [m.value for m in members]
-        median = _median(values)
-        mad = _median([abs(v - median) for v in values])
+        median, mad = stats.median(values), stats.mad(values)
         for row in members:
             spec = catalog.get(row.metric_name)
             row.fleet_median, row.fleet_mad, row.fleet_nodes = median, mad, len(members)
@@ -201,45 +189,3 @@ def render_table(rows: list[Row]) -> str:
             f"{r.value:>11.4g}{(r.fleet_median or 0):>11.4g}{r.deviation_percent:>7.1f}  {'; '.join(notes)}"
         )
     return "\n".join(lines)
-
-
-def render_html(rows: list[Row]) -> str:
-    data = json.dumps([{**r.__dict__, "labels": r.label_text} for r in rows], default=str)
-    return HTML.replace("__DATA__", data.replace("</", "<\\/"))
-
-
-HTML = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>stethoscope baseline report</title>
-<style>
-body{font-family:system-ui,sans-serif;margin:1.5em} table{border-collapse:collapse;font-size:13px}
-th,td{padding:3px 8px;border-bottom:1px solid #ddd;text-align:left} th{cursor:pointer;background:#f3f3f3}
-td.num{text-align:right;font-variant-numeric:tabular-nums} tr.red td.g{background:#e53935;color:#fff}
-tr.yellow td.g{background:#fdd835} tr.green td.g{background:#43a047;color:#fff}
-</style></head><body>
-<h1>Baseline report</h1>
-<p>Deviation from the class's fleet median in the direction the metric catalog calls worse:
-&gt;20&nbsp;% red, 10&ndash;20&nbsp;% yellow, &lt;10&nbsp;% green. Click a column to sort.</p>
-<table id="t"><thead><tr>
-<th data-k="grade">grade</th><th data-k="node_id">node</th><th data-k="suite">suite</th>
-<th data-k="metric_name">metric</th><th data-k="labels">labels</th><th data-k="value">value</th>
-<th data-k="fleet_median">fleet median</th><th data-k="deviation_percent">deviation %</th>
-<th data-k="rsd_percent">RSD %</th><th data-k="notes">notes</th></tr></thead><tbody></tbody></table>
-<script>
-const rows = __DATA__;
-rows.forEach(r => { r.notes = [r.unstable ? "unstable" : "", r.beyond_3_sigma ? ">3σ own history" : ""]
-  .concat(r.hints).filter(Boolean).join("; "); });
-let key = "deviation_percent", asc = false;
-function draw() {
-  rows.sort((a, b) => (a[key] > b[key] ? 1 : a[key] < b[key] ? -1 : 0) * (asc ? 1 : -1));
-  document.querySelector("#t tbody").innerHTML = rows.map(r => `<tr class="${r.grade}">` +
-    `<td class="g">${r.grade}</td><td>${r.node_id}</td><td>${r.suite}</td><td>${r.metric_name}</td>` +
-    `<td>${r.labels}</td><td class="num">${Number(r.value).toPrecision(5)}</td>` +
-    `<td class="num">${Number(r.fleet_median).toPrecision(5)}</td>` +
-    `<td class="num">${r.deviation_percent}</td>` +
-    `<td class="num">${r.rsd_percent}</td><td>${r.notes}</td></tr>`).join("");
-}
-document.querySelectorAll("th").forEach(th => th.onclick = () => {
-  asc = key === th.dataset.k ? !asc : false; key = th.dataset.k; draw(); });
-draw();
-</script></body></html>
-"""

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from stethoscope.catalog import Catalog, CatalogError
+from stethoscope.cli.exit_codes import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from stethoscope.diagnosis.diagnose import SEVERITY_ORDER
-from stethoscope.diagnosis.rules import load_rules
+from stethoscope.diagnosis.rules import LoadResult, load_rules
 from stethoscope.diagnosis.ruleset import RuleSet
 from stethoscope.inventory import Inventory, load_inventory
 from stethoscope.paths import project_root
 from stethoscope.remediation.cycle import run_cycle, worst
 from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms, to_ms
-
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
 
 def _say(message: str) -> None:
@@ -37,12 +37,14 @@ def _overrides(pairs: list[str]) -> dict[str, Any] | None:
     return overrides
 
 
-def inventory_of(args: argparse.Namespace) -> Inventory | None:
-    """The inventory named by --inventory (or the lab's, to execute); errors exit 2."""
-    if not (getattr(args, "execute", False) or args.inventory):
+def inventory_of(args: argparse.Namespace, required: bool = False) -> Inventory | None:
+    """The inventory named by --inventory or $STETHOSCOPE_INVENTORY, else the lab's where one is
+    needed (to execute, or `required`); None for a dry-run given none. Errors exit 2."""
+    named = args.inventory or os.environ.get("STETHOSCOPE_INVENTORY") or None
+    if not (named or required or getattr(args, "execute", False)):
         return None
     try:
-        return load_inventory(args.inventory)
+        return load_inventory(named)
     except Exception as exc:  # InventoryError, and ansible's own parse errors, which have many types
         _say(f"inventory: {exc}")
         raise SystemExit(EXIT_USAGE) from None
@@ -77,12 +79,34 @@ def _executor_factory(args: argparse.Namespace, inventory: Inventory | None):
     return lambda dsn, database: Context(dsn, database, inventory, overrides, spool_dir=spool_dir)
 
 
+def hosts_of(inventory: Inventory | None) -> list[str] | None:
+    """The only nodes a command given `inventory` evaluates and acts on (None: every stored node)."""
+    return None if inventory is None else sorted(inventory.hosts)
+
+
+def checked_rules(path: Path | None, catalog: Catalog, command: str) -> LoadResult:
+    """The rules under `path` (default rules/); a missing path, a rule that does not load, or no rule
+    at all exits 2: a gate must not pass because its rules were never evaluated."""
+    path = Path(path or project_root() / "rules")
+    if not path.exists():
+        _say(f"{command}: {path}: no such file or folder")
+        raise SystemExit(EXIT_USAGE)
+    loaded = load_rules(path, catalog)
+    for error in loaded.errors:
+        _say(f"{command}: {error}")
+    if loaded.errors:
+        _say(f"{command}: {len(loaded.errors)} problems in the rules under {path}; nothing evaluated")
+        raise SystemExit(EXIT_USAGE)
+    if not loaded.rules:
+        _say(f"{command}: no rules under {path} ({loaded.files} rule files)")
+        raise SystemExit(EXIT_USAGE)
+    return loaded
+
+
 def diagnose_command(args: argparse.Namespace) -> int:
     inventory = inventory_of(args)
     catalog = catalog_for(inventory)
-    loaded = load_rules(args.rules or project_root() / "rules", catalog)
-    for error in loaded.errors:  # an invalid rule is reported and skipped; the others still run
-        _say(f"diagnose: {error}")
+    loaded = checked_rules(args.rules, catalog, "diagnose")
     try:
         at_ms = to_ms(args.at) if args.at else now_ms()
     except ValueError:
@@ -97,6 +121,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
         database=args.database,
         as_json=args.json,
         execute_with=factory,
+        nodes=hosts_of(inventory),
     )
     return EXIT_FINDINGS if worst(findings) >= SEVERITY_ORDER[args.fail_on] else EXIT_OK
 
@@ -106,7 +131,9 @@ def watch_command(args: argparse.Namespace) -> int:
 
     inventory = inventory_of(args)
     catalog = catalog_for(inventory)
-    rules = RuleSet(Path(args.rules or project_root() / "rules"), catalog)
+    path = Path(args.rules or project_root() / "rules")
+    checked_rules(path, catalog, "watch")  # the first cycle's rules must load; later bad edits are kept out
+    rules = RuleSet(path, catalog)
     factory = _executor_factory(args, inventory)
     cycle = 0
     try:
@@ -114,18 +141,22 @@ def watch_command(args: argparse.Namespace) -> int:
             cycle += 1
             for message in rules.refresh():
                 _say(f"watch: {message}")
-            try:
-                run_cycle(
-                    rules.rules,
-                    catalog,
-                    now_ms(),
-                    dsn=args.dsn,
-                    database=args.database,
-                    as_json=args.json,
-                    execute_with=factory,
-                )
-            except StoreError as exc:  # the database may come back: keep watching
-                _say(f"watch: cycle {cycle}: {exc}")
+            if not rules.rules:  # every rule file removed since: never "healthy" over no rules
+                _say(f"watch: cycle {cycle}: no rules under {path}; nothing evaluated")
+            else:
+                try:
+                    run_cycle(
+                        rules.rules,
+                        catalog,
+                        now_ms(),
+                        dsn=args.dsn,
+                        database=args.database,
+                        as_json=args.json,
+                        execute_with=factory,
+                        nodes=hosts_of(inventory),
+                    )
+                except StoreError as exc:  # the database may come back: keep watching
+                    _say(f"watch: cycle {cycle}: {exc}")
             if args.cycles and cycle >= args.cycles:
                 return EXIT_OK
             time.sleep(args.interval)
@@ -141,6 +172,11 @@ def verify_command(args: argparse.Namespace) -> int:
         since_override = to_ms(args.since) if args.since else None
     except ValueError:
         _say(f"verify: --since {args.since!r} is neither ISO-8601 nor epoch seconds")
+        return EXIT_USAGE
+    inventory = inventory_of(args, required=True)
+    if inventory is None or inventory.host(args.node) is None:
+        where = inventory.path if inventory else "the inventory"
+        _say(f"verify: {args.node!r} is not a valid host of {where}")
         return EXIT_USAGE
     with Store(args.dsn, args.database) as store:
         ledger = Ledger(store)

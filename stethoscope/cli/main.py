@@ -1,28 +1,47 @@
-"""The `stethoscope` command. Exit codes: 0 healthy, 1 findings, 2 usage or config error."""
+"""The `stethoscope` command. Exit codes: 0 healthy, 1 findings, 2 usage or config error, 3 the run
+itself failed (a crash is never reported as findings)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from pathlib import Path
 
 from stethoscope.catalog import Catalog, CatalogError
+from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from stethoscope.paths import default_spool_dir
-from stethoscope.report.summary import render, summarize
 from stethoscope.store.client import Store, StoreError
 from stethoscope.store.dsn import ConfigError, redact
 from stethoscope.store.ingest import parse_ndjson
 from stethoscope.store.spool import Spool
 from stethoscope.store.writer import Writer
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """--dsn, --database, --spool-dir, --debug: on the top parser (default None) and on every
+    subcommand (default SUPPRESS, so that a value given before the subcommand is not overwritten)."""
+    parser.add_argument(
+        "--dsn", default=default, help="clickhouse-connect DSN (default $STETHOSCOPE_DSN, else embedded)"
+    )
+    parser.add_argument("--database", default=default, help="database name (default stethoscope)")
+    parser.add_argument(
+        "--spool-dir", type=Path, default=default, help="spool folder (default .stethoscope/spool)"
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=default if default is argparse.SUPPRESS else False,
+        help="print the traceback of an internal error (or STETHOSCOPE_DEBUG=1)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stethoscope", description=__doc__)
-    parser.add_argument("--dsn", help="clickhouse-connect DSN (default $STETHOSCOPE_DSN, else embedded)")
-    parser.add_argument("--database", help="database name (default stethoscope)")
-    parser.add_argument("--spool-dir", type=Path, help="spool folder (default .stethoscope/spool)")
+    _global_options(parser, None)
     commands = parser.add_subparsers(dest="command", required=True)
 
     db = commands.add_parser("db", help="database schema")
@@ -35,7 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     ingest = commands.add_parser("ingest", help="store metric rows from an NDJSON file")
     ingest.add_argument("file", type=Path)
 
-    commands.add_parser("summary", help="per node: rows stored and the unhealthy values seen")
+    summary = commands.add_parser("summary", help="per node: rows stored and the findings diagnose gives")
+    summary.add_argument("--inventory", type=Path, help="only this inventory's hosts")
+    summary.add_argument("--at", help="evaluation time, ISO-8601 or epoch seconds (default now)")
 
     baseline = commands.add_parser("baseline", help="graded benchmark report against fleet and own history")
     baseline.add_argument("--out", type=Path, help="also write DIR/baseline.html")
@@ -69,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--node", required=True, help="inventory hostname")
     verify.add_argument("--txn", required=True, help="the transaction id of the drain")
     verify.add_argument(
+        "--inventory", type=Path, help="inventory the node must be a host of (default inventories/lab)"
+    )
+    verify.add_argument(
         "--since", help="only benchmark results from this time on (ISO-8601 or epoch seconds)"
     )
 
@@ -84,7 +108,18 @@ def _parser() -> argparse.ArgumentParser:
     spool_commands = spool.add_subparsers(dest="spool_command", required=True)
     spool_commands.add_parser("status", help="how many rows wait in the spool")
     spool_commands.add_parser("replay", help="write the spool to the store now")
+    _share_global_options(parser)
     return parser
+
+
+def _share_global_options(parser: argparse.ArgumentParser) -> None:
+    """Every subcommand, at any depth, takes the global options too, after its name; their default is
+    SUPPRESS there, so that a value given before the subcommand is not overwritten."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                _global_options(subparser, argparse.SUPPRESS)
+                _share_global_options(subparser)
 
 
 def _execution_options(parser: argparse.ArgumentParser) -> None:
@@ -110,6 +145,21 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `stethoscope baseline | head`
         sys.stderr.close()
         return EXIT_OK
+    except KeyboardInterrupt:
+        return EXIT_FAILED
+    except Exception as exc:  # a crash is a failed run (3), never "findings" (1); one line unless --debug
+        if args.debug or os.environ.get("STETHOSCOPE_DEBUG", "") not in ("", "0"):
+            traceback.print_exc()
+        frames = traceback.extract_tb(exc.__traceback__)
+        ours = [f for f in frames if Path(f.filename).resolve().is_relative_to(PACKAGE)]
+        where = (ours or frames)[-1]
+        print(
+            f"stethoscope: internal error: {type(exc).__name__}: {redact(str(exc))} "
+            f"(at {Path(where.filename).name}:{where.lineno}; "
+            "--debug or STETHOSCOPE_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -144,9 +194,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "baseline":
         return _baseline(args)
     if args.command == "summary":
-        with Store(args.dsn, args.database) as store:
-            print(render(summarize(store, Catalog.load())))
-        return EXIT_OK
+        return _summary(args)
     if args.spool_command == "status":
         print(f"{Spool(spool_dir).pending_rows()} rows waiting in {spool_dir}")
         return EXIT_OK
@@ -155,6 +203,33 @@ def _run(args: argparse.Namespace) -> int:
     for problem in report.problems:
         print(f"stethoscope: spool: {problem}", file=sys.stderr)
     print(f"replayed {report.rows} rows from {report.files} files")
+    return EXIT_OK
+
+
+def _summary(args: argparse.Namespace) -> int:
+    from stethoscope.cli.diagnose import catalog_for, checked_rules, hosts_of, inventory_of
+    from stethoscope.report.summary import initialised, render, summarize
+    from stethoscope.timeutil import now_ms, to_ms
+
+    try:
+        at_ms = to_ms(args.at) if args.at else now_ms()
+    except ValueError:
+        print(
+            f"stethoscope: summary: --at {args.at!r} is neither ISO-8601 nor epoch seconds", file=sys.stderr
+        )
+        return EXIT_USAGE
+    inventory = inventory_of(args)
+    catalog = catalog_for(inventory)
+    rules = checked_rules(None, catalog, "summary").rules
+    with Store(args.dsn, args.database) as store:
+        if not initialised(store):
+            print(
+                f"stethoscope: summary: no schema in {redact(store.dsn)} (database {store.database}): "
+                "run `stethoscope db init` first",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        print(render(summarize(store, catalog, rules, at_ms, hosts_of(inventory))))
     return EXIT_OK
 
 
@@ -170,11 +245,14 @@ def _rules_check(args: argparse.Namespace) -> int:
     for error in result.errors:
         print(error, file=sys.stderr)
     print(f"{len(result.rules)} rules valid in {result.files} files; {len(result.errors)} problems")
-    return EXIT_USAGE if result.errors else EXIT_OK
+    if not result.rules and not result.errors:
+        print(f"stethoscope: rules check: no rules under {path}", file=sys.stderr)
+    return EXIT_USAGE if result.errors or not result.rules else EXIT_OK
 
 
 def _baseline(args: argparse.Namespace) -> int:
     from stethoscope.bench import baseline
+    from stethoscope.report.baseline_html import render_html
 
     with Store(args.dsn, args.database) as store:
         rows = baseline.build(store, Catalog.load())
@@ -184,7 +262,7 @@ def _baseline(args: argparse.Namespace) -> int:
     print(baseline.render_table(shown))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "baseline.html").write_text(baseline.render_html(rows), encoding="utf-8")
+        (args.out / "baseline.html").write_text(render_html(rows), encoding="utf-8")
         print(f"wrote {args.out / 'baseline.html'}")
     return EXIT_OK
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from stethoscope import templating
@@ -99,9 +100,11 @@ def _finding(rule: Rule, match: Match, at_ms: int, evidence: dict[str, Any] | No
     return finding
 
 
-def _unknown_findings(store: Store, catalog: Catalog, at_ms: int) -> list[dict[str, Any]]:
+def _unknown_findings(
+    store: Store, catalog: Catalog, at_ms: int, nodes: Sequence[str] | None
+) -> list[dict[str, Any]]:
     findings = []
-    for silence in silences(store, catalog, at_ms):
+    for silence in silences(store, catalog, at_ms, nodes):
         last_seen = iso(silence.last_seen_ms)
         subject = f"{silence.node_id} {silence.device}" if silence.device else silence.node_id
         what = f"{', '.join(silence.metrics)} not reported" if silence.device else "nothing reported"
@@ -116,16 +119,21 @@ def _unknown_findings(store: Store, catalog: Catalog, at_ms: int) -> list[dict[s
 
 
 def diagnose(
-    store: Store, rules: list[Rule], at_ms: int, catalog: Catalog | None = None
+    store: Store,
+    rules: list[Rule],
+    at_ms: int,
+    catalog: Catalog | None = None,
+    nodes: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every finding at `at_ms`, most severe first; deterministic for the same data and rules."""
+    """Every finding at `at_ms`, most severe first; deterministic for the same data and rules. With
+    `nodes` (an inventory's hosts), only those nodes' data is read."""
     findings = [
         _finding(rule, m, at_ms)
         for rule in sorted(rules, key=lambda r: r.rule_id)
-        for m in evaluate(store, rule, at_ms)
+        for m in evaluate(store, rule, at_ms, nodes=nodes)
     ]
     if catalog is not None:
-        findings += _unknown_findings(store, catalog, at_ms)
+        findings += _unknown_findings(store, catalog, at_ms, nodes)
     return sorted(
         findings, key=lambda f: (-SEVERITY_ORDER[f["severity"]], f["node_id"], f["rule_id"], f["device"])
     )

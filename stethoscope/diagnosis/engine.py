@@ -14,6 +14,7 @@ finding about the switch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,11 +63,14 @@ def _regex(pattern: str) -> str:
 class _Builder:
     """Builds the SQL of one rule; values travel as query parameters, never spliced in."""
 
-    def __init__(self, database: str, at_ms: int, raw_ttl_seconds: int):
+    def __init__(self, database: str, at_ms: int, raw_ttl_seconds: int, nodes: Sequence[str] | None = None):
         self.database = database
         self.raw_ttl_seconds = raw_ttl_seconds
         self.params: dict[str, Any] = {"at": at_ms}
         self.count = 0
+        self.nodes = nodes is not None
+        if nodes is not None:
+            self.params["nodes"] = sorted(nodes)
 
     def param(self, value: Any, kind: str) -> str:
         self.count += 1
@@ -102,6 +106,8 @@ class _Builder:
         """Rows (node_id, device, labels_key, value, timestamp, cls) of the metric in (start, end]."""
         metric = self.param(condition.metric, "String")
         where = [f"metric_name = {metric}", f"timestamp <= {end}", f"timestamp > {start}"]
+        if self.nodes:  # only the inventory's hosts: their peers too, for a fleet baseline
+            where.append("has({nodes:Array(String)}, node_id)")
         for key, value in condition.labels:
             where.append(f"labels[{self.param(key, 'String')}] = {self.param(value, 'String')}")
         if condition.device:
@@ -220,12 +226,16 @@ def _metrics(item: Condition | Group) -> list[str]:
 
 
 def rule_query(
-    rule: Rule, database: str, at_ms: int, raw_ttl_seconds: int = RAW_TTL_SECONDS
+    rule: Rule,
+    database: str,
+    at_ms: int,
+    raw_ttl_seconds: int = RAW_TTL_SECONDS,
+    nodes: Sequence[str] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """The one query that evaluates `rule` over every node at `at_ms`."""
+    """The one query that evaluates `rule` at `at_ms` over every node (or only `nodes`)."""
     kinds = {device_kind(metric) for metric in _metrics(rule.when)}
     by_device = len(kinds) == 1 and kinds != {"node"}
-    builder = _Builder(database, at_ms, raw_ttl_seconds)
+    builder = _Builder(database, at_ms, raw_ttl_seconds, nodes)
     body = builder.node(rule.when, by_device)
     # one match per node (and enclosing device): the first condition's value, every condition's values
     sql = (
@@ -244,8 +254,14 @@ def rule_query(
     return f"{sql} ORDER BY node_id, device", builder.params
 
 
-def evaluate(store: Store, rule: Rule, at_ms: int, raw_ttl_seconds: int = RAW_TTL_SECONDS) -> list[Match]:
-    sql, params = rule_query(rule, store.database, at_ms, raw_ttl_seconds)
+def evaluate(
+    store: Store,
+    rule: Rule,
+    at_ms: int,
+    raw_ttl_seconds: int = RAW_TTL_SECONDS,
+    nodes: Sequence[str] | None = None,
+) -> list[Match]:
+    sql, params = rule_query(rule, store.database, at_ms, raw_ttl_seconds, nodes)
     matches: list[Match] = []
     groups: dict[str, Match] = {}
     for node, device, value, values, group, peers in store.query(sql, params):

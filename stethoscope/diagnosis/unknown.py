@@ -6,6 +6,7 @@ recorded (bench_* metrics, label phase=bench): benchmarks run on demand."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stethoscope.catalog import Catalog
@@ -27,7 +28,7 @@ class Silence:
     last_seen_ms: int
 
 
-def _query(database: str) -> str:
+def _query(database: str, filtered: bool) -> str:
     fallback = (
         "if(arrayExists(p -> startsWith(metric_name, p), {families:Array(String)}), "
         "{family_interval:UInt32}, {default:UInt32})"
@@ -42,7 +43,9 @@ def _query(database: str) -> str:
         "AND timestamp <= fromUnixTimestamp64Milli({at:Int64}, 'UTC') "
         "AND NOT startsWith(metric_name, 'train_') AND NOT startsWith(metric_name, 'cuda_') "
         "AND NOT startsWith(metric_name, 'bench_') "
-        "AND labels['phase'] != 'bench' GROUP BY node_id, metric_name, device"
+        "AND labels['phase'] != 'bench' "
+        + ("AND has({nodes:Array(String)}, node_id) " if filtered else "")
+        + "GROUP BY node_id, metric_name, device"
     )
     flagged = (
         "SELECT *, last_ms < {at:Int64} - {missed:UInt32} * interval_s * 1000 AS stale, "
@@ -55,7 +58,8 @@ def _query(database: str) -> str:
     )
 
 
-def silences(store: Store, catalog: Catalog, at_ms: int) -> list[Silence]:
+def silences(store: Store, catalog: Catalog, at_ms: int, nodes: Sequence[str] | None = None) -> list[Silence]:
+    """The silences at `at_ms`, of every node or only of `nodes` (an inventory's hosts)."""
     families = sorted(catalog.families)
     params = {
         "at": at_ms,
@@ -67,8 +71,11 @@ def silences(store: Store, catalog: Catalog, at_ms: int) -> list[Silence]:
         "family_interval": min((catalog.families[f].interval for f in families), default=DEFAULT_INTERVAL),
         "default": DEFAULT_INTERVAL,
     }
+    if nodes is not None:
+        params["nodes"] = sorted(nodes)
     found: dict[tuple[str, str, str], Silence] = {}
-    for node_id, metric, device, last_ms, fresh in store.query(_query(store.database), params):
+    rows = store.query(_query(store.database, nodes is not None), params)
+    for node_id, metric, device, last_ms, fresh in rows:
         # one finding per silent device (its metrics listed); a node of which nothing arrives any more
         # is one finding about the node
         rule_id, where = (NODE_RULE, "") if fresh == 0 else (DEVICE_RULE, device)

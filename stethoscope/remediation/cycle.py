@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from stethoscope.catalog import Catalog
@@ -22,9 +23,11 @@ def run_cycle(
     database: str | None,
     as_json: bool,
     execute_with: Any = None,
+    nodes: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
+    """`nodes`: the inventory's hosts, the only ones evaluated (and so acted on); None for all."""
     with Store(dsn, database) as store:
-        findings = diagnose(store, rules, at_ms, catalog)
+        findings = diagnose(store, rules, at_ms, catalog, nodes)
         resolved_dsn, resolved_db = store.dsn, store.database
     if execute_with is not None:
         from stethoscope.remediation.executor import Context, Executor

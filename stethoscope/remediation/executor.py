@@ -92,9 +92,12 @@ class Executor:
                 finding["first_seen"] = iso(finding["first_seen_ms"])
                 rows.append((finding, "open", version, at_ms))
             ledger.write_findings(rows)
+            hosts = self.ctx.inventory.hosts
             for finding_id, known in previous.items():
                 evaluated = known.rule_id in evaluated_rules or known.rule_id.startswith("unknown.")
-                if finding_id not in seen and evaluated:
+                # only this inventory's nodes were evaluated: another inventory's findings stay open
+                ours = any(node in hosts for node in known.nodes)
+                if finding_id not in seen and evaluated and ours:
                     ledger.resolve(finding_id, max(now_ms(), known.version + 1))
         for finding in acting:
             results = [self._act(finding, action) for action in finding["plan"]]

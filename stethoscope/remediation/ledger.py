@@ -21,6 +21,7 @@ class OpenFinding:
     txn_started_ms: int  # first_seen: when this transaction began (and acted)
     version: int
     rule_id: str
+    nodes: tuple[str, ...] = ()  # its node, and for a switch or rack finding the nodes behind it
 
 
 class Ledger:
@@ -31,10 +32,14 @@ class Ledger:
     def open_findings(self) -> dict[str, OpenFinding]:
         rows = self.store.query(
             "SELECT finding_id, argMax(txn_id, version), "
-            "toUnixTimestamp64Milli(argMax(first_seen, version)), max(version), argMax(rule_id, version) "
+            "toUnixTimestamp64Milli(argMax(first_seen, version)), max(version), argMax(rule_id, version), "
+            "argMax(node_id, version), JSONExtract(argMax(evidence, version), 'nodes', 'Array(String)') "
             f"FROM {self.db}.findings GROUP BY finding_id HAVING argMax(status, version) = 'open'"
         )
-        return {row[0]: OpenFinding(row[0], row[1], int(row[2]), int(row[3]), row[4]) for row in rows}
+        return {
+            row[0]: OpenFinding(row[0], row[1], int(row[2]), int(row[3]), row[4], (row[5], *row[6]))
+            for row in rows
+        }
 
     def write_findings(self, rows: list[tuple[dict[str, Any], str, int, int]]) -> None:
         """(finding, status, version, last_seen_ms) each, in one insert."""

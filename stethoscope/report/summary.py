@@ -1,14 +1,15 @@
-"""What landed in ClickHouse, per node: row counts and the latest values that look unhealthy.
-
-"Unhealthy" here is the catalog's own reading, not a diagnosis (rules do that): an error counter
-above zero, a flag in its worse state, an IB port not ACTIVE, NVMe endurance past 80 %.
-"""
+"""What landed in ClickHouse, per node: row counts, the last sample, and the findings `diagnose`
+gives at the same moment (its rules, its UNKNOWN): one reading of "unhealthy", not a second one."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from stethoscope.catalog import Catalog
+from stethoscope.diagnosis.diagnose import diagnose
+from stethoscope.diagnosis.rules import Rule
 from stethoscope.store.client import Store
 
 
@@ -18,59 +19,51 @@ class NodeSummary:
     rows: int
     series: int
     last_seen: str
-    notable: list[str] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def notable(self) -> list[str]:
+        return [f"{f['rule_id']} ({f['severity']}): {f['message']}" for f in self.findings]
 
 
-# Bits of gpu_throttle_reasons_active that mean trouble (a power cap under load is healthy on an H200).
-THROTTLE_TROUBLE = 0x8 | 0x20 | 0x40 | 0x80  # hw_slowdown, sw/hw thermal, hw power brake
-WEAR_LEFT = ("smart_media_wearout_indicator_normalized", "smart_wear_leveling_count_normalized")
-NOT_ERRORS = ("ib_port_xmit_wait_total",)  # congestion ticks: always counting on a busy port
+def initialised(store: Store) -> bool:
+    """Whether `db init` has created the metrics table in the store's database."""
+    found = store.query(
+        "SELECT count() FROM system.tables WHERE database = {db:String} AND name = 'metrics'",
+        {"db": store.database},
+    )
+    return bool(found and found[0][0])
 
 
-def _is_notable(name: str, value: float, catalog: Catalog) -> bool:
-    spec = catalog.get(name)
-    if spec is None or name in NOT_ERRORS:
-        return False
-    if name == "ib_port_state":
-        return value != 4
-    if name == "gpu_throttle_reasons_active":
-        return bool(int(value) & THROTTLE_TROUBLE)
-    if name == "nvme_percentage_used":
-        return value >= 80
-    if name in WEAR_LEFT:
-        return value < 20
-    if name.startswith("smart_") and name not in ("smart_health_passed", "smart_exit_status"):
-        return name in ("smart_reallocated_sector_ct", "smart_current_pending_sector") and value > 0
-    if spec.better == "lower" and (spec.kind == "counter" or spec.unit == "count"):
-        return value > 0
-    if spec.unit in ("bool", "bitmask"):
-        return (spec.better == "lower" and value != 0) or (spec.better == "higher" and value == 0)
-    return False
-
-
-def summarize(store: Store, catalog: Catalog) -> list[NodeSummary]:
+def summarize(
+    store: Store,
+    catalog: Catalog,
+    rules: list[Rule],
+    at_ms: int,
+    nodes: Sequence[str] | None = None,
+) -> list[NodeSummary]:
     db = store.database
+    where, params = "", {}
+    if nodes is not None:
+        where, params = "WHERE has({nodes:Array(String)}, node_id) ", {"nodes": sorted(nodes)}
     totals = store.query(
         f"SELECT node_id, count(), uniqExact(metric_name, device, labels_key), toString(max(timestamp)) "
-        f"FROM {db}.metrics FINAL GROUP BY node_id ORDER BY node_id"
-    )
-    latest = store.query(
-        f"SELECT node_id, metric_name, device, toString(labels), argMax(value, timestamp) "
-        f"FROM {db}.metrics FINAL GROUP BY node_id, metric_name, device, labels_key, labels "
-        f"ORDER BY node_id, metric_name, device"
+        f"FROM {db}.metrics FINAL {where}GROUP BY node_id ORDER BY node_id",
+        params,
     )
     summaries = {node: NodeSummary(node, rows, series, last) for node, rows, series, last in totals}
-    for node, name, device, labels, value in latest:
-        if _is_notable(name, value, catalog):
-            label_text = "" if labels == "{}" else f" {labels}"
-            summaries[node].notable.append(f"{name}{{{device}}}{label_text} = {value:g}")
+    for finding in diagnose(store, rules, at_ms, catalog, nodes):
+        # a correlated finding is about a switch or rack: listed under each node behind it
+        for node in finding["nodes"] or [finding["node_id"]]:
+            if node in summaries:
+                summaries[node].findings.append(finding)
     return list(summaries.values())
 
 
 def render(summaries: list[NodeSummary]) -> str:
     if not summaries:
         return "no metric rows stored yet"
-    lines = [f"{'node':<14} {'rows':>7} {'series':>7}  last sample (UTC)        unhealthy values"]
+    lines = [f"{'node':<14} {'rows':>7} {'series':>7}  last sample (UTC)        findings (as diagnose)"]
     for item in summaries:
         first, *rest = item.notable or ["-"]
         lines.append(f"{item.node_id:<14} {item.rows:>7} {item.series:>7}  {item.last_seen:<24} {first}")
