@@ -108,7 +108,9 @@ class Executor:
             with self._store() as store:
                 Ledger(store).write_action(row, version)
         except StoreError as exc:
-            Spool(self.ctx.spool_dir).append("actions", [action_row(row, version)])
+            Spool(self.ctx.spool_dir, self.ctx.dsn, self.ctx.database).append(
+                "actions", [action_row(row, version)]
+            )
             if not self.spooled:
                 print(f"stethoscope: actions spooled, the store is unavailable: {exc}", file=sys.stderr)
             self.spooled = True
