@@ -129,6 +129,17 @@ class Spool:
         name = f"rejected-{time.time_ns() // 1_000_000}-{os.getpid()}-{next(_seq)}.ndjson"
         return self._write(self.rejected_dir, name, rejected)
 
+    def reject_batch(self, batch: Batch, reason: str) -> Path | None:
+        """A whole batch no database will take (a configuration error), each row with `reason`."""
+        rows = [{"table": "metrics", "reason": reason, "row": row} for row in batch.metrics.rows()]
+        for table, table_rows in [
+            ("facts", batch.facts),
+            ("bench_results", batch.bench),
+            *_row_tables(batch)[2:],
+        ]:
+            rows += [{"table": table, "reason": reason, "row": row} for row in table_rows]
+        return self.reject(rows + batch.rejected)
+
     def _write(self, folder: Path, name: str, lines: list[dict[str, Any]]) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         part = folder / (name + ".part")
