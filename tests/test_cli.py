@@ -180,13 +180,16 @@ def test_ingest_rejects_future_timestamps_and_warns_about_rows_past_the_ttl(tmp_
 
 
 def bad_spool(spool_dir, dsn):
-    """A spool file for `dsn` that no replay can store (a row without its device column)."""
-    from stethoscope.store.spool import Spool
-
+    """A spool file for `dsn` that no replay can store (a row without its device column), as written
+    on disk: a header naming the target, then the rows."""
     row = json.loads(metric_row())
     del row["device"]
     row["timestamp"] = int(row["timestamp"] * 1000)
-    return Spool(spool_dir, dsn).append("metrics", [row])
+    header = {"__spool__": {"dsn": dsn, "database": "stethoscope", "table": "metrics"}}  # dsn: chdb:///abs
+    spool_dir.mkdir(parents=True, exist_ok=True)
+    path = spool_dir / f"metrics-{int(time.time() * 1000)}-{os.getpid()}-0.ndjson"
+    path.write_text(json.dumps(header) + "\n" + json.dumps(row) + "\n")
+    return path
 
 
 def test_spool_status_lists_target_rows_attempts_and_quarantine(tmp_path):
