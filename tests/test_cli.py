@@ -248,3 +248,10 @@ def test_diagnose_execute_with_a_bad_spool_still_evaluates_and_acts(tmp_path):
         assert finding["rule_id"] == "worn_ssd"
     assert (tmp_path / "findings.log").read_text().count("node03 worn") == 1  # acted once, then cooldown
     assert len(list((tmp_path / "spool/quarantine").glob("*.ndjson"))) == 1
+
+
+def test_a_file_as_embedded_database_is_exit_2_saying_not_a_database(tmp_path):
+    (tmp_path / "db").write_text("x")
+    result = cli("--dsn", f"chdb://{tmp_path / 'db'}", "summary")
+    assert result.returncode == 2 and "not a database: it is a file" in result.stderr
+    assert "in use" not in result.stderr and "Traceback" not in result.stderr

@@ -148,13 +148,13 @@ def test_unknown_dsn_option_is_a_configuration_error_naming_it():
 
 def test_regular_file_as_embedded_path_says_not_a_database(tmp_path):
     (tmp_path / "db").write_text("not a database\n")
-    with pytest.raises(StoreError, match="not a database: it is a file") as caught:
+    with pytest.raises(ConfigError, match="not a database: it is a file") as caught:
         Store(f"chdb://{tmp_path / 'db'}").open()
     assert "in use" not in str(caught.value)
 
 
 def test_proc_path_as_embedded_path_says_not_a_database():
-    with pytest.raises(StoreError, match="not a database: the folder cannot be created"):
+    with pytest.raises(ConfigError, match="not a database: the folder cannot be created"):
         Store("chdb:///proc/stethoscope-db").open()
 
 

@@ -141,8 +141,8 @@ class Store:
         else:
             self._holder = holder.HolderFile(embedded_path(self.dsn))
             problem = holder.unusable_path(embedded_path(self.dsn))
-            if problem:
-                raise StoreError(f"embedded database {embedded_path(self.dsn)}: {problem}")
+            if problem:  # the DSN names a path that cannot be a database: a setting to fix, exit 2
+                raise ConfigError(f"embedded database {embedded_path(self.dsn)}: {problem}")
         deadline = time.monotonic() + self.open_wait
         announced = False
         while True:
