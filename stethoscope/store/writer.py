@@ -77,7 +77,8 @@ class Writer:
         if files is not None:
             replay = ReplayReport()
             self.spool.settle(files, str(self.spool.target), replay)
-            report.replayed = replay.rows - sum(f.rows for f in files if f.path in bench_files)
+            fresh = sum(f.rows for f in files if f.path in bench_files and not f.error)  # this batch's
+            report.replayed = replay.rows - fresh
             report.problems.extend(replay.problems)
         if "error" in outcome or "stored" not in outcome:
             report.error = str(outcome.get("error", "write failed"))
