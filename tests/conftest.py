@@ -63,8 +63,10 @@ def ansible_env(tmp_path: Path, dsn: str | None = None, **extra: str) -> dict[st
 
 
 @contextlib.contextmanager
-def database_held_elsewhere(path: Path):
-    """Another process holds the embedded database at `path` open until the block ends."""
+def database_held_elsewhere(path: Path, seconds: float = 120):
+    """Another process holds the embedded database at `path` open until the block ends (or `seconds`).
+
+    Yields that process (its pid is the one the holder file names)."""
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -72,7 +74,8 @@ def database_held_elsewhere(path: Path):
             textwrap.dedent(f"""
             import time
             from stethoscope.store.client import Store
-            s = Store("chdb://{path}").open(); s.init_schema(); print("held", flush=True); time.sleep(120)
+            s = Store("chdb://{path}").open(); s.init_schema(); print("held", flush=True)
+            time.sleep({seconds}); s.close()
         """),
         ],
         stdout=subprocess.PIPE,
@@ -80,7 +83,7 @@ def database_held_elsewhere(path: Path):
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        yield
+        yield holder
     finally:
         holder.kill()
         holder.wait()

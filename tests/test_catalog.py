@@ -102,6 +102,7 @@ def test_names_carry_their_unit_or_are_known_exceptions():
         "bench_fio_randread_iops",
         "gpu_retired_pages_pending",
         "pcie_aer_status_flags",
+        "ansible_host_unreachable",  # 0/1, like nvlink_link_up
     }
     for name, spec in CATALOG.metrics.items():
         if name.startswith("smart_") and name not in exceptions:

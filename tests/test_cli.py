@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -214,3 +215,172 @@ def test_watch_with_another_inventory_does_not_evaluate_the_lab_nodes(tmp_path, 
     assert "1 findings from 1 rules" in cli(*run).stdout  # no inventory given: every stored node
     other = cli(*run, env_extra={"STETHOSCOPE_INVENTORY": str(inventory)})
     assert other.returncode == 0 and "healthy: 1 rules, no finding" in other.stdout, other.stderr
+
+
+def metric_row(**changes):
+    row = {
+        "node_id": "n1",
+        "metric_name": "gpu_temperature_celsius",
+        "device": "gpu0",
+        "labels": {},
+        "value": 41,
+        "timestamp": time.time() - 60,
+    }
+    return json.dumps({**row, **changes})
+
+
+def test_bad_dsn_scheme_or_option_is_exit_2_and_nothing_spooled(tmp_path):
+    (tmp_path / "rows.ndjson").write_text(metric_row() + "\n")
+    spool = tmp_path / "spool"
+    for dsn in ("ftp://x", "http://127.0.0.1:9/x?bogus_opt=1&password=hunter2"):
+        result = cli("--dsn", dsn, "--spool-dir", str(spool), "ingest", str(tmp_path / "rows.ndjson"))
+        assert result.returncode == 2, result.stderr
+        assert "hunter2" not in result.stderr and "Traceback" not in result.stderr
+        assert not spool.exists() or not any(spool.rglob("*.ndjson"))
+
+
+def test_store_unreachable_is_exit_3_not_findings(tmp_path):
+    result = cli("--dsn", "http://admin:hunter2@127.0.0.1:9/x", "summary")
+    assert result.returncode == 3 and "hunter2" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_db_init_ttl_days_below_1_is_exit_2(tmp_path):
+    dsn = f"chdb://{tmp_path / 'db'}"
+    for days in ("-1", "0"):
+        result = cli("--dsn", dsn, "db", "init", "--ttl-days", days)
+        assert result.returncode == 2 and "must be 1 or more days" in result.stderr
+    assert not (tmp_path / "db").exists()
+
+
+def test_ttl_days_on_an_existing_database_alters_the_ttl(tmp_path):
+    dsn = f"chdb://{tmp_path / 'db'}"
+    assert cli("--dsn", dsn, "db", "init").returncode == 0
+    changed = cli("--dsn", dsn, "db", "init", "--ttl-days", "7")
+    assert changed.returncode == 0 and "raw TTL changed from 30 to 7 days (metrics, facts)" in changed.stdout
+    from stethoscope.store.client import Store
+
+    with Store(dsn) as store:
+        for table in ("metrics", "facts"):
+            assert "toIntervalDay(7)" in store.query(f"SHOW CREATE TABLE stethoscope.{table}")[0][0]
+    again = cli("--dsn", dsn, "db", "init")
+    assert "raw TTL 7 days (unchanged)" in again.stdout
+
+
+def test_ingest_dash_reads_stdin(tmp_path):
+    dsn = f"chdb://{tmp_path / 'db'}"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stethoscope.cli",
+            "--dsn",
+            dsn,
+            "--spool-dir",
+            str(tmp_path / "s"),
+            "ingest",
+            "-",
+        ],
+        input=metric_row() + "\n" + metric_row(value=42, timestamp=time.time() - 30) + "\n{bad\n",
+        capture_output=True,
+        text=True,
+        cwd=TOP,
+        check=False,
+    )
+    assert result.returncode == 2 and "stored 2 rows" in result.stdout
+    assert "<stdin>:3: not JSON" in result.stderr
+
+
+def test_ingest_rejects_future_timestamps_and_warns_about_rows_past_the_ttl(tmp_path):
+    dsn = f"chdb://{tmp_path / 'db'}"
+    lines = [
+        metric_row(),
+        metric_row(timestamp=time.time() + 3600),
+        metric_row(timestamp=time.time() + 7200),
+        metric_row(timestamp=time.time() - 40 * 86400),
+    ]
+    (tmp_path / "rows.ndjson").write_text("\n".join(lines) + "\n")
+    assert cli("--dsn", dsn, "db", "init").returncode == 0
+    result = cli("--dsn", dsn, "--spool-dir", str(tmp_path / "s"), "ingest", str(tmp_path / "rows.ndjson"))
+    assert result.returncode == 2
+    assert "2 rows rejected: timestamp more than 5 min in the future (first at " in result.stderr
+    assert "rows.ndjson:2)" in result.stderr
+    assert "1 rows are older than the raw TTL (30 days)" in result.stderr
+    assert "stored 2 rows" in result.stdout
+
+
+def bad_spool(spool_dir, dsn):
+    """A spool file for `dsn` that no replay can store (a row without its device column), as written
+    on disk: a header naming the target, then the rows."""
+    row = json.loads(metric_row())
+    del row["device"]
+    row["timestamp"] = int(row["timestamp"] * 1000)
+    header = {"__spool__": {"dsn": dsn, "database": "stethoscope", "table": "metrics"}}  # dsn: chdb:///abs
+    spool_dir.mkdir(parents=True, exist_ok=True)
+    path = spool_dir / f"metrics-{int(time.time() * 1000)}-{os.getpid()}-0.ndjson"
+    path.write_text(json.dumps(header) + "\n" + json.dumps(row) + "\n")
+    return path
+
+
+def test_spool_status_lists_target_rows_attempts_and_quarantine(tmp_path):
+    dsn, spool = f"chdb://{tmp_path / 'db'}", str(tmp_path / "spool")
+    bad = bad_spool(tmp_path / "spool", dsn)
+    assert cli("--dsn", dsn, "--spool-dir", spool, "db", "init").returncode == 0
+    status = cli("--spool-dir", spool, "spool", "status")
+    assert status.stdout.startswith("1 rows waiting")
+    assert (
+        f"{bad.name}  metrics  1 rows" in status.stdout and "1 failed attempts (row refused" in status.stdout
+    )
+    assert f"-> chdb://{tmp_path / 'db'} database stethoscope" in status.stdout
+    for _ in range(2):
+        assert cli("--dsn", dsn, "--spool-dir", spool, "spool", "replay").returncode == 0
+    status = cli("--spool-dir", spool, "spool", "status")
+    assert status.stdout.startswith("0 rows waiting") and "1 files in quarantine" in status.stdout
+    assert f"{bad.name}: failed 3 replays into chdb://" in status.stdout
+    assert (tmp_path / "spool/quarantine" / bad.name).exists()
+
+
+def test_spool_replay_into_moves_rows_meant_for_another_database(tmp_path):
+    (tmp_path / "rows.ndjson").write_text(metric_row() + "\n" + metric_row(value=43) + "\n")
+    spool = str(tmp_path / "spool")
+    down = cli(
+        "--dsn", "http://127.0.0.1:9/prod", "--spool-dir", spool, "ingest", str(tmp_path / "rows.ndjson")
+    )
+    assert "2 rows spooled" in down.stderr
+    dsn = f"chdb://{tmp_path / 'db'}"
+    plain = cli("--dsn", dsn, "--spool-dir", spool, "spool", "replay")
+    assert (
+        "replayed 0 spooled rows" in plain.stdout and "1 spool files are for another database" in plain.stdout
+    )
+    moved = cli("--spool-dir", spool, "spool", "replay", "--into", dsn)
+    assert moved.returncode == 0 and "replayed 2 spooled rows from 1 files" in moved.stdout
+    assert cli("--spool-dir", spool, "spool", "status").stdout.startswith("0 rows waiting")
+
+
+def test_diagnose_execute_with_a_bad_spool_still_evaluates_and_acts(tmp_path):
+    from test_execute import execute_args, rules, worn
+
+    from stethoscope.store.client import Store
+
+    dsn = f"chdb://{tmp_path / 'db'}"
+    with Store(dsn) as store:
+        store.init_schema()
+        worn(store, "node03", at=int(time.time() * 1000) - 5000)
+    log_rules = rules(tmp_path, [{"type": "log", "message": "{{ node_id }} worn"}])
+    settings = execute_args(tmp_path)
+    bad_spool(tmp_path / "spool", dsn)
+    (tmp_path / "not-a-folder").write_text("x")
+    for spool in [tmp_path / "spool"] * 4 + [tmp_path / "not-a-folder"]:
+        options = ["--dsn", dsn, "--spool-dir", str(spool)]
+        result = cli(*options, "diagnose", "--json", "--rules", str(log_rules), *settings)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        (finding,) = json.loads(result.stdout)
+        assert finding["rule_id"] == "worn_ssd"
+    assert (tmp_path / "findings.log").read_text().count("node03 worn") == 1  # acted once, then cooldown
+    assert len(list((tmp_path / "spool/quarantine").glob("*.ndjson"))) == 1
+
+
+def test_a_file_as_embedded_database_is_exit_2_saying_not_a_database(tmp_path):
+    (tmp_path / "db").write_text("x")
+    result = cli("--dsn", f"chdb://{tmp_path / 'db'}", "summary")
+    assert result.returncode == 2 and "not a database: it is a file" in result.stderr
+    assert "in use" not in result.stderr and "Traceback" not in result.stderr

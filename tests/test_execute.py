@@ -264,8 +264,8 @@ def test_an_action_the_store_cannot_take_is_spooled_and_replayed(tmp_path, db):
     }
     Executor(unreachable)._record(row)
     assert Spool(tmp_path / "spool").pending_rows() == 1
-    with Store(db) as store:
-        Spool(tmp_path / "spool").replay(store)
+    with Store(db) as store:  # spooled for the server that was down: moved here on purpose
+        Spool(tmp_path / "spool").replay(store, into=True)
     assert table(db, "SELECT txn_id, action, status, detail FROM DB.actions") == [
         ("t1", "alert", "ok", '{"attempts": 1}')
     ]

@@ -40,7 +40,7 @@ def stored(dsn, database="stethoscope"):
 
 
 def test_append_then_replay_removes_the_file(tmp_path, tmp_dsn):
-    spool = Spool(tmp_path / "spool")
+    spool = Spool(tmp_path / "spool", tmp_dsn)
     spool.append("metrics", rows(10))
     assert spool.pending_rows() == 10
     with Store(tmp_dsn) as store:
@@ -51,7 +51,7 @@ def test_append_then_replay_removes_the_file(tmp_path, tmp_dsn):
 
 
 def test_torn_last_line_and_garbage_lines(tmp_path, tmp_dsn):
-    spool = Spool(tmp_path / "spool")
+    spool = Spool(tmp_path / "spool", tmp_dsn)
     path = spool.append("metrics", rows(3))
     with open(path, "a") as handle:
         handle.write("this is not json\n")
@@ -65,13 +65,51 @@ def test_torn_last_line_and_garbage_lines(tmp_path, tmp_dsn):
     assert stored(tmp_dsn) == 4
 
 
-def test_unreachable_sink_spools_and_the_next_write_replays(tmp_path, tmp_dsn):
+def test_rows_spooled_for_another_dsn_are_not_replayed_into_this_one(tmp_path, tmp_dsn):
+    """Rows meant for a server that was down stay for it; `spool replay --into` moves them on purpose."""
     batch = Batch(metrics=MetricColumns.from_rows(rows(25)))
-    down = Writer("http://127.0.0.1:9/x", tmp_path / "spool", timeout=3).write(batch)
+    down = Writer("http://admin:pw@127.0.0.1:9/prod", tmp_path / "spool", timeout=3).write(batch)
     assert down.error and down.spooled == 25 and down.stored == 0
     up = Writer(tmp_dsn, tmp_path / "spool").write(Batch(metrics=MetricColumns.from_rows(rows(5, node="n2"))))
-    assert up.error is None and up.replayed == 25 and up.stored == 5
-    assert stored(tmp_dsn) == 30
+    assert up.error is None and up.replayed == 0 and up.stored == 5
+    assert stored(tmp_dsn) == 5 and Spool(tmp_path / "spool").pending_rows() == 25
+    [waiting] = Spool(tmp_path / "spool").status()
+    assert waiting.target == "http://admin@127.0.0.1:9 database prod" and waiting.rows == 25
+    with Store(tmp_dsn) as store:
+        moved = Spool(tmp_path / "spool").replay(store, into=True)
+    assert moved.rows == 25 and stored(tmp_dsn) == 30
+
+
+def test_rows_spooled_for_another_database_are_not_replayed_into_this_one(tmp_path, tmp_dsn):
+    Spool(tmp_path / "spool", tmp_dsn, "other").append("metrics", rows(4))
+    with Store(tmp_dsn) as store:
+        store.init_schema()
+        report = Spool(tmp_path / "spool").replay(store)
+    assert (report.rows, report.other_targets) == (0, 1) and stored(tmp_dsn) == 0
+    with Store(tmp_dsn, "other") as store:
+        store.init_schema()
+        assert Spool(tmp_path / "spool").replay(store).rows == 4
+    assert stored(tmp_dsn, "other") == 4
+
+
+def test_spool_file_with_a_missing_column_is_quarantined_and_later_writes_go_on(tmp_path, tmp_dsn):
+    spool = Spool(tmp_path / "spool", tmp_dsn)
+    broken = rows(3)
+    del broken[1]["device"]
+    bad = spool.append("metrics", broken)
+    spool.append("metrics", rows(2, node="n2"))
+    writer = Writer(tmp_dsn, tmp_path / "spool")
+    reports = [writer.write(Batch(metrics=MetricColumns.from_rows(rows(1, node=f"w{i}")))) for i in range(4)]
+    assert all(report.error is None and report.stored == 1 for report in reports)
+    assert reports[0].replayed == 2  # the good file replays at once, beside the bad one
+    assert spool.pending() == []
+    quarantined = tmp_path / "spool/quarantine" / bad.name
+    assert (
+        quarantined.exists()
+        and "KeyError 'device'" in (quarantined.parent / (bad.name + ".reason")).read_text()
+    )
+    assert [path for path, _ in spool.quarantined()] == [quarantined]
+    assert stored(tmp_dsn) == 2 + 4
 
 
 def test_bench_rows_are_on_disk_before_the_write_and_gone_after(tmp_path, tmp_dsn):
@@ -94,10 +132,11 @@ def test_bench_rows_are_on_disk_before_the_write_and_gone_after(tmp_path, tmp_ds
     assert down.spooled == 1 and [p.name.split("-")[0] for p in Spool(tmp_path / "spool").pending()] == [
         "bench_results"
     ]
-    Writer(tmp_dsn, tmp_path / "spool").write(Batch())
-    assert Spool(tmp_path / "spool").pending() == []
     with Store(tmp_dsn) as store:
+        store.init_schema()
+        Spool(tmp_path / "spool").replay(store, into=True)
         assert store.query("SELECT value FROM stethoscope.bench_results") == [(1e6,)]
+    assert Spool(tmp_path / "spool").pending() == []
 
 
 def test_kill_9_mid_write_loses_nothing_acknowledged(tmp_path, tmp_dsn):
@@ -109,7 +148,7 @@ def test_kill_9_mid_write_loses_nothing_acknowledged(tmp_path, tmp_dsn):
             "-c",
             textwrap.dedent(f"""
         from stethoscope.store.spool import Spool
-        spool = Spool({str(spool_dir)!r})
+        spool = Spool({str(spool_dir)!r}, {tmp_dsn!r})
         for batch in range(100000):
             spool.append("metrics", [{{"node_id": "n%d" % batch, "metric_name": "gpu_power_watts",
                 "device": "gpu0", "labels": {{}}, "value": float(i), "timestamp": {NOW} + i}}

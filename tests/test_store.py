@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from stethoscope.store.batch import Batch, MetricColumns
 from stethoscope.store.client import Store, StoreError
-from stethoscope.store.dsn import redact, resolve_dsn
+from stethoscope.store.dsn import ConfigError, redact, resolve_dsn
 from stethoscope.store.schema import cluster_ddl
 from stethoscope.timeutil import now_ms
 
@@ -119,9 +124,66 @@ def test_password_never_printed():
     assert "s3cret" not in str(caught.value) and "***" in str(caught.value)
 
 
-def test_embedded_database_held_by_another_process(tmp_path):
+def test_embedded_database_held_by_another_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("STETHOSCOPE_OPEN_WAIT", "1")
     with (
         database_held_elsewhere(tmp_path / "db"),
         pytest.raises(StoreError, match="in use by another process"),
     ):
         Store(f"chdb://{tmp_path / 'db'}").open()
+
+
+def test_password_in_the_query_string_never_printed():
+    dsn = "http://127.0.0.1:1/x?user=admin&password=s3cret"
+    with pytest.raises(StoreError) as caught:
+        Store(dsn, timeout=2).open().query("SELECT 1")
+    assert "s3cret" not in str(caught.value) and "password=***" in str(caught.value)
+    assert redact("https://h/x?pass=a1&pwd=b2") == "https://h/x?pass=***&pwd=***"
+
+
+def test_unknown_dsn_option_is_a_configuration_error_naming_it():
+    with pytest.raises(ConfigError, match="'bogus_opt' is not a clickhouse-connect option"):
+        Store("http://127.0.0.1:1/x?bogus_opt=1&password=s3cret", timeout=2).open()
+
+
+def test_regular_file_as_embedded_path_says_not_a_database(tmp_path):
+    (tmp_path / "db").write_text("not a database\n")
+    with pytest.raises(ConfigError, match="not a database: it is a file") as caught:
+        Store(f"chdb://{tmp_path / 'db'}").open()
+    assert "in use" not in str(caught.value)
+
+
+def test_proc_path_as_embedded_path_says_not_a_database():
+    with pytest.raises(ConfigError, match="not a database: the folder cannot be created"):
+        Store("chdb:///proc/stethoscope-db").open()
+
+
+def test_held_database_waits_then_says_who_holds_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("STETHOSCOPE_OPEN_WAIT", "2")
+    with (
+        database_held_elsewhere(tmp_path / "db") as holder,
+        pytest.raises(StoreError, match="in use by another process") as caught,
+    ):
+        Store(f"chdb://{tmp_path / 'db'}").open()
+    assert f"held by pid {holder.pid} (" in str(caught.value) and "waited 2 s" in str(caught.value)
+
+
+def test_held_database_released_within_the_wait_opens(tmp_path, monkeypatch):
+    monkeypatch.setenv("STETHOSCOPE_OPEN_WAIT", "60")
+    with (
+        database_held_elsewhere(tmp_path / "db", seconds=2) as holder,
+        Store(f"chdb://{tmp_path / 'db'}") as store,
+    ):
+        assert store.query("SELECT count() FROM stethoscope.metrics") == [(0,)]
+        holder.wait()
+        assert json.loads((tmp_path / "db.holder").read_text())["pid"] == os.getpid()
+    assert not (tmp_path / "db.holder").exists()
+
+
+def test_stale_holder_file_of_a_dead_process_is_ignored(tmp_path):
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    (tmp_path / "db.holder").write_text(json.dumps({"pid": int(dead.stdout), "command": "x", "since": 0}))
+    with Store(f"chdb://{tmp_path / 'db'}", open_wait=0) as store:
+        assert store.query("SELECT 1") == [(1,)]

@@ -15,7 +15,13 @@ description:
   - Rows are batched and written from the controller's main process at I(batch_size) and at the end
     of the playbook, through the C(stethoscope) controller package (embedded chdb or a server).
   - A write that fails or runs past I(timeout) is spooled (fsynced NDJSON) and replayed on the next
-    write; the play is never failed or stalled by the sink, and results are never modified.
+    write; the play is never failed or stalled by the sink, and results are never modified. After one
+    timeout the rest of that play is spooled without waiting.
+  - Items of a looped task (C(results)) are ingested like results of their own. A value that is not a
+    finite number (NaN, Inf, text) is counted in the one warning at the end and kept with its reason in
+    C(<spool_dir>/rejected/); the other rows of that result are stored.
+  - A host the play cannot reach gets C(ansible_host_unreachable) = 1 (device C(node)); every host a
+    sweep reached gets 0, so the series resolves when the host comes back.
 requirements:
   - the C(stethoscope) Python package (this repository's C(pip install -e .)) on the controller
 options:
@@ -67,13 +73,17 @@ options:
 import json
 import time
 import uuid
+from collections import Counter
 
 from ansible.plugins.callback import CallbackBase
 
 try:
     from stethoscope.catalog import default_catalog
+    from stethoscope.paths import default_spool_dir
     from stethoscope.store.batch import Batch
-    from stethoscope.store.result_rows import rows_from_result
+    from stethoscope.store.dsn import ConfigError, redact
+    from stethoscope.store.result_rows import carries_rows, rows_from_result
+    from stethoscope.store.spool import Spool
     from stethoscope.store.writer import Writer
 
     IMPORT_ERROR = None
@@ -81,6 +91,7 @@ except ImportError as exc:  # the controller package is not installed in this Py
     IMPORT_ERROR = exc
 
 TOPOLOGY_VARS = ("rack", "switch", "slurm_name")
+UNREACHABLE = "ansible_host_unreachable"
 
 
 class CallbackModule(CallbackBase):
@@ -94,11 +105,17 @@ class CallbackModule(CallbackBase):
         self.disabled = IMPORT_ERROR is not None
         self._batch = Batch() if not self.disabled else None
         self._writer = None
+        self._config_error = None
         self._run_id = uuid.uuid4().hex
         self._warned = set()
         self._catalog = None
         self._topology = {}  # host -> nodes row, from the inventory at play start
         self._recorded = set()  # hosts whose nodes row this run has queued
+        self._rejected = Counter()  # reason -> values not stored
+        self._timeouts = 0
+        self._spooled = 0
+        self._spool_only = False  # this play's sink timed out once: no more waiting in it
+        self._reached, self._unreachable, self._play_rows = set(), set(), False
         if self.disabled:
             self._display.warning("stethoscope clickhouse callback disabled: %s" % IMPORT_ERROR)
 
@@ -107,10 +124,17 @@ class CallbackModule(CallbackBase):
         if self.disabled:
             return
         self._batch_size = max(1, int(self.get_option("batch_size")))
-        self._writer = Writer(
-            self.get_option("dsn"), self.get_option("spool_dir"), float(self.get_option("timeout"))
-        )
-        self._database = self.get_option("database")
+        self._spool_dir = self.get_option("spool_dir")
+        try:
+            self._writer = Writer(
+                self.get_option("dsn"),
+                self._spool_dir,
+                float(self.get_option("timeout")),
+                database=self.get_option("database"),
+            )
+        except ConfigError as exc:  # a setting to fix: nothing is spooled for a database that cannot be
+            self._config_error = redact(exc)
+            self._warn_once("config", "configuration error, rows not stored: %s" % self._config_error)
         try:
             self._catalog = default_catalog()
         except Exception as exc:  # a broken catalog must not stop the play; rows are still stored
@@ -121,10 +145,12 @@ class CallbackModule(CallbackBase):
             self._warned.add(key)
             self._display.warning("stethoscope: %s" % message)
 
-    # inventory topology -------------------------------------------------------------------------
+    # plays and inventory topology ---------------------------------------------------------------
     def v2_playbook_on_play_start(self, play):
         if self.disabled:
             return
+        self._end_play()
+        self._spool_only = False
         try:
             manager = play.get_variable_manager()
             inventory = manager._inventory
@@ -142,6 +168,21 @@ class CallbackModule(CallbackBase):
         except Exception as exc:  # topology is a nicety; the sweep's rows matter more
             self._warn_once("topology", "inventory topology not recorded: %s" % exc)
 
+    def _end_play(self):
+        """Reached hosts of a sweep report ansible_host_unreachable 0: a rule sees the host come back."""
+        if self._play_rows or self._unreachable:
+            now = int(time.time() * 1000)
+            for node_id in sorted(self._reached - self._unreachable):
+                self._node_row(node_id)
+                self._batch.metrics.append(node_id, UNREACHABLE, "node", {}, 0.0, now)
+        self._reached, self._unreachable, self._play_rows = set(), set(), False
+
+    def _node_row(self, node_id):
+        if node_id not in self._recorded and node_id in self._topology:
+            # only nodes that report: a play on localhost or a verify step is no cluster node
+            self._recorded.add(node_id)
+            self._batch.nodes.append(self._topology[node_id])
+
     # task results -------------------------------------------------------------------------------
     def v2_runner_on_ok(self, result):
         self._ingest(result)
@@ -149,21 +190,27 @@ class CallbackModule(CallbackBase):
     def v2_runner_on_failed(self, result, ignore_errors=False):
         self._ingest(result)  # a failed collector still returns the rows of those that answered
 
+    def v2_runner_on_unreachable(self, result):
+        if self.disabled:
+            return
+        node_id = result._host.get_name()
+        self._unreachable.add(node_id)
+        self._node_row(node_id)
+        self._batch.metrics.append(node_id, UNREACHABLE, "node", {}, 1.0, int(time.time() * 1000))
+        self._maybe_flush()
+
     def _ingest(self, result):
         if self.disabled:
             return
         data = result._result
-        if not isinstance(data, dict) or not (
-            "stethoscope_metrics" in data
-            or "stethoscope_bench" in data
-            or any(k.startswith("stethoscope_") for k in (data.get("ansible_facts") or {}))
-        ):
-            return
         node_id = result._host.get_name()
-        if node_id not in self._recorded and node_id in self._topology:
-            # only nodes that report: a play on localhost or a verify step is no cluster node
-            self._recorded.add(node_id)
-            self._batch.nodes.append(self._topology[node_id])
+        # a delegated task (the lab's advance step on localhost) says nothing about its host
+        if not (result._task_fields or {}).get("delegate_to"):
+            self._reached.add(node_id)
+        if not isinstance(data, dict) or not carries_rows(data):
+            return
+        self._play_rows = True
+        self._node_row(node_id)
         rows = rows_from_result(node_id, data, self._run_id, int(time.time() * 1000))
         if self._catalog is not None:
             for name in set(rows.metrics.metric_name):
@@ -172,24 +219,47 @@ class CallbackModule(CallbackBase):
                         "metric:" + name,
                         "metric %r from %s is not in rules/metrics.yml (stored anyway)" % (name, node_id),
                     )
+        self._rejected.update(row["reason"] for row in rows.rejected)
         self._batch.metrics.extend(rows.metrics)
         self._batch.facts.extend(rows.facts)
         self._batch.bench.extend(rows.bench)
         self._batch.fingerprints.extend(rows.fingerprints)
+        self._batch.rejected.extend(rows.rejected)
+        self._maybe_flush()
+
+    def _maybe_flush(self):
         if len(self._batch.metrics) >= self._batch_size or self._batch.bench:
             self._flush()
 
     def v2_playbook_on_stats(self, stats):
-        if not self.disabled:
-            self._flush()
+        if self.disabled:
+            return
+        self._end_play()
+        self._flush()
+        self._summary()
 
     def _flush(self):
-        if not len(self._batch):
+        if not len(self._batch) and not self._batch.rejected:
             return
-        report = self._writer.write(self._batch.take())
+        batch = self._batch.take()
+        if self._writer is None:
+            self._keep_rejected(batch)
+            return
+        try:
+            report = self._writer.write(batch, spool_only=self._spool_only)
+        except ConfigError as exc:  # an option ClickHouse refuses: known only once it is tried
+            self._config_error = redact(exc)
+            self._warn_once("config", "configuration error, rows not stored: %s" % self._config_error)
+            self._writer = None
+            self._keep_rejected(batch)
+            return
         for problem in report.problems:
             self._warn_once("spool:" + problem, "spool: " + problem)
-        if report.error:
+        self._spooled += report.spooled
+        if report.timed_out:
+            self._timeouts += 1
+            self._spool_only = True
+        if (report.error and not self._spool_only) or report.timed_out:
             self._warn_once(
                 "write-error",
                 "ClickHouse write failed (%s); rows spooled and replayed on the next write" % report.error,
@@ -197,3 +267,29 @@ class CallbackModule(CallbackBase):
         elif report.replayed:
             self._display.vv("stethoscope: replayed %d spooled rows" % report.replayed)
         self._display.vv("stethoscope: %s" % json.dumps(report.__dict__))
+
+    def _keep_rejected(self, batch):
+        """Under a configuration error the rows go where a person can find them, with the reason."""
+        try:
+            Spool(self._spool_dir or default_spool_dir()).reject_batch(batch, self._config_error)
+        except OSError as exc:
+            self._warn_once("rejected", "rows could not be kept: %s" % exc)
+
+    def _summary(self):
+        """The one end-of-run warning: values not stored, timeouts, rows spooled."""
+        parts = []
+        if self._rejected:
+            kinds = ", ".join("%s %d" % (reason, n) for reason, n in sorted(self._rejected.items()))
+            parts.append(
+                "%d values not stored (%s), kept with their reason in %s/rejected/"
+                % (sum(self._rejected.values()), kinds, self._spool_dir or "the spool")
+            )
+        if self._timeouts:
+            parts.append(
+                "%d writes timed out (each time the rest of that play was spooled without waiting)"
+                % self._timeouts
+            )
+        if self._spooled:
+            parts.append("%d rows spooled in total" % self._spooled)
+        if parts:
+            self._display.warning("stethoscope: " + "; ".join(parts))

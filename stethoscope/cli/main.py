@@ -15,7 +15,7 @@ from stethoscope.paths import default_spool_dir
 from stethoscope.store.client import Store, StoreError
 from stethoscope.store.dsn import ConfigError, redact
 from stethoscope.store.ingest import parse_ndjson
-from stethoscope.store.spool import Spool
+from stethoscope.store.spool import ReplayReport, Spool
 from stethoscope.store.writer import Writer
 
 PACKAGE = Path(__file__).resolve().parent.parent
@@ -47,12 +47,16 @@ def _parser() -> argparse.ArgumentParser:
     db = commands.add_parser("db", help="database schema")
     db_commands = db.add_subparsers(dest="db_command", required=True)
     init = db_commands.add_parser("init", help="create the tables (idempotent)")
-    init.add_argument("--ttl-days", type=int, default=30, help="raw metrics TTL (default 30)")
+    init.add_argument(
+        "--ttl-days",
+        type=int,
+        help="raw TTL of metrics and facts in days, >= 1 (default 30; on an existing database: changes it)",
+    )
     ddl = db_commands.add_parser("ddl", help="print the DDL")
     ddl.add_argument("--cluster", metavar="NAME", help="print the Replicated + Distributed variant")
 
-    ingest = commands.add_parser("ingest", help="store metric rows from an NDJSON file")
-    ingest.add_argument("file", type=Path)
+    ingest = commands.add_parser("ingest", help="store metric rows from an NDJSON file (- for stdin)")
+    ingest.add_argument("file", type=Path, help="NDJSON file, or - to read standard input")
 
     summary = commands.add_parser("summary", help="per node: rows stored and the findings diagnose gives")
     summary.add_argument("--inventory", type=Path, help="only this inventory's hosts")
@@ -106,8 +110,11 @@ def _parser() -> argparse.ArgumentParser:
 
     spool = commands.add_parser("spool", help="the spool of rows not yet stored")
     spool_commands = spool.add_subparsers(dest="spool_command", required=True)
-    spool_commands.add_parser("status", help="how many rows wait in the spool")
-    spool_commands.add_parser("replay", help="write the spool to the store now")
+    spool_commands.add_parser("status", help="per file: target database, rows, age, attempts; quarantine")
+    replay = spool_commands.add_parser("replay", help="write this database's spooled rows to it now")
+    replay.add_argument(
+        "--into", metavar="DSN", help="move every spooled file into this DSN, whatever it was written for"
+    )
     _share_global_options(parser)
     return parser
 
@@ -139,9 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _run(args)
-    except (ConfigError, CatalogError, StoreError) as exc:
-        print(f"stethoscope: {redact(str(exc))}", file=sys.stderr)
+    except (ConfigError, CatalogError) as exc:
+        print(f"stethoscope: {redact(exc)}", file=sys.stderr)
         return EXIT_USAGE
+    except StoreError as exc:
+        print(f"stethoscope: {redact(exc)}", file=sys.stderr)
+        return EXIT_FAILED
     except BrokenPipeError:  # `stethoscope baseline | head`
         sys.stderr.close()
         return EXIT_OK
@@ -172,13 +182,7 @@ def _run(args: argparse.Namespace) -> int:
         print(";\n\n".join(statements) + ";")
         return EXIT_OK
     if args.command == "db":
-        with Store(args.dsn, args.database) as store:
-            store.init_schema(args.ttl_days)
-            replayed = Spool(spool_dir).replay(store)
-        print(f"schema ready in {redact(store.dsn)} (database {store.database})")
-        if replayed.rows:
-            print(f"replayed {replayed.rows} spooled rows")
-        return EXIT_OK
+        return _db_init(args, spool_dir)
     if args.command == "ingest":
         return _ingest(args, spool_dir)
     if args.command in ("diagnose", "watch"):
@@ -196,13 +200,64 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "summary":
         return _summary(args)
     if args.spool_command == "status":
-        print(f"{Spool(spool_dir).pending_rows()} rows waiting in {spool_dir}")
-        return EXIT_OK
+        return _spool_status(spool_dir)
+    return _spool_replay(args, spool_dir)
+
+
+def _db_init(args: argparse.Namespace, spool_dir: Path) -> int:
+    from stethoscope.store.ttl import DEFAULT_RAW_TTL_DAYS, change_raw_ttl, raw_ttl_days
+
+    if args.ttl_days is not None and args.ttl_days < 1:
+        print(f"stethoscope: db init: --ttl-days {args.ttl_days}: must be 1 or more days", file=sys.stderr)
+        return EXIT_USAGE
     with Store(args.dsn, args.database) as store:
-        report = Spool(spool_dir).replay(store)
+        before = raw_ttl_days(store)
+        store.init_schema(args.ttl_days or before or DEFAULT_RAW_TTL_DAYS)
+        changed = []
+        if before is not None and args.ttl_days is not None and args.ttl_days != before:
+            changed = change_raw_ttl(store, args.ttl_days)
+        replayed = Spool(spool_dir).replay(store)
+    print(f"schema ready in {redact(store.dsn)} (database {store.database})")
+    if changed:
+        print(f"raw TTL changed from {before} to {args.ttl_days} days ({', '.join(changed)})")
+    elif before is not None:
+        print(f"raw TTL {before} days (unchanged)")
+    _print_replay(replayed)
+    return EXIT_OK
+
+
+def _print_replay(report: ReplayReport, always: bool = False) -> None:
     for problem in report.problems:
         print(f"stethoscope: spool: {problem}", file=sys.stderr)
-    print(f"replayed {report.rows} rows from {report.files} files")
+    if report.rows or always:
+        print(f"replayed {report.rows} spooled rows from {report.files} files")
+    if report.other_targets:
+        print(
+            f"{report.other_targets} spool files are for another database: left in place "
+            "(`spool status` lists them; `spool replay --into DSN` moves them)"
+        )
+
+
+def _spool_status(spool_dir: Path) -> int:
+    spool = Spool(spool_dir)
+    files = spool.status()
+    print(f"{sum(f.rows for f in files)} rows waiting in {spool_dir}")
+    for f in files:
+        tried = f"{f.attempts} failed attempts ({f.last_error})" if f.attempts else "0 attempts"
+        print(f"  {f.path.name}  {f.table}  {f.rows} rows  {f.age_seconds:.0f} s old  {tried}  -> {f.target}")
+    quarantined = spool.quarantined()
+    if quarantined:
+        print(f"{len(quarantined)} files in quarantine ({spool.quarantine_dir}; not deleted by stethoscope):")
+        for path, reason in quarantined:
+            print(f"  {path.name}: {reason}")
+    return EXIT_OK
+
+
+def _spool_replay(args: argparse.Namespace, spool_dir: Path) -> int:
+    with Store(args.into or args.dsn, args.database) as store:
+        store.ensure_schema()
+        report = Spool(spool_dir).replay(store, into=bool(args.into))
+    _print_replay(report, always=True)
     return EXIT_OK
 
 
@@ -268,15 +323,32 @@ def _baseline(args: argparse.Namespace) -> int:
 
 
 def _ingest(args: argparse.Namespace, spool_dir: Path) -> int:
-    if not args.file.is_file():
+    from stethoscope.store.batch import Batch
+    from stethoscope.store.ingest import FUTURE_TOLERANCE_MS, older_than
+    from stethoscope.store.ttl import DEFAULT_RAW_TTL_DAYS, read_raw_ttl_days
+
+    if str(args.file) != "-" and not args.file.is_file():
         print(f"stethoscope: ingest: {args.file}: no such file", file=sys.stderr)
         return EXIT_USAGE
+    writer = Writer(args.dsn, spool_dir, database=args.database)  # a bad DSN stops here: exit 2
     parsed = parse_ndjson(args.file, Catalog.load())
     for error in parsed.errors:
         print(f"stethoscope: ingest: {error}", file=sys.stderr)
-    from stethoscope.store.batch import Batch
-
-    report = Writer(args.dsn, spool_dir).write(Batch(metrics=parsed.metrics))
+    if parsed.future:
+        print(
+            f"stethoscope: ingest: {len(parsed.future)} rows rejected: timestamp more than "
+            f"{FUTURE_TOLERANCE_MS // 60_000} min in the future (first at {parsed.future[0]})",
+            file=sys.stderr,
+        )
+    ttl_days = read_raw_ttl_days(writer.dsn, args.database) or DEFAULT_RAW_TTL_DAYS
+    expiring = older_than(parsed.metrics, ttl_days)
+    if expiring:
+        print(
+            f"stethoscope: ingest: warning: {expiring} rows are older than the raw TTL ({ttl_days} days): "
+            "stored, but they expire at the next merge",
+            file=sys.stderr,
+        )
+    report = writer.write(Batch(metrics=parsed.metrics))
     if report.error:
         print(
             f"stethoscope: ingest: {report.error}; {report.spooled} rows spooled in {spool_dir}",
@@ -284,7 +356,7 @@ def _ingest(args: argparse.Namespace, spool_dir: Path) -> int:
         )
     else:
         print(f"stored {report.stored} rows" + (f" (+{report.replayed} replayed)" if report.replayed else ""))
-    return EXIT_USAGE if parsed.errors else EXIT_OK
+    return EXIT_USAGE if parsed.errors or parsed.future else EXIT_OK
 
 
 if __name__ == "__main__":

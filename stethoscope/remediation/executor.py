@@ -72,7 +72,7 @@ class Executor:
     ) -> list[dict[str, Any]]:
         acting: list[dict[str, Any]] = []
         with self._store() as store:
-            Spool(self.ctx.spool_dir).replay(store)  # actions a previous run could not record
+            self._replay_spool(store)
             ledger = Ledger(store)
             previous = ledger.open_findings()
             self.breaker.drained = ledger.drained_nodes_since(at_ms - self.breaker.window_seconds * 1000)
@@ -104,6 +104,18 @@ class Executor:
             finding["outcome"] = ", ".join(f"{label} {status}" for label, status in results)
         return findings
 
+    def _replay_spool(self, store: Store) -> None:
+        """Actions a previous run could not record; a spool that cannot be replayed never stops acting."""
+        try:
+            report = Spool(self.ctx.spool_dir).replay(store)
+        except StoreError:
+            raise
+        except Exception as exc:
+            print(f"stethoscope: spool {self.ctx.spool_dir} not replayed: {exc}", file=sys.stderr)
+            return
+        for problem in report.problems:
+            print(f"stethoscope: spool: {problem}", file=sys.stderr)
+
     def _record(self, row: dict[str, Any]) -> None:
         """Into `actions`; if the store cannot take it now, into the spool (replayed on the next run)."""
         version = now_ms()
@@ -111,7 +123,9 @@ class Executor:
             with self._store() as store:
                 Ledger(store).write_action(row, version)
         except StoreError as exc:
-            Spool(self.ctx.spool_dir).append("actions", [action_row(row, version)])
+            Spool(self.ctx.spool_dir, self.ctx.dsn, self.ctx.database).append(
+                "actions", [action_row(row, version)]
+            )
             if not self.spooled:
                 print(f"stethoscope: actions spooled, the store is unavailable: {exc}", file=sys.stderr)
             self.spooled = True

@@ -64,6 +64,8 @@ class Batch:
     bench: list[dict[str, Any]] = field(default_factory=list)
     fingerprints: list[dict[str, Any]] = field(default_factory=list)
     nodes: list[dict[str, Any]] = field(default_factory=list)
+    # what no table can take (a value that is not a finite number): {"table", "reason", "row"}
+    rejected: list[dict[str, Any]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return (
@@ -72,6 +74,7 @@ class Batch:
 
     def take(self) -> Batch:
         """Hand over the content and leave this batch empty."""
-        taken = Batch(self.metrics, self.facts, self.bench, self.fingerprints, self.nodes)
+        taken = Batch(self.metrics, self.facts, self.bench, self.fingerprints, self.nodes, self.rejected)
         self.metrics, self.facts, self.bench, self.fingerprints, self.nodes = MetricColumns(), [], [], [], []
+        self.rejected = []
         return taken

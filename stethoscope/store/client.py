@@ -7,11 +7,14 @@ names the database; values travel as parameters or columnar inserts, never splic
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
+from stethoscope.store import holder
 from stethoscope.store.batch import METRIC_COLUMNS, Batch, MetricColumns
-from stethoscope.store.dsn import database_of, embedded_path, is_embedded, redact, resolve_dsn
+from stethoscope.store.dsn import ConfigError, database_of, embedded_path, is_embedded, redact, resolve_dsn
 from stethoscope.store.schema import cluster_ddl, single_node_ddl
 
 # clickhouse-connect logs a traceback for every failed insert; our callers report the error themselves.
@@ -70,20 +73,56 @@ class StoreError(RuntimeError):
     """The store could not do what was asked; the message is meant for a human."""
 
 
+def _in_use(exc: Exception) -> bool:
+    text = str(exc)
+    return "Unable to open the chdb engine" in text or "Cannot lock file" in text
+
+
 def _explain(dsn: str, exc: Exception) -> str:
     text = str(exc)
-    if is_embedded(dsn) and ("Unable to open the chdb engine" in text or "Cannot lock file" in text):
-        return f"embedded database in use by another process: {embedded_path(dsn)}"
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    if is_embedded(dsn):
+        return f"embedded database {embedded_path(dsn)}: {redact(first)[:300]}"
     return f"ClickHouse at {redact(dsn)}: {redact(first)[:300]}"
 
 
+def _config_problem(exc: Exception) -> str | None:
+    """clickhouse-connect refuses a DSN option before it connects: that is the user's setting."""
+    text = str(exc)
+    if isinstance(exc, TypeError) and "unexpected keyword argument" in text:
+        option = text.rsplit("argument", 1)[-1].strip(" '\"")
+        return f"DSN option {option!r} is not a clickhouse-connect option"
+    if type(exc).__name__ == "ProgrammingError" and text.startswith("Invalid value"):
+        return f"DSN: {text}"
+    return None
+
+
+def open_wait_seconds() -> float:
+    """How long an open waits for another process to release an embedded database."""
+    raw = os.environ.get("STETHOSCOPE_OPEN_WAIT", "30")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise ConfigError(f"STETHOSCOPE_OPEN_WAIT={raw!r} is not a number of seconds") from None
+    if seconds < 0:
+        raise ConfigError(f"STETHOSCOPE_OPEN_WAIT={raw!r} must be 0 or more seconds")
+    return seconds
+
+
 class Store:
-    def __init__(self, dsn: str | None = None, database: str | None = None, timeout: float = 10.0):
+    def __init__(
+        self,
+        dsn: str | None = None,
+        database: str | None = None,
+        timeout: float = 10.0,
+        open_wait: float | None = None,
+    ):
         self.dsn = resolve_dsn(dsn, database)
         self.database = database_of(self.dsn)
         self.timeout = timeout
+        self.open_wait = open_wait_seconds() if open_wait is None else open_wait
         self._client: Any = None
+        self._holder: holder.HolderFile | None = None
 
     # connection -------------------------------------------------------------------------------
     def open(self) -> Store:
@@ -92,24 +131,56 @@ class Store:
         import clickhouse_connect
 
         # Statements name the database, so the session may start in `default`: before `db init` the
-        # database does not exist, and a failed embedded open keeps its lock until the process ends.
+        # database does not exist.
         kwargs: dict[str, Any] = {
             "dsn": self.dsn,
             "database": "default" if is_embedded(self.dsn) else self.database,
         }
         if not is_embedded(self.dsn):
             kwargs.update(connect_timeout=self.timeout, send_receive_timeout=self.timeout)
-        try:
+        else:
+            self._holder = holder.HolderFile(embedded_path(self.dsn))
+            problem = holder.unusable_path(embedded_path(self.dsn))
+            if problem:  # the DSN names a path that cannot be a database: a setting to fix, exit 2
+                raise ConfigError(f"embedded database {embedded_path(self.dsn)}: {problem}")
+        deadline = time.monotonic() + self.open_wait
+        announced = False
+        while True:
             try:
-                self._client = clickhouse_connect.get_client(**kwargs)
+                self._client = self._connect(clickhouse_connect, kwargs)
+                break
             except Exception as exc:
-                if "UNKNOWN_DATABASE" not in str(exc):
-                    raise
-                # Before `db init` the database does not exist yet; statements name it anyway.
-                self._client = clickhouse_connect.get_client(**{**kwargs, "database": "default"})
-        except Exception as exc:
-            raise StoreError(_explain(self.dsn, exc)) from None
+                problem = _config_problem(exc)
+                if problem:
+                    raise ConfigError(redact(problem)) from None
+                if self._holder is None or not _in_use(exc):
+                    raise StoreError(_explain(self.dsn, exc)) from None
+                who = self._holder.describe()
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"embedded database in use by another process: {embedded_path(self.dsn)}"
+                        f" (held by {who}; waited {self.open_wait:g} s, STETHOSCOPE_OPEN_WAIT)"
+                    ) from None
+                if not announced:
+                    holder.say(
+                        f"embedded database {embedded_path(self.dsn)} is held by {who}; "
+                        f"waiting up to {self.open_wait:g} s for it"
+                    )
+                    announced = True
+                self._holder.wait_released(min(1.0, max(0.0, deadline - time.monotonic())))
+        if self._holder is not None:
+            self._holder.claim()
         return self
+
+    @staticmethod
+    def _connect(clickhouse_connect: Any, kwargs: dict[str, Any]) -> Any:
+        try:
+            return clickhouse_connect.get_client(**kwargs)
+        except Exception as exc:
+            if "UNKNOWN_DATABASE" not in str(exc):
+                raise
+            # Before `db init` the database does not exist yet; statements name it anyway.
+            return clickhouse_connect.get_client(**{**kwargs, "database": "default"})
 
     def close(self) -> None:
         client, self._client = self._client, None
@@ -117,7 +188,9 @@ class Store:
             try:
                 client.close()
             except Exception as exc:  # closing must not hide the result of the work done
-                logging.getLogger(__name__).warning("closing %s: %s", redact(self.dsn), exc)
+                logging.getLogger(__name__).warning("closing %s: %s", redact(self.dsn), redact(exc))
+            if self._holder is not None:
+                self._holder.release()
 
     def __enter__(self) -> Store:
         return self.open()

@@ -54,6 +54,32 @@ def embedded_path(dsn: str) -> str:
     return dsn[len("chdb://") :].split("?", 1)[0]
 
 
-def redact(text: str) -> str:
-    """Mask the password of any URL in text (user:secret@host -> user:***@host)."""
-    return re.sub(r"(://[^:/@\s]+:)[^@/\s]+@", r"\1***@", str(text))
+_USERINFO_SECRET = re.compile(r"(://[^:/@\s]*:)[^@/\s]+@")
+# a secret passed as a DSN option or any key=value pair: ?password=x, &pass=x, pwd=x, access_token=x
+_KEY_SECRET = re.compile(
+    r"((?:^|[?&;,\s\"'])(?:password|passwd|pass|pwd|secret|access_token|token)\s*[=:]\s*)([^&\s\"',;]+)",
+    re.IGNORECASE,
+)
+
+
+def redact(text: object) -> str:
+    """Mask every password in text: URL user info (user:secret@host) and secret options (?password=x).
+
+    The one function every message about a DSN goes through.
+    """
+    masked = _USERINFO_SECRET.sub(r"\1***@", str(text))
+    return _KEY_SECRET.sub(r"\1***", masked)
+
+
+def target_of(dsn: str) -> str:
+    """Where a DSN points, without password or options: what a spool file is bound to."""
+    parts = urlsplit(dsn)
+    if parts.scheme == "chdb":
+        return f"chdb://{embedded_path(dsn)}"
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = (
+        (f"{parts.username}@" if parts.username else "") + host + (f":{parts.port}" if parts.port else "")
+    )
+    return f"{parts.scheme}://{netloc}"

@@ -1,31 +1,53 @@
-"""`stethoscope ingest FILE.ndjson`: metric rows as in the `metrics` table, one JSON object a line."""
+"""`stethoscope ingest FILE.ndjson|-`: metric rows as in the `metrics` table, one JSON object a line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from stethoscope.catalog import Catalog
 from stethoscope.store.batch import MetricColumns
-from stethoscope.timeutil import to_ms
+from stethoscope.timeutil import now_ms, to_ms
+
+FUTURE_TOLERANCE_MS = 5 * 60_000  # clocks drift; beyond this a timestamp is wrong, not early
+DAY_MS = 86_400_000
 
 
 @dataclass
 class ParsedFile:
     metrics: MetricColumns = field(default_factory=MetricColumns)
     errors: list[str] = field(default_factory=list)
+    future: list[str] = field(default_factory=list)  # file:line of rows rejected for a future timestamp
 
 
-def parse_ndjson(path: Path, catalog: Catalog) -> ParsedFile:
-    """Rows that are valid are kept; each bad line is reported as file:line with the reason."""
+@contextlib.contextmanager
+def _lines(source: Path) -> Iterator[TextIO]:
+    if str(source) == "-":
+        yield sys.stdin
+        return
+    with open(source, encoding="utf-8", errors="replace") as handle:
+        yield handle
+
+
+def parse_ndjson(source: Path, catalog: Catalog, now: int | None = None) -> ParsedFile:
+    """Rows that are valid are kept; each bad line is reported as file:line with the reason.
+
+    `source` "-" reads standard input. A timestamp more than FUTURE_TOLERANCE_MS after `now` is rejected.
+    """
     parsed = ParsedFile()
-    with open(path, encoding="utf-8", errors="replace") as handle:
+    latest = (now if now is not None else now_ms()) + FUTURE_TOLERANCE_MS
+    name = "<stdin>" if str(source) == "-" else str(source)
+    with _lines(source) as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
+            where = f"{name}:{number}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -38,15 +60,25 @@ def parse_ndjson(path: Path, catalog: Catalog) -> ParsedFile:
             if problem:
                 parsed.errors.append(f"{where}: {problem}")
                 continue
+            timestamp = to_ms(row["timestamp"])
+            if timestamp > latest:
+                parsed.future.append(where)
+                continue
             parsed.metrics.append(
                 str(row["node_id"]),
                 row["metric_name"],
                 str(row.get("device") or ""),
                 {str(k): str(v) for k, v in (row.get("labels") or {}).items()},
                 float(row["value"]),
-                to_ms(row["timestamp"]),
+                timestamp,
             )
     return parsed
+
+
+def older_than(metrics: MetricColumns, days: int, now: int | None = None) -> int:
+    """How many rows a raw TTL of `days` expires at the next merge."""
+    cutoff = (now if now is not None else now_ms()) - days * DAY_MS
+    return sum(1 for timestamp in metrics.timestamp if timestamp < cutoff)
 
 
 def _row_problem(row: dict, catalog: Catalog) -> str | None:

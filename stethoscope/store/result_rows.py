@@ -1,34 +1,89 @@
-"""Turn one task result into store rows (docs/design.md "Module result shape"); results are only read."""
+"""Turn one task result into store rows (docs/design.md "Module result shape"); results are only read.
+
+A looped task's items (`results[i]`) count as results of their own. A value that is not a finite
+number loses only its own row: it goes to `Batch.rejected` with the reason, never silently away.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from typing import Any
 
 from stethoscope.store.batch import Batch
+
+NOT_A_NUMBER, NAN, INFINITE = "not a number", "NaN", "Inf"
 
 
 def _labels(raw: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
 
 
+def value_problem(raw: Any) -> tuple[float, str | None]:
+    """The value as a float, or the reason it cannot be stored (NOT_A_NUMBER, NAN, INFINITE)."""
+    if isinstance(raw, bool):
+        return 0.0, NOT_A_NUMBER
+    try:
+        value = float(raw)
+    except (TypeError, ValueError, OverflowError):
+        return 0.0, NOT_A_NUMBER
+    if math.isnan(value):
+        return value, NAN
+    if math.isinf(value):
+        return value, INFINITE
+    return value, None
+
+
+def parts_of(result: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The result itself and, for a looped task, each item's result."""
+    yield result
+    items = result.get("results")
+    if isinstance(items, list):
+        yield from (item for item in items if isinstance(item, dict))
+
+
+def carries_rows(result: dict[str, Any]) -> bool:
+    return any(
+        "stethoscope_metrics" in part
+        or "stethoscope_bench" in part
+        or any(str(k).startswith("stethoscope_") for k in (part.get("ansible_facts") or {}))
+        for part in parts_of(result)
+    )
+
+
 def rows_from_result(node_id: str, result: dict[str, Any], run_id: str, now_ms: int) -> Batch:
     batch = Batch()
-    for row in result.get("stethoscope_metrics") or []:
+    for part in parts_of(result):
+        _metric_rows(batch, node_id, part, now_ms)
+        _fact_rows(batch, node_id, part, run_id, now_ms)
+        bench = part.get("stethoscope_bench")
+        if isinstance(bench, dict):
+            _bench_rows(batch, node_id, bench, run_id, now_ms)
+    return batch
+
+
+def _reject(batch: Batch, table: str, node_id: str, reason: str, row: Any) -> None:
+    batch.rejected.append({"table": table, "node_id": node_id, "reason": reason, "row": row})
+
+
+def _metric_rows(batch: Batch, node_id: str, part: dict[str, Any], now_ms: int) -> None:
+    for row in part.get("stethoscope_metrics") or []:
         if not isinstance(row, dict) or "name" not in row:
+            _reject(batch, "metrics", node_id, "not a metric row (no name)", row)
             continue
-        try:
-            value = float(row.get("value"))  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            continue
-        if math.isnan(value) or math.isinf(value):
+        value, problem = value_problem(row.get("value"))
+        if problem:
+            _reject(batch, "metrics", node_id, problem, row)
             continue
         batch.metrics.append(
             node_id, str(row["name"]), str(row.get("device") or ""), _labels(row.get("labels")), value, now_ms
         )
-    for key, value in (result.get("ansible_facts") or {}).items():
-        if key.startswith("stethoscope_"):
+
+
+def _fact_rows(batch: Batch, node_id: str, part: dict[str, Any], run_id: str, now_ms: int) -> None:
+    for key, value in (part.get("ansible_facts") or {}).items():
+        if str(key).startswith("stethoscope_"):
             batch.facts.append(
                 {
                     "node_id": node_id,
@@ -38,10 +93,6 @@ def rows_from_result(node_id: str, result: dict[str, Any], run_id: str, now_ms: 
                     "facts": json.dumps(value, sort_keys=True, default=str),
                 }
             )
-    bench = result.get("stethoscope_bench")
-    if isinstance(bench, dict):
-        _bench_rows(batch, node_id, bench, run_id, now_ms)
-    return batch
 
 
 def _bench_rows(batch: Batch, node_id: str, bench: dict[str, Any], run_id: str, now_ms: int) -> None:
@@ -60,6 +111,15 @@ def _bench_rows(batch: Batch, node_id: str, bench: dict[str, Any], run_id: str, 
             )
     for item in bench.get("results") or []:
         if not isinstance(item, dict) or "metric_name" not in item:
+            _reject(batch, "bench_results", node_id, "not a benchmark row (no metric_name)", item)
+            continue
+        value, problem = value_problem(item.get("value"))
+        try:
+            repetition = int(item.get("repetition") or 0)
+        except (TypeError, ValueError):
+            problem = problem or "repetition not an integer"
+        if problem:
+            _reject(batch, "bench_results", node_id, problem, item)
             continue
         batch.bench.append(
             {
@@ -69,9 +129,9 @@ def _bench_rows(batch: Batch, node_id: str, bench: dict[str, Any], run_id: str, 
                 "metric_name": str(item["metric_name"]),
                 "device": str(item.get("device") or ""),
                 "labels": _labels(item.get("labels")),
-                "value": float(item["value"]),
+                "value": value,
                 "unit": str(item.get("unit") or ""),
-                "repetition": int(item.get("repetition") or 0),
+                "repetition": repetition,
                 "class_fingerprint": class_fp,
                 "node_fingerprint": node_fp,
                 "unstable": int(bool(item.get("unstable"))),

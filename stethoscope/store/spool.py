@@ -4,6 +4,12 @@ A row is acknowledged once it is in ClickHouse or fsynced here. Each append writ
 (`<table>-<ms>-<pid>-<seq>.ndjson.part`), fsyncs it and renames it into place, so a replay never reads
 a file still being written. A `.part` left by a writer that died (kill -9) is replayed too, with a
 torn last line tolerated: what was fsynced before the kill is never lost.
+
+Each file starts with a header naming the DSN (no password, no options) and database it was meant
+for, and replays only into that one unless moved on purpose (`spool replay --into`). A replay has two
+halves: inserting (reads files, writes only to ClickHouse: a thread that may hang) and settling
+(removes what was stored, counts failed attempts, quarantines a file after MAX_ATTEMPTS: the caller's
+thread, under the spool lock). A file that keeps failing never blocks the others.
 """
 
 from __future__ import annotations
@@ -12,18 +18,48 @@ import fcntl
 import itertools
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stethoscope.store.batch import Batch, MetricColumns
-from stethoscope.store.client import ROW_TABLES, Store
+from stethoscope.store.client import ROW_TABLES, Store, StoreError
+from stethoscope.store.dsn import database_of, redact, resolve_dsn, target_of
+from stethoscope.store.holder import pid_alive
 
 TABLES = ("metrics", *ROW_TABLES)
+HEADER = "__spool__"
+MAX_ATTEMPTS = 3
 _seq = itertools.count()
+
+
+@dataclass(frozen=True)
+class Target:
+    dsn: str  # target_of(): where, without password or options
+    database: str
+
+    @classmethod
+    def of(cls, dsn: str | None, database: str | None = None) -> Target:
+        resolved = resolve_dsn(dsn, database)
+        return cls(target_of(resolved), database_of(resolved))
+
+    def __str__(self) -> str:
+        return f"{self.dsn} database {self.database}"
+
+
+@dataclass
+class FileOutcome:
+    """What inserting one spool file did; produced without touching the spool."""
+
+    path: Path
+    rows: int = 0
+    error: str | None = None
+    bad_lines: list[str] = field(default_factory=list)
+    torn_bytes: int = 0
 
 
 @dataclass
@@ -32,24 +68,44 @@ class ReplayReport:
     files: int = 0
     torn_lines: int = 0
     rejected_lines: int = 0
+    quarantined: list[str] = field(default_factory=list)
+    other_targets: int = 0  # files left for the database they were written for
     problems: list[str] = field(default_factory=list)
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+@dataclass
+class FileStatus:
+    path: Path
+    target: str
+    table: str
+    rows: int
+    age_seconds: float
+    attempts: int
+    last_error: str
 
 
 class Spool:
-    def __init__(self, directory: str | os.PathLike[str]):
+    def __init__(
+        self, directory: str | os.PathLike[str], dsn: str | None = None, database: str | None = None
+    ):
         self.dir = Path(directory)
+        self._dsn, self._database = dsn, database
+        self._target: Target | None = None
+
+    @property
+    def target(self) -> Target:
+        """The database this spool's appends are meant for (resolved on first use)."""
+        if self._target is None:
+            self._target = Target.of(self._dsn, self._database)
+        return self._target
+
+    @property
+    def quarantine_dir(self) -> Path:
+        return self.dir / "quarantine"
+
+    @property
+    def rejected_dir(self) -> Path:
+        return self.dir / "rejected"
 
     # writing ----------------------------------------------------------------------------------
     def append(self, table: str, rows: list[dict[str, Any]]) -> Path | None:
@@ -57,31 +113,46 @@ class Spool:
             raise ValueError(f"unknown table {table!r}")
         if not rows:
             return None
-        self.dir.mkdir(parents=True, exist_ok=True)
+        header = {HEADER: {"dsn": self.target.dsn, "database": self.target.database, "table": table}}
         name = f"{table}-{time.time_ns() // 1_000_000}-{os.getpid()}-{next(_seq)}.ndjson"
-        part = self.dir / (name + ".part")
-        with open(part, "w", encoding="utf-8") as handle:
-            for row in rows:
-                handle.write(json.dumps(row, separators=(",", ":"), sort_keys=True))
-                handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        final = self.dir / name
-        os.replace(part, final)
-        self._fsync_dir()
-        return final
+        return self._write(self.dir, name, [header, *rows])
 
     def append_batch(self, batch: Batch) -> list[Path]:
         written = [self.append("metrics", batch.metrics.rows())]
         written += [self.append(table, rows) for table, rows in _row_tables(batch)]
         return [path for path in written if path is not None]
 
-    def _fsync_dir(self) -> None:
-        fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    def reject(self, rejected: list[dict[str, Any]]) -> Path | None:
+        """Rows no table can take (a value that is not a finite number), each with its reason."""
+        if not rejected:
+            return None
+        name = f"rejected-{time.time_ns() // 1_000_000}-{os.getpid()}-{next(_seq)}.ndjson"
+        return self._write(self.rejected_dir, name, rejected)
+
+    def reject_batch(self, batch: Batch, reason: str) -> Path | None:
+        """A whole batch no database will take (a configuration error), each row with `reason`."""
+        rows = [{"table": "metrics", "reason": reason, "row": row} for row in batch.metrics.rows()]
+        for table, table_rows in [
+            ("facts", batch.facts),
+            ("bench_results", batch.bench),
+            *_row_tables(batch)[2:],
+        ]:
+            rows += [{"table": table, "reason": reason, "row": row} for row in table_rows]
+        return self.reject(rows + batch.rejected)
+
+    def _write(self, folder: Path, name: str, lines: list[dict[str, Any]]) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        part = folder / (name + ".part")
+        with open(part, "w", encoding="utf-8") as handle:
+            for line in lines:
+                handle.write(json.dumps(line, separators=(",", ":"), sort_keys=True, default=str))
+                handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        final = folder / name
+        os.replace(part, final)
+        _fsync_dir(folder)
+        return final
 
     # reading ----------------------------------------------------------------------------------
     def pending(self) -> list[Path]:
@@ -90,16 +161,116 @@ class Spool:
         files = sorted(self.dir.glob("*.ndjson"))
         for part in sorted(self.dir.glob("*.ndjson.part")):
             pid = _writer_pid(part)
-            if pid is not None and not _pid_alive(pid):
+            if pid is not None and not pid_alive(pid):
                 files.append(part)
         return files
 
+    def pending_for(self, target: Target) -> list[Path]:
+        return [path for path in self.pending() if file_target(path) == target]
+
     def pending_rows(self) -> int:
-        total = 0
+        return sum(_count_rows(path) for path in self.pending())
+
+    def status(self) -> list[FileStatus]:
+        now = time.time()
+        listed = []
         for path in self.pending():
-            with open(path, "rb") as handle:
-                total += sum(1 for line in handle if line.endswith(b"\n"))
-        return total
+            target = file_target(path)
+            attempts, error = self._attempts(path)
+            try:
+                age = now - path.stat().st_mtime
+            except OSError:
+                continue
+            listed.append(
+                FileStatus(
+                    path,
+                    str(target) if target else "unknown (written before spool files named their database)",
+                    table_of(path),
+                    _count_rows(path),
+                    age,
+                    attempts,
+                    error,
+                )
+            )
+        return listed
+
+    def quarantined(self) -> list[tuple[Path, str]]:
+        if not self.quarantine_dir.is_dir():
+            return []
+        found = []
+        for path in sorted(self.quarantine_dir.glob("*.ndjson*")):
+            if path.name.endswith(".reason"):
+                continue
+            reason = path.with_name(path.name + ".reason")
+            found.append((path, reason.read_text(encoding="utf-8").strip() if reason.exists() else "?"))
+        return found
+
+    # replaying --------------------------------------------------------------------------------
+    def replay(self, store: Store, into: bool = False) -> ReplayReport:
+        """Write this store's pending files (every file with `into`), then settle them."""
+        here = Target.of(store.dsn, store.database)
+        everything = self.pending()
+        chosen = everything if into else [path for path in everything if file_target(path) == here]
+        report = ReplayReport(other_targets=len(everything) - len(chosen))
+        self.settle(insert_files(store, chosen), str(here), report)
+        return report
+
+    def settle(self, outcomes: list[FileOutcome], where: str, report: ReplayReport) -> None:
+        """Remove stored files, count failures, quarantine a file that failed MAX_ATTEMPTS times."""
+        with self._locked():
+            for outcome in outcomes:
+                path = outcome.path
+                if outcome.bad_lines:
+                    report.rejected_lines += len(outcome.bad_lines)
+                    report.problems.append(
+                        f"{path.name}: {len(outcome.bad_lines)} lines not JSON, in rejected/"
+                    )
+                    self.rejected_dir.mkdir(exist_ok=True)
+                    with open(
+                        self.rejected_dir / path.name.removesuffix(".part"), "a", encoding="utf-8"
+                    ) as out:
+                        out.write("\n".join(outcome.bad_lines) + "\n")
+                if outcome.torn_bytes:
+                    report.torn_lines += 1
+                    report.problems.append(
+                        f"{path.name}: torn last line ({outcome.torn_bytes} bytes) skipped"
+                    )
+                if outcome.error is None:
+                    report.rows += outcome.rows
+                    report.files += 1
+                    _unlink(path)
+                    _unlink(_attempts_path(path))
+                    continue
+                self._failed(path, outcome.error, where, report)
+
+    def _failed(self, path: Path, error: str, where: str, report: ReplayReport) -> None:
+        if not path.exists():  # another replay stored it meanwhile
+            return
+        attempts = self._attempts(path)[0] + 1
+        if attempts < MAX_ATTEMPTS:
+            _attempts_path(path).write_text(
+                json.dumps({"attempts": attempts, "error": error}), encoding="utf-8"
+            )
+            report.problems.append(
+                f"{path.name}: replay attempt {attempts} of {MAX_ATTEMPTS} failed: {error}"
+            )
+            return
+        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+        moved = self.quarantine_dir / path.name
+        reason = moved.with_name(moved.name + ".reason")
+        reason.write_text(f"failed {attempts} replays into {where}: {error}\n", encoding="utf-8")
+        shutil.move(path, moved)
+        _unlink(_attempts_path(path))
+        _fsync_dir(self.quarantine_dir)
+        report.quarantined.append(str(moved))
+        report.problems.append(f"{path.name}: failed {attempts} replays, moved to {moved} ({error})")
+
+    def _attempts(self, path: Path) -> tuple[int, str]:
+        try:
+            record = json.loads(_attempts_path(path).read_text(encoding="utf-8"))
+            return int(record["attempts"]), str(record.get("error", ""))
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0, ""
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -111,49 +282,108 @@ class Spool:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def replay(self, store: Store) -> ReplayReport:
-        """Write every pending file to the store and remove it; a file that fails stays for next time."""
-        report = ReplayReport()
-        with self._locked():
-            for path in self.pending():
-                table = path.name.split("-", 1)[0]
-                if table not in TABLES:
-                    report.problems.append(f"{path}: unknown table {table!r}, left in place")
-                    continue
-                rows = self._read(path, report)
-                if table == "metrics":
-                    store.insert_metrics(MetricColumns.from_rows(rows))
-                else:
-                    store.insert_rows(table, rows)
-                report.rows += len(rows)
-                report.files += 1
-                path.unlink()
-        return report
 
-    def _read(self, path: Path, report: ReplayReport) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = []
-        rejected: list[str] = []
-        data = path.read_bytes()
-        lines = data.split(b"\n")
-        torn_tail = lines.pop()  # text after the last newline: empty, or a line cut by a crash
-        if torn_tail:
-            report.torn_lines += 1
-            report.problems.append(f"{path.name}: torn last line ({len(torn_tail)} bytes) skipped")
-        for number, raw in enumerate(lines, start=1):
-            if not raw.strip():
-                continue
-            try:
-                rows.append(json.loads(raw))
-            except ValueError:
-                rejected.append(raw.decode("utf-8", "replace"))
-                report.problems.append(f"{path.name}:{number}: not JSON, moved to rejected/")
-        if rejected:
-            report.rejected_lines += len(rejected)
-            bad = self.dir / "rejected"
-            bad.mkdir(exist_ok=True)
-            with open(bad / path.name.removesuffix(".part"), "a", encoding="utf-8") as handle:
-                handle.write("\n".join(rejected) + "\n")
-        return rows
+# inserting: reads the spool, writes only to ClickHouse -------------------------------------------
+def insert_files(store: Store, paths: list[Path]) -> list[FileOutcome]:
+    """Insert each file; a file the store refuses gets its error, the others go on.
+
+    Raises StoreError when the store itself stops answering: then no file is at fault.
+    """
+    outcomes = []
+    for path in paths:
+        outcome = FileOutcome(path)
+        try:
+            rows = read_rows(path, outcome)
+        except FileNotFoundError:  # stored and removed by another replay meanwhile
+            continue
+        try:
+            _insert(store, table_of(path), rows)
+            outcome.rows = len(rows)
+        except (KeyError, TypeError, ValueError) as exc:  # a row without a column, a value of a wrong type
+            outcome.error = f"row refused: {type(exc).__name__} {exc}"
+        except StoreError as exc:
+            if not _answers(store):
+                raise
+            outcome.error = redact(exc)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _insert(store: Store, table: str, rows: list[dict[str, Any]]) -> None:
+    if table not in TABLES:
+        raise ValueError(f"unknown table {table!r}")
+    if table == "metrics":
+        store.insert_metrics(MetricColumns.from_rows(rows))
+    else:
+        store.insert_rows(table, rows)
+
+
+def _answers(store: Store) -> bool:
+    try:
+        store.query("SELECT 1")
+    except StoreError:
+        return False
+    return True
+
+
+def read_rows(path: Path, outcome: FileOutcome) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    lines = path.read_bytes().split(b"\n")
+    torn_tail = lines.pop()  # text after the last newline: empty, or a line cut by a crash
+    outcome.torn_bytes = len(torn_tail)
+    for raw in lines:
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except ValueError:
+            outcome.bad_lines.append(raw.decode("utf-8", "replace"))
+            continue
+        if isinstance(row, dict) and HEADER in row:
+            continue
+        rows.append(row)
+    return rows
+
+
+def file_target(path: Path) -> Target | None:
+    """The database a spool file was written for; None for a file from before headers."""
+    try:
+        with open(path, "rb") as handle:
+            first = json.loads(handle.readline())
+        header = first[HEADER]
+        return Target(str(header["dsn"]), str(header["database"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def table_of(path: Path) -> str:
+    return path.name.split("-", 1)[0]
+
+
+def _count_rows(path: Path) -> int:
+    try:
+        with open(path, "rb") as handle:
+            lines = [line for line in handle if line.endswith(b"\n")]
+    except OSError:
+        return 0
+    return len(lines) - (1 if lines and HEADER.encode() in lines[0][:20] else 0)
+
+
+def _attempts_path(path: Path) -> Path:
+    return path.with_name(path.name + ".attempts")
+
+
+def _unlink(path: Path) -> None:
+    with suppress(FileNotFoundError):
+        path.unlink()
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _row_tables(batch: Batch) -> list[tuple[str, list[dict[str, Any]]]]:
