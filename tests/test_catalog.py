@@ -102,6 +102,7 @@ def test_names_carry_their_unit_or_are_known_exceptions():
         "bench_fio_randread_iops",
         "gpu_retired_pages_pending",
         "pcie_aer_status_flags",
+        "ansible_host_unreachable",  # a 0/1 flag, as DESIGN.md names it
     }
     for name, spec in CATALOG.metrics.items():
         if name.startswith("smart_") and name not in exceptions:

@@ -13,6 +13,7 @@ from stethoscope.catalog import Catalog, CatalogError
 from stethoscope.diagnosis.diagnose import SEVERITY_ORDER
 from stethoscope.diagnosis.rules import load_rules
 from stethoscope.diagnosis.ruleset import RuleSet
+from stethoscope.diagnosis.unknown import Fleet
 from stethoscope.inventory import Inventory, load_inventory
 from stethoscope.paths import project_root
 from stethoscope.remediation.cycle import run_cycle, worst
@@ -63,6 +64,11 @@ def catalog_for(inventory: Inventory | None) -> Catalog:
         raise SystemExit(EXIT_USAGE) from None
 
 
+def fleet_of(args: argparse.Namespace, inventory: Inventory | None) -> Fleet | None:
+    """The hosts UNKNOWN answers for: those of an inventory named on the command line."""
+    return Fleet.of(inventory) if inventory is not None and args.inventory else None
+
+
 def _executor_factory(args: argparse.Namespace, inventory: Inventory | None):
     """None for a dry-run; else a function (dsn, database) -> execution Context. Errors exit 2."""
     if not args.execute or inventory is None:
@@ -97,6 +103,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
         database=args.database,
         as_json=args.json,
         execute_with=factory,
+        fleet=fleet_of(args, inventory),
     )
     return EXIT_FINDINGS if worst(findings) >= SEVERITY_ORDER[args.fail_on] else EXIT_OK
 
@@ -108,6 +115,7 @@ def watch_command(args: argparse.Namespace) -> int:
     catalog = catalog_for(inventory)
     rules = RuleSet(Path(args.rules or project_root() / "rules"), catalog)
     factory = _executor_factory(args, inventory)
+    fleet = fleet_of(args, inventory)
     cycle = 0
     try:
         while True:
@@ -123,6 +131,7 @@ def watch_command(args: argparse.Namespace) -> int:
                     database=args.database,
                     as_json=args.json,
                     execute_with=factory,
+                    fleet=fleet,
                 )
             except StoreError as exc:  # the database may come back: keep watching
                 _say(f"watch: cycle {cycle}: {exc}")

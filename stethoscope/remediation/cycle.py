@@ -10,6 +10,7 @@ from typing import Any
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import SEVERITY_ORDER, diagnose, printable, render
 from stethoscope.diagnosis.rules import Rule
+from stethoscope.diagnosis.unknown import Fleet
 from stethoscope.store.client import Store
 
 
@@ -22,9 +23,10 @@ def run_cycle(
     database: str | None,
     as_json: bool,
     execute_with: Any = None,
+    fleet: Fleet | None = None,
 ) -> list[dict[str, Any]]:
     with Store(dsn, database) as store:
-        findings = diagnose(store, rules, at_ms, catalog)
+        findings = diagnose(store, rules, at_ms, catalog, fleet)
         resolved_dsn, resolved_db = store.dsn, store.database
     if execute_with is not None:
         from stethoscope.remediation.executor import Context, Executor
