@@ -174,3 +174,17 @@ def test_the_silent_set_names_the_series_and_the_nodes_that_stopped(store):
     assert ("n1", "sda", "smart_health_passed") in silent
     assert ("n1", "gpu0", "gpu_temperature_celsius") not in silent
     assert ("n2", "gpu0", "gpu_temperature_celsius") in silent and silent.nodes == {"n2"}
+
+
+def test_an_evaluation_in_the_past_does_not_see_rows_that_arrived_after_it(store):
+    evaluated = AT - AT % HOUR - HOUR + 30 * MINUTE  # half past the previous hour
+    before = (AT - evaluated) / MINUTE  # minutes from that moment to AT
+    sweeps(store, "n1", SWEEP, since_min=before + 120)
+    sweeps(store, "n1", [("gpu_temperature_celsius", "gpu1")], since_min=before + 120, until_min=before + 10)
+    # back in the same hour, after the evaluation time: the hour's rollup holds those rows too
+    sweeps(store, "n1", [("gpu_temperature_celsius", "gpu1")], since_min=before - 5, until_min=before - 25)
+    (silence,) = silences(store, Catalog.load(), evaluated)
+    assert (silence.rule_id, silence.device) == (DEVICE_RULE, "gpu1")
+    assert silence.last_seen_ms == evaluated - 10 * MINUTE
+    (now,) = silences(store, Catalog.load(), AT)  # at AT those rows have arrived
+    assert now.last_seen_ms == evaluated + 25 * MINUTE

@@ -6,8 +6,9 @@ labels (an XID code) belong to it. It is silent when it reported within the last
 for 3 of its intervals; its interval is the larger of the declared one (the catalog as the inventory
 sets it) and the spacing it has shown: from `metrics_hourly`, the median spacing inside the hours that
 hold two samples or more ((last - first) / (n - 1): a partial hour says the same as a full one), else
-the mean gap between the hours that hold one (a series read every few hours), else an hour. The hour
-being evaluated comes from the raw rows, so an evaluation time in the past sees only what had arrived.
+the mean gap between the hours that hold one (a series read every few hours), else an hour. Nothing
+reads raw rows, except for a series with rows after an evaluation time in the past: its hour being
+evaluated comes from them, so that it sees only what had arrived by then.
 
 - `unknown.device`: the silent metrics of one device of a node that still reports.
 - `unknown.node`: a node whose every series is silent; with an inventory, also a listed node with
@@ -100,22 +101,30 @@ _SKIPPED = (
 
 
 def _hours_sql(db: str) -> str:
-    """Per series (labels apart) and hour: first and last sample, last value, count."""
+    """Per series (labels apart) and hour: first and last sample, last value, count. From the rollup;
+    only a series with rows after the evaluation time (an evaluation in the past) reads its raw rows
+    of the hour being evaluated."""
+    key = "node_id, metric_name, device, labels_key"
     history = (
-        "SELECT node_id, metric_name, device, labels_key, any(labels)['source'] AS source, hour, "
+        f"SELECT {key}, any(labels)['source'] AS source, hour, "
         "toUnixTimestamp64Milli(min(first_at)) AS first_ms, toUnixTimestamp64Milli(max(last_at)) AS last_ms, "
         f"argMaxMerge(last_value) AS last_value, sum(samples) AS n FROM {db}.metrics_hourly "
-        "WHERE hour >= toDateTime({from_s:Int64}, 'UTC') AND hour < toDateTime({hour_s:Int64}, 'UTC') "
-        f"AND {_SKIPPED} GROUP BY node_id, metric_name, device, labels_key, hour"
+        "WHERE hour >= toDateTime({from_s:Int64}, 'UTC') AND hour <= toDateTime({hour_s:Int64}, 'UTC') "
+        f"AND {_SKIPPED} GROUP BY {key}, hour "
+        "HAVING hour < toDateTime({hour_s:Int64}, 'UTC') OR last_ms <= {at:Int64}"
+    )
+    late = (
+        f"SELECT {key} FROM {db}.metrics_hourly WHERE hour = toDateTime({{hour_s:Int64}}, 'UTC') "
+        f"GROUP BY {key} HAVING max(last_at) > fromUnixTimestamp64Milli({{at:Int64}}, 'UTC')"
     )
     recent = (
-        "SELECT node_id, metric_name, device, labels_key, any(labels)['source'] AS source, "
+        f"SELECT {key}, any(labels)['source'] AS source, "
         "toDateTime({hour_s:Int64}, 'UTC') AS hour, toUnixTimestamp64Milli(min(timestamp)) AS first_ms, "
         "toUnixTimestamp64Milli(max(timestamp)) AS last_ms, argMax(value, timestamp) AS last_value, "
         f"count() AS n FROM {db}.metrics "
         "WHERE timestamp >= fromUnixTimestamp64Milli({hour_ms:Int64}, 'UTC') "
         "AND timestamp <= fromUnixTimestamp64Milli({at:Int64}, 'UTC') "
-        f"AND {_SKIPPED} GROUP BY node_id, metric_name, device, labels_key"
+        f"AND ({key}) IN ({late}) AND {_SKIPPED} GROUP BY {key}"
     )
     return f"{history} UNION ALL {recent}"
 
