@@ -84,6 +84,13 @@ def test_smart_read_every_10_minutes_is_not_unknown_after_3_sweep_intervals(stor
     assert [n for (n,) in per_hour][1:-1] == [6] * (len(per_hour) - 2)  # whole hours: 6 a hour
 
 
+def test_an_hourly_series_with_one_jittered_pair_is_not_unknown_after_3_minutes(store):
+    sweeps(store, "n1", SWEEP, since_min=12 * 60)
+    sweeps(store, "n1", SMART, every_s=3600, since_min=12 * 60 + 50, until_min=50)
+    sweeps(store, "n1", SMART, since_min=6 * 60 + 50 - 1 / 3, until_min=6 * 60 + 50 - 1 / 3)  # 20 s late
+    assert silences(store, Catalog.load(), AT) == []
+
+
 def test_a_series_silent_for_3_of_its_learned_intervals_is_unknown(store):
     sweeps(store, "n1", SWEEP, since_min=6 * 60, until_min=-40)
     sweeps(store, "n1", SMART, every_s=600, since_min=6 * 60, until_min=25)

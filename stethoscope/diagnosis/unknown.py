@@ -5,15 +5,17 @@ A series is a node's metric on one device from one source (sweep rows, or `sourc
 labels (an XID code) belong to it. It is silent when it reported within the last 24 h and has not
 for 3 of its intervals; its interval is the larger of the declared one (the catalog as the inventory
 sets it) and the spacing it has shown: from `metrics_hourly`, the median spacing inside the hours that
-hold two samples or more ((last - first) / (n - 1): a partial hour says the same as a full one), else
-the mean gap between the hours that hold one (a series read every few hours), else an hour. Nothing
+hold two samples or more ((last - first) / (n - 1): a partial hour says the same as a full one) where
+those are at least half of its hours, else the mean gap between its hours (a series read hourly or
+every few hours, which a jittered pair in one hour must not make look fast), else an hour. Nothing
 reads raw rows, except for a series with rows after an evaluation time in the past: its hour being
 evaluated comes from them, so that it sees only what had arrived by then.
 
 - `unknown.device`: the silent metrics of one device of a node that still reports.
 - `unknown.node`: a node whose every series is silent; with an inventory, also a listed node with
   nothing in the look-back (it never reported, or stopped more than 24 h ago), once the grace of a
-  node new to the inventory (2 sweep intervals from its first `nodes` row) is over. With an inventory,
+  node new to the inventory (2 sweep intervals from its first `nodes` row, which the diagnosis writes
+  when it first meets a host without one) is over. With an inventory,
   nodes outside it (gone from it) are no longer UNKNOWN.
 - `unknown.unreachable` (warning): the latest `ansible_host_unreachable` of a node is 1 and no sweep
   row came after it; it takes the place of that node's `unknown.node`.
@@ -136,8 +138,9 @@ def _query(db: str) -> str:
     )
     names = "{names:Array(String)}, {intervals:Array(UInt32)}"
     declared = f"transform(toString(metric_name), {names}, {fallback})"
+    spacing = "quantileExactIf(0.5)((last_ms - first_ms) / 1000 / (n - 1), n >= 2)"
     learned = (
-        "if(countIf(n >= 2) > 0, quantileExactIf(0.5)((last_ms - first_ms) / 1000 / (n - 1), n >= 2), "
+        f"if(countIf(n >= 2) * 2 >= count(), {spacing}, "
         "if(uniqExact(hour) > 1, (toUnixTimestamp(max(hour)) - toUnixTimestamp(min(hour))) "
         "/ (uniqExact(hour) - 1), 3600))"
     )
