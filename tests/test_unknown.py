@@ -195,3 +195,29 @@ def test_an_evaluation_in_the_past_does_not_see_rows_that_arrived_after_it(store
     assert silence.last_seen_ms == evaluated - 10 * MINUTE
     (now,) = silences(store, Catalog.load(), AT)  # at AT those rows have arrived
     assert now.last_seen_ms == evaluated + 25 * MINUTE
+
+
+def test_diagnose_with_an_inventory_names_its_node_that_never_reported(store, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import TOP
+
+    names = [f"n{i:02d}" for i in range(12)]
+    sweeps(store, names[1:], SWEEP)
+    store.close()
+    inventory = tmp_path / "hosts.yml"
+    hosts = "".join(f"    {name}: {{}}\n" for name in names)
+    inventory.write_text(f"---\nall:\n  vars:\n    stethoscope_sweep_interval: 60\n  hosts:\n{hosts}")
+
+    def run(at_ms):
+        command = [
+            sys.executable, "-m", "stethoscope.cli", "--dsn", store.dsn,
+            "diagnose", "--inventory", str(inventory), "--json", "--rules", str(TOP / "rules" / "gpu"), "--at", str(at_ms / 1000),
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, cwd=TOP, check=False)
+        assert result.returncode in (0, 1), result.stderr
+        return [(f["rule_id"], f["node_id"]) for f in json.loads(result.stdout)]
+
+    assert run(AT - 10 * MINUTE) == []  # n00 is new to this inventory
+    assert run(AT) == [(NODE_RULE, "n00")]
