@@ -213,7 +213,8 @@ def test_diagnose_with_an_inventory_names_its_node_that_never_reported(store, tm
     def run(at_ms):
         command = [
             sys.executable, "-m", "stethoscope.cli", "--dsn", store.dsn,
-            "diagnose", "--inventory", str(inventory), "--json", "--rules", str(TOP / "rules" / "gpu"), "--at", str(at_ms / 1000),
+            "diagnose", "--inventory", str(inventory), "--json",
+            "--rules", str(TOP / "rules" / "gpu"), "--at", str(at_ms / 1000),
         ]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, cwd=TOP, check=False)
         assert result.returncode in (0, 1), result.stderr
