@@ -6,6 +6,8 @@ training job that ended, or a benchmark's one-off rows."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import diagnose
@@ -22,6 +24,8 @@ from stethoscope.diagnosis.unknown import (
 from stethoscope.inventory import Host
 from stethoscope.store.batch import MetricColumns
 from stethoscope.timeutil import now_ms
+
+from conftest import TOP
 
 MINUTE = 60_000
 HOUR = 60 * MINUTE
@@ -198,11 +202,6 @@ def test_an_evaluation_in_the_past_does_not_see_rows_that_arrived_after_it(store
 
 
 def test_diagnose_with_an_inventory_names_its_node_that_never_reported(store, tmp_path):
-    import subprocess
-    import sys
-
-    from conftest import TOP
-
     names = [f"n{i:02d}" for i in range(12)]
     sweeps(store, names[1:], SWEEP)
     store.close()
