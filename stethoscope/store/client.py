@@ -149,7 +149,8 @@ class Store:
         if "metrics" in before and "metrics_hourly" not in before:
             # an existing database gets the hourly rollup of what its raw rows still hold; the view
             # exists first, so a row written meanwhile is counted twice rather than lost
-            self.command(hourly_backfill(self.database))
+            statements.append(hourly_backfill(self.database))
+            self.command(statements[-1])
         return statements
 
     def _tables(self) -> set[str]:
