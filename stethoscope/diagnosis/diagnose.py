@@ -110,8 +110,9 @@ def _finding(rule: Rule, match: Match, at_ms: int, evidence: dict[str, Any] | No
 def _unknown_message(silence: Silence) -> str:
     since = iso(silence.last_seen_ms) if silence.last_seen_ms else ""
     if silence.rule_id == FLEET_RULE:
+        named = ", ".join(silence.nodes[:10]) + (", ..." if len(silence.nodes) > 10 else "")
         return (
-            f"UNKNOWN fleet: {len(silence.nodes)} nodes silent at once ({', '.join(silence.nodes)}): "
+            f"UNKNOWN fleet: {len(silence.nodes)} nodes silent at once ({named}): "
             "the collector, the network or the store is down rather than the nodes"
         )
     if silence.rule_id == UNREACHABLE_RULE:
