@@ -185,6 +185,13 @@ def test_the_silent_set_names_the_series_and_the_nodes_that_stopped(store):
     assert ("n1", "sda", "smart_health_passed") in silent
     assert ("n1", "gpu0", "gpu_temperature_celsius") not in silent
     assert ("n2", "gpu0", "gpu_temperature_celsius") in silent and silent.nodes == {"n2"}
+    # a sweep that cannot reach n3 while its stream still flows: the stream's series are not silent
+    sweeps(store, "n3", SWEEP, until_min=10)
+    sweeps(store, "n3", SWEEP, every_s=5, since_min=15, until_min=0, labels={"source": "stream"})
+    sweeps(store, "n3", [("ansible_host_unreachable", "node")], since_min=9)
+    silent = silent_series(store, Catalog.load(), AT)
+    assert "n3" not in silent.nodes and ("n3", "gpu0", "gpu_temperature_celsius") not in silent
+    assert (UNREACHABLE_RULE, "n3", "") in keys(silent.silences)
 
 
 def test_an_evaluation_in_the_past_does_not_see_rows_that_arrived_after_it(store):

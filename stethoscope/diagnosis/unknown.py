@@ -88,7 +88,7 @@ class Fleet:
 @dataclass
 class Survey:
     silences: list[Silence]
-    series: set[tuple[str, str, str]]  # (node, device, metric) silent
+    series: set[tuple[str, str, str]]  # (node, device, metric) of which no source sends any more
     nodes: set[str]  # nodes of which nothing arrives
 
     def __contains__(self, key: object) -> bool:
@@ -155,12 +155,13 @@ def _query(db: str) -> str:
         f"metric_name = '{PROBE}' AS probe, "
         "countIf(NOT stale AND NOT probe) OVER (PARTITION BY node_id) AS fresh, "
         "maxIf(last, NOT probe AND source != 'stream') OVER (PARTITION BY node_id) AS swept, "
+        "countIf(NOT stale) OVER (PARTITION BY node_id, metric_name, device) AS flowing, "
         "row_number() OVER (PARTITION BY node_id) AS nth "
         f"FROM ({per_series})"
     )
     # the silent series, the probes, and one row for every node seen at all
     return (
-        "SELECT node_id, metric_name, device, last, value, stale AND NOT probe, probe, fresh, swept "
+        "SELECT node_id, metric_name, device, last, value, stale AND NOT probe, probe, fresh, swept, flowing "
         f"FROM ({flagged}) WHERE stale OR probe OR nth = 1 ORDER BY node_id, device, metric_name"
     )
 
@@ -201,17 +202,20 @@ class _Node:
     swept_ms: int = 0
     silent: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # device -> (metric, last)
     unreachable_ms: int | None = None
+    flowing: set[tuple[str, str]] = field(default_factory=set)  # (device, metric) another source still sends
 
 
 def _nodes_seen(store: Store, catalog: Catalog, at_ms: int) -> dict[str, _Node]:
     seen: dict[str, _Node] = {}
     rows = store.query(_query(store.database), _params(catalog, at_ms))
-    for node_id, metric, device, last_ms, value, silent, probe, fresh, swept in rows:
+    for node_id, metric, device, last_ms, value, silent, probe, fresh, swept, flowing in rows:
         node = seen.setdefault(node_id, _Node(int(fresh), int(swept)))
         if probe and value >= 1 and last_ms >= swept:
             node.unreachable_ms = int(last_ms)
         elif silent:
             node.silent.setdefault(device, []).append((metric, int(last_ms)))
+            if flowing:
+                node.flowing.add((device, metric))
     return seen
 
 
@@ -273,6 +277,7 @@ def survey(store: Store, catalog: Catalog, at_ms: int, fleet: Fleet | None = Non
     silences: list[Silence] = []
     series: set[tuple[str, str, str]] = set()
     whole: dict[str, Silence] = {}  # node -> its node or unreachable finding
+    dark: set[str] = set()  # nodes of which nothing at all arrives
     for name in sorted(scope):
         node = seen.get(name)
         if node is None:
@@ -280,10 +285,13 @@ def survey(store: Store, catalog: Catalog, at_ms: int, fleet: Fleet | None = Non
             new = first_ms.get(name, at_ms) > at_ms - grace_ms
             if not (never and new):
                 whole[name] = Silence(NODE_RULE, name, "", [], last_ms.get(name, 0))
+                dark.add(name)
             continue
         for device, metrics in node.silent.items():
-            series.update((name, device, metric) for metric, _ in metrics)
+            series.update((name, device, m) for m, _ in metrics if (device, m) not in node.flowing)
         stopped = [(metric, last) for metrics in node.silent.values() for metric, last in metrics]
+        if node.fresh == 0:
+            dark.add(name)
         if node.unreachable_ms is not None:
             whole[name] = Silence(
                 UNREACHABLE_RULE,
@@ -307,7 +315,7 @@ def survey(store: Store, catalog: Catalog, at_ms: int, fleet: Fleet | None = Non
         silences.append(Silence(FLEET_RULE, FLEET_NODE, "", [], last_seen, severity="critical", nodes=nodes))
     else:
         silences.extend(whole.values())
-    return Survey(silences, series, set(whole))
+    return Survey(silences, series, dark)
 
 
 def silences(store: Store, catalog: Catalog, at_ms: int, fleet: Fleet | None = None) -> list[Silence]:
