@@ -38,6 +38,15 @@ def worn(store, node, at=AT):
     store.insert_metrics(batch)
 
 
+def others_report(store, at):
+    """The rest of the inventory reports too: seven nodes that say nothing are UNKNOWN (the fleet)."""
+    batch = MetricColumns()
+    for node in NODES:
+        if node != "node03":
+            batch.append(node, "gpu_temperature_celsius", "gpu0", {}, 40.0, at)
+    store.insert_metrics(batch)
+
+
 def rules(tmp_path, actions, level="L2", cooldown="1h"):
     folder = tmp_path / "rules"
     folder.mkdir(exist_ok=True)
@@ -147,9 +156,13 @@ def test_cooldown_then_resolution(tmp_path, db, http_standin):
     assert len(hook.requests) == 1
     with Store(db) as store:
         worn(store, "node03", at=AT + 40 * 60_000)
+        others_report(store, AT + 40 * 60_000)
     (third,), _ = diagnose(tmp_path, db, rule_dir, *settings, at=AT + 40 * 60_000)
     assert third["txn_id"] != first["txn_id"] and len(hook.requests) == 2  # past the cooldown it acts again
-    later, _ = diagnose(tmp_path, db, rule_dir, *settings, at=AT + 60 * 60_000)
+    later_ms = AT + 40 * 60_000 + 4 * 3_600_000  # past 3 of the intervals node03 has shown (40 min, or 1 h)
+    with Store(db) as store:
+        others_report(store, later_ms)
+    later, _ = diagnose(tmp_path, db, rule_dir, *settings, at=later_ms)
     assert [f["rule_id"] for f in later] == ["unknown.node"]  # node03 stopped reporting: UNKNOWN, not healthy
     statuses = table(db, "SELECT rule_id, status FROM DB.findings FINAL ORDER BY rule_id")
     assert statuses == [("unknown.node", "open"), ("worn_ssd", "resolved")]

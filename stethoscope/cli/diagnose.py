@@ -15,6 +15,7 @@ from stethoscope.cli.exit_codes import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from stethoscope.diagnosis.diagnose import SEVERITY_ORDER
 from stethoscope.diagnosis.rules import LoadResult, load_rules
 from stethoscope.diagnosis.ruleset import RuleSet
+from stethoscope.diagnosis.unknown import Fleet
 from stethoscope.inventory import Inventory, load_inventory
 from stethoscope.paths import project_root
 from stethoscope.remediation.cycle import run_cycle, worst
@@ -63,6 +64,13 @@ def catalog_for(inventory: Inventory | None) -> Catalog:
     except CatalogError as exc:
         _say(f"inventory {inventory.path}: {exc}")
         raise SystemExit(EXIT_USAGE) from None
+
+
+def fleet_of(args: argparse.Namespace, inventory: Inventory | None) -> Fleet | None:
+    """The hosts UNKNOWN answers for: those of an inventory named (--inventory or $STETHOSCOPE_INVENTORY),
+    not the lab's taken by default."""
+    named = args.inventory or os.environ.get("STETHOSCOPE_INVENTORY")
+    return Fleet.of(inventory) if inventory is not None and named else None
 
 
 def _executor_factory(args: argparse.Namespace, inventory: Inventory | None):
@@ -122,6 +130,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
         as_json=args.json,
         execute_with=factory,
         nodes=hosts_of(inventory),
+        fleet=fleet_of(args, inventory),
     )
     return EXIT_FINDINGS if worst(findings) >= SEVERITY_ORDER[args.fail_on] else EXIT_OK
 
@@ -135,6 +144,7 @@ def watch_command(args: argparse.Namespace) -> int:
     checked_rules(path, catalog, "watch")  # the first cycle's rules must load; later bad edits are kept out
     rules = RuleSet(path, catalog)
     factory = _executor_factory(args, inventory)
+    fleet = fleet_of(args, inventory)
     cycle = 0
     try:
         while True:
@@ -154,6 +164,7 @@ def watch_command(args: argparse.Namespace) -> int:
                         as_json=args.json,
                         execute_with=factory,
                         nodes=hosts_of(inventory),
+                        fleet=fleet,
                     )
                 except StoreError as exc:  # the database may come back: keep watching
                     _say(f"watch: cycle {cycle}: {exc}")

@@ -6,13 +6,21 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from stethoscope import templating
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.engine import Match, evaluate
 from stethoscope.diagnosis.rules import Action, Group, Rule
-from stethoscope.diagnosis.unknown import silences
+from stethoscope.diagnosis.unknown import (
+    FLEET_RULE,
+    UNREACHABLE_RULE,
+    Fleet,
+    Silence,
+    record_new_hosts,
+    survey,
+)
 from stethoscope.store.client import Store
 from stethoscope.timeutil import iso
 
@@ -100,21 +108,44 @@ def _finding(rule: Rule, match: Match, at_ms: int, evidence: dict[str, Any] | No
     return finding
 
 
+def _unknown_message(silence: Silence) -> str:
+    since = iso(silence.last_seen_ms) if silence.last_seen_ms else ""
+    if silence.rule_id == FLEET_RULE:
+        named = ", ".join(silence.nodes[:10]) + (", ..." if len(silence.nodes) > 10 else "")
+        return (
+            f"UNKNOWN fleet: {len(silence.nodes)} nodes silent at once ({named}): "
+            "the collector, the network or the store is down rather than the nodes"
+        )
+    if silence.rule_id == UNREACHABLE_RULE:
+        return f"{silence.node_id}: UNKNOWN, unreachable by the sweep since {since}"
+    if silence.device:
+        metrics = ", ".join(silence.metrics)
+        return f"{silence.node_id} {silence.device}: UNKNOWN, {metrics} not reported since {since}"
+    return f"{silence.node_id}: UNKNOWN, nothing reported " + (f"since {since}" if since else "ever")
+
+
 def _unknown_findings(
-    store: Store, catalog: Catalog, at_ms: int, nodes: Sequence[str] | None
+    store: Store, catalog: Catalog, at_ms: int, fleet: Fleet | None, nodes: Sequence[str] | None
 ) -> list[dict[str, Any]]:
     findings = []
-    for silence in silences(store, catalog, at_ms, nodes):
-        last_seen = iso(silence.last_seen_ms)
-        subject = f"{silence.node_id} {silence.device}" if silence.device else silence.node_id
-        what = f"{', '.join(silence.metrics)} not reported" if silence.device else "nothing reported"
-        message = f"{subject}: UNKNOWN, {what} since {last_seen}"
-        rule = Rule(
-            silence.rule_id, "stopped reporting", "unknown", Group("all", ()), (), level="L2", message=message
-        )
-        match = Match(silence.node_id, silence.device, 0.0)
-        evidence = {"metrics": silence.metrics, "last_seen": last_seen}
+    wanted = None if nodes is None else set(nodes)
+    for silence in survey(store, catalog, at_ms, fleet).silences:
+        if wanted is not None and silence.rule_id != FLEET_RULE and silence.node_id not in wanted:
+            continue
+        message = _unknown_message(silence)
+        # a fleet finding names no host: log and alert, no playbook aimed at a node
+        said = (("message", message),)
+        actions = (Action("log", said), Action("alert", said)) if silence.rule_id == FLEET_RULE else ()
+        rule = Rule(silence.rule_id, "stopped reporting", silence.severity, Group("all", ()), actions, "L2")
+        rule = replace(rule, message=message)
+        match = Match(silence.node_id, silence.device, 0.0, nodes=silence.nodes)
+        evidence: dict[str, Any] = {"metrics": silence.metrics}
+        evidence["last_seen"] = iso(silence.last_seen_ms) if silence.last_seen_ms else None
+        if silence.nodes:
+            evidence["nodes"] = silence.nodes
         findings.append(_finding(rule, match, at_ms, evidence))
+    if fleet is not None:
+        record_new_hosts(store, fleet, at_ms)
     return findings
 
 
@@ -124,16 +155,18 @@ def diagnose(
     at_ms: int,
     catalog: Catalog | None = None,
     nodes: Sequence[str] | None = None,
+    fleet: Fleet | None = None,
 ) -> list[dict[str, Any]]:
     """Every finding at `at_ms`, most severe first; deterministic for the same data and rules. With
-    `nodes` (an inventory's hosts), only those nodes' data is read."""
+    `nodes` (an inventory's hosts), only those nodes' data is read; with a fleet (the inventory given),
+    UNKNOWN also answers for its nodes that say nothing."""
     findings = [
         _finding(rule, m, at_ms)
         for rule in sorted(rules, key=lambda r: r.rule_id)
         for m in evaluate(store, rule, at_ms, nodes=nodes)
     ]
     if catalog is not None:
-        findings += _unknown_findings(store, catalog, at_ms, nodes)
+        findings += _unknown_findings(store, catalog, at_ms, fleet, nodes)
     return sorted(
         findings, key=lambda f: (-SEVERITY_ORDER[f["severity"]], f["node_id"], f["rule_id"], f["device"])
     )

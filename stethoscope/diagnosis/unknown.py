@@ -1,22 +1,57 @@
-"""UNKNOWN findings (docs/design.md "Rules"): a metric a node reported within the last 24 h that has not
-arrived for 3 of its report intervals. The silent metrics of one device are one finding about the
-device; a node whose every metric stopped is one finding about the node. A metric a node never had is
-not UNKNOWN; neither are training-job metrics (a job that ends stops reporting) nor what a benchmark
-recorded (bench_* metrics, label phase=bench): benchmarks run on demand."""
+"""UNKNOWN findings (docs/design.md "Rules"): what stopped arriving, and the nodes of the inventory that say
+nothing.
+
+A series is a node's metric on one device from one source (sweep rows, or `source=stream` rows); other
+labels (an XID code) belong to it. It is silent when it reported within the last 24 h and has not
+for 3 of its intervals; its interval is the larger of the declared one (the catalog as the inventory
+sets it) and the spacing it has shown: from `metrics_hourly`, the median spacing inside the hours that
+hold two samples or more ((last - first) / (n - 1): a partial hour says the same as a full one) where
+those are at least half of its hours, else the mean gap between its hours (a series read hourly or
+every few hours, which a jittered pair in one hour must not make look fast), else an hour. Nothing
+reads raw rows, except for a series with rows after an evaluation time in the past: its hour being
+evaluated comes from them, so that it sees only what had arrived by then.
+
+- `unknown.device`: the silent metrics of one device of a node that still reports.
+- `unknown.node`: a node whose every series is silent; with an inventory, also a listed node with
+  nothing in the look-back (it never reported, or stopped more than 24 h ago), once the grace of a
+  node new to the inventory (2 sweep intervals from its first `nodes` row, which the diagnosis writes
+  when it first meets a host without one) is over. With an inventory,
+  nodes outside it (gone from it) are no longer UNKNOWN.
+- `unknown.unreachable` (warning): the latest `ansible_host_unreachable` of a node is 1 and no sweep
+  row came after it; it takes the place of that node's `unknown.node`.
+- `unknown.fleet` (critical): more than 10 % of the inventory (and at least 2 nodes) silent or
+  unreachable at once: the pipeline (collector, network, store) is down rather than the nodes. Those
+  nodes' own node/unreachable findings fold into it (listed in its evidence and `nodes`, so one alert
+  and no per-node storm); device findings of nodes that still report stay.
+
+Never UNKNOWN: a metric a node never had, training-job metrics (a job that ends stops reporting),
+what a benchmark recorded (bench_*, label phase=bench), and the unreachable probe itself.
+UNKNOWN never resolves a rule finding: `silent_series` gives the silent set to whoever decides that.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
-from stethoscope.catalog import Catalog
-from stethoscope.store.client import Store
+from stethoscope.catalog import SWEEP_INTERVAL, Catalog
+from stethoscope.inventory import Host, Inventory
+from stethoscope.store.client import Store, StoreError
 
 LOOKBACK_SECONDS = 24 * 3600
 MISSED_INTERVALS = 3
 DEFAULT_INTERVAL = 60
+GRACE_SWEEPS = 2
+FLEET_FRACTION = 0.10
+FLEET_MIN_NODES = 2  # one silent node is a node, whatever the size of the inventory
+PROBE = "ansible_host_unreachable"
 NODE_RULE = "unknown.node"
 DEVICE_RULE = "unknown.device"
+UNREACHABLE_RULE = "unknown.unreachable"
+FLEET_RULE = "unknown.fleet"
+FLEET_NODE = "fleet"
+_HOUR_MS = 3_600_000
 
 
 @dataclass
@@ -26,43 +61,119 @@ class Silence:
     device: str
     metrics: list[str]
     last_seen_ms: int
+    severity: str = "unknown"
+    nodes: list[str] = field(default_factory=list)  # unknown.fleet: the silent nodes
 
 
-def _query(database: str, filtered: bool) -> str:
+@dataclass(frozen=True)
+class Fleet:
+    """The inventory UNKNOWN answers for: its hosts and the sweep interval they are read at."""
+
+    hosts: tuple[Host, ...]
+    sweep_interval: int = SWEEP_INTERVAL
+
+    @classmethod
+    def of(cls, inventory: Inventory) -> Fleet:
+        sweep = inventory.settings.get("stethoscope_sweep_interval")
+        hosts = tuple(inventory.hosts.values())
+        if isinstance(sweep, int) and not isinstance(sweep, bool) and sweep > 0:
+            return cls(hosts, sweep)
+        return cls(hosts)
+
+    @property
+    def names(self) -> list[str]:
+        return [host.name for host in self.hosts]
+
+
+@dataclass
+class Survey:
+    silences: list[Silence]
+    series: set[tuple[str, str, str]]  # (node, device, metric) of which no source sends any more
+    nodes: set[str]  # nodes of which nothing arrives
+
+    def __contains__(self, key: object) -> bool:
+        """(node, device, metric): is that series silent, or its whole node?"""
+        return isinstance(key, tuple) and len(key) == 3 and (key[0] in self.nodes or key in self.series)
+
+
+_SKIPPED = (
+    "NOT startsWith(metric_name, 'train_') AND NOT startsWith(metric_name, 'cuda_') "
+    "AND NOT startsWith(metric_name, 'bench_') AND labels['phase'] != 'bench'"
+)
+
+
+def _hours_sql(db: str) -> str:
+    """Per series (labels apart) and hour: first and last sample, last value, count. From the rollup;
+    only a series with rows after the evaluation time (an evaluation in the past) reads its raw rows
+    of the hour being evaluated."""
+    key = "node_id, metric_name, device, labels_key"
+    history = (
+        f"SELECT {key}, any(labels)['source'] AS source, hour, "
+        "toUnixTimestamp64Milli(min(first_at)) AS first_ms, toUnixTimestamp64Milli(max(last_at)) AS last_ms, "
+        f"argMaxMerge(last_value) AS last_value, sum(samples) AS n FROM {db}.metrics_hourly "
+        "WHERE hour >= toDateTime({from_s:Int64}, 'UTC') AND hour <= toDateTime({hour_s:Int64}, 'UTC') "
+        f"AND {_SKIPPED} GROUP BY {key}, hour "
+        "HAVING hour < toDateTime({hour_s:Int64}, 'UTC') OR last_ms <= {at:Int64}"
+    )
+    late = (
+        f"SELECT {key} FROM {db}.metrics_hourly WHERE hour = toDateTime({{hour_s:Int64}}, 'UTC') "
+        f"GROUP BY {key} HAVING max(last_at) > fromUnixTimestamp64Milli({{at:Int64}}, 'UTC')"
+    )
+    recent = (
+        f"SELECT {key}, any(labels)['source'] AS source, "
+        "toDateTime({hour_s:Int64}, 'UTC') AS hour, toUnixTimestamp64Milli(min(timestamp)) AS first_ms, "
+        "toUnixTimestamp64Milli(max(timestamp)) AS last_ms, argMax(value, timestamp) AS last_value, "
+        f"count() AS n FROM {db}.metrics "
+        "WHERE timestamp >= fromUnixTimestamp64Milli({hour_ms:Int64}, 'UTC') "
+        "AND timestamp <= fromUnixTimestamp64Milli({at:Int64}, 'UTC') "
+        f"AND ({key}) IN ({late}) AND {_SKIPPED} GROUP BY {key}"
+    )
+    return f"{history} UNION ALL {recent}"
+
+
+def _query(db: str) -> str:
     fallback = (
         "if(arrayExists(p -> startsWith(metric_name, p), {families:Array(String)}), "
         "{family_interval:UInt32}, {default:UInt32})"
     )
-    interval = (
-        f"transform(toString(metric_name), {{names:Array(String)}}, {{intervals:Array(UInt32)}}, {fallback})"
+    names = "{names:Array(String)}, {intervals:Array(UInt32)}"
+    declared = f"transform(toString(metric_name), {names}, {fallback})"
+    spacing = "quantileExactIf(0.5)((last_ms - first_ms) / 1000 / (n - 1), n >= 2)"
+    learned = (
+        f"if(countIf(n >= 2) * 2 >= count(), {spacing}, "
+        "if(uniqExact(hour) > 1, (toUnixTimestamp(max(hour)) - toUnixTimestamp(min(hour))) "
+        "/ (uniqExact(hour) - 1), 3600))"
     )
     per_series = (
-        "SELECT node_id, metric_name, device, toUnixTimestamp64Milli(max(timestamp)) AS last_ms, "
-        f"{interval} AS interval_s FROM {database}.metrics "
-        "WHERE timestamp > fromUnixTimestamp64Milli({at:Int64}, 'UTC') - toIntervalSecond({lookback:UInt32}) "
-        "AND timestamp <= fromUnixTimestamp64Milli({at:Int64}, 'UTC') "
-        "AND NOT startsWith(metric_name, 'train_') AND NOT startsWith(metric_name, 'cuda_') "
-        "AND NOT startsWith(metric_name, 'bench_') "
-        "AND labels['phase'] != 'bench' "
-        + ("AND has({nodes:Array(String)}, node_id) " if filtered else "")
-        + "GROUP BY node_id, metric_name, device"
+        "SELECT node_id, metric_name, device, source, max(last_ms) AS last, "
+        f"argMax(last_value, last_ms) AS value, greatest({declared}, {learned}) AS interval_s "
+        f"FROM ({_hours_sql(db)}) GROUP BY node_id, metric_name, device, source "
+        "HAVING last > {at:Int64} - {lookback:Int64} * 1000"
     )
     flagged = (
-        "SELECT *, last_ms < {at:Int64} - {missed:UInt32} * interval_s * 1000 AS stale, "
-        "countIf(NOT stale) OVER (PARTITION BY node_id) AS fresh "
+        "SELECT *, last < {at:Int64} - {missed:UInt32} * interval_s * 1000 AS stale, "
+        f"metric_name = '{PROBE}' AS probe, "
+        "countIf(NOT stale AND NOT probe) OVER (PARTITION BY node_id) AS fresh, "
+        "maxIf(last, NOT probe AND source != 'stream') OVER (PARTITION BY node_id) AS swept, "
+        "countIf(NOT stale) OVER (PARTITION BY node_id, metric_name, device) AS flowing, "
+        "row_number() OVER (PARTITION BY node_id) AS nth "
         f"FROM ({per_series})"
     )
+    # the silent series, the probes, and one row for every node seen at all
     return (
-        f"SELECT node_id, metric_name, device, last_ms, fresh FROM ({flagged}) WHERE stale "
-        "ORDER BY node_id, device, metric_name"
+        "SELECT node_id, metric_name, device, last, value, stale AND NOT probe, probe, fresh, swept, flowing "
+        f"FROM ({flagged}) WHERE stale OR probe OR nth = 1 ORDER BY node_id, device, metric_name"
     )
 
 
-def silences(store: Store, catalog: Catalog, at_ms: int, nodes: Sequence[str] | None = None) -> list[Silence]:
-    """The silences at `at_ms`, of every node or only of `nodes` (an inventory's hosts)."""
+def _params(catalog: Catalog, at_ms: int) -> dict[str, Any]:
     families = sorted(catalog.families)
-    params = {
+    hour_ms = at_ms - at_ms % _HOUR_MS
+    return {
         "at": at_ms,
+        "hour_ms": hour_ms,
+        "hour_s": hour_ms // 1000,
+        "from_s": (hour_ms - LOOKBACK_SECONDS * 1000) // 1000,
         "lookback": LOOKBACK_SECONDS,
         "missed": MISSED_INTERVALS,
         "names": list(catalog.metrics),
@@ -71,15 +182,147 @@ def silences(store: Store, catalog: Catalog, at_ms: int, nodes: Sequence[str] | 
         "family_interval": min((catalog.families[f].interval for f in families), default=DEFAULT_INTERVAL),
         "default": DEFAULT_INTERVAL,
     }
-    if nodes is not None:
-        params["nodes"] = sorted(nodes)
-    found: dict[tuple[str, str, str], Silence] = {}
-    rows = store.query(_query(store.database, nodes is not None), params)
-    for node_id, metric, device, last_ms, fresh in rows:
-        # one finding per silent device (its metrics listed); a node of which nothing arrives any more
-        # is one finding about the node
-        rule_id, where = (NODE_RULE, "") if fresh == 0 else (DEVICE_RULE, device)
-        silence = found.setdefault((rule_id, node_id, where), Silence(rule_id, node_id, where, [], 0))
-        silence.metrics.append(metric)
-        silence.last_seen_ms = max(silence.last_seen_ms, int(last_ms))
-    return list(found.values())
+
+
+def _require_rollup(store: Store) -> None:
+    rows = store.query(
+        "SELECT count() FROM system.tables WHERE database = {db:String} AND name = 'metrics_hourly'",
+        {"db": store.database},
+    )
+    if not rows or not rows[0][0]:
+        raise StoreError(
+            f"database {store.database} has no metrics_hourly: run `stethoscope db init` to create and "
+            "backfill it"
+        )
+
+
+@dataclass
+class _Node:
+    fresh: int = 0
+    swept_ms: int = 0
+    silent: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # device -> (metric, last)
+    unreachable_ms: int | None = None
+    flowing: set[tuple[str, str]] = field(default_factory=set)  # (device, metric) another source still sends
+
+
+def _nodes_seen(store: Store, catalog: Catalog, at_ms: int) -> dict[str, _Node]:
+    seen: dict[str, _Node] = {}
+    rows = store.query(_query(store.database), _params(catalog, at_ms))
+    for node_id, metric, device, last_ms, value, silent, probe, fresh, swept, flowing in rows:
+        node = seen.setdefault(node_id, _Node(int(fresh), int(swept)))
+        if probe and value >= 1 and last_ms >= swept:
+            node.unreachable_ms = int(last_ms)
+        elif silent:
+            node.silent.setdefault(device, []).append((metric, int(last_ms)))
+            if flowing:
+                node.flowing.add((device, metric))
+    return seen
+
+
+def _history(store: Store, names: list[str], at_ms: int) -> tuple[dict[str, int], dict[str, int]]:
+    """For nodes not seen in the look-back: when each last reported, and its first `nodes` row."""
+    if not names:
+        return {}, {}
+    db = store.database
+    last = store.query(
+        f"SELECT node_id, toUnixTimestamp64Milli(max(last_at)) FROM {db}.metrics_hourly "
+        "WHERE node_id IN {names:Array(String)} AND last_at <= fromUnixTimestamp64Milli({at:Int64}, 'UTC') "
+        f"AND metric_name != '{PROBE}' AND {_SKIPPED} GROUP BY node_id",
+        {"names": names, "at": at_ms},
+    )
+    first = store.query(
+        f"SELECT node_id, toUnixTimestamp64Milli(min(updated_at)) FROM {db}.nodes "
+        "WHERE node_id IN {names:Array(String)} GROUP BY node_id",
+        {"names": names},
+    )
+    return {n: int(t) for n, t in last}, {n: int(t) for n, t in first}
+
+
+def record_new_hosts(store: Store, fleet: Fleet, at_ms: int) -> list[str]:
+    """Give every inventory host without a `nodes` row one, at `at_ms`: its first sight, from which the
+    grace of a new node counts. Returns the hosts recorded."""
+    names = fleet.names
+    known = {
+        row[0]
+        for row in store.query(
+            f"SELECT DISTINCT node_id FROM {store.database}.nodes WHERE node_id IN {{names:Array(String)}}",
+            {"names": names},
+        )
+    }
+    new = [host for host in fleet.hosts if host.name not in known]
+    store.insert_rows(
+        "nodes",
+        [
+            {
+                "node_id": h.name,
+                "slurm_name": h.slurm_name,
+                "rack": h.rack,
+                "switch": h.switch,
+                "groups": h.groups,
+                "updated_at": at_ms,
+            }
+            for h in new
+        ],
+    )
+    return [host.name for host in new]
+
+
+def survey(store: Store, catalog: Catalog, at_ms: int, fleet: Fleet | None = None) -> Survey:
+    _require_rollup(store)
+    seen = _nodes_seen(store, catalog, at_ms)
+    scope: Iterable[str] = seen if fleet is None else fleet.names
+    absent = [] if fleet is None else [name for name in fleet.names if name not in seen]
+    last_ms, first_ms = _history(store, absent, at_ms)
+    grace_ms = GRACE_SWEEPS * (fleet.sweep_interval if fleet else SWEEP_INTERVAL) * 1000
+    silences: list[Silence] = []
+    series: set[tuple[str, str, str]] = set()
+    whole: dict[str, Silence] = {}  # node -> its node or unreachable finding
+    dark: set[str] = set()  # nodes of which nothing at all arrives
+    for name in sorted(scope):
+        node = seen.get(name)
+        if node is None:
+            never = name not in last_ms
+            new = first_ms.get(name, at_ms) > at_ms - grace_ms
+            if not (never and new):
+                whole[name] = Silence(NODE_RULE, name, "", [], last_ms.get(name, 0))
+                dark.add(name)
+            continue
+        for device, metrics in node.silent.items():
+            series.update((name, device, m) for m, _ in metrics if (device, m) not in node.flowing)
+        stopped = [(metric, last) for metrics in node.silent.values() for metric, last in metrics]
+        if node.fresh == 0:
+            dark.add(name)
+        if node.unreachable_ms is not None:
+            whole[name] = Silence(
+                UNREACHABLE_RULE,
+                name,
+                "",
+                sorted(m for m, _ in stopped),
+                node.unreachable_ms,
+                severity="warning",
+            )
+        elif node.fresh == 0:
+            whole[name] = Silence(NODE_RULE, name, "", sorted(m for m, _ in stopped), node.swept_ms)
+        else:
+            for device in sorted(node.silent):
+                metrics = node.silent[device]
+                silences.append(
+                    Silence(DEVICE_RULE, name, device, [m for m, _ in metrics], max(t for _, t in metrics))
+                )
+    if fleet is not None and FLEET_MIN_NODES <= len(whole) > FLEET_FRACTION * len(fleet.hosts):
+        nodes = sorted(whole)
+        last_seen = max(s.last_seen_ms for s in whole.values())
+        silences.append(Silence(FLEET_RULE, FLEET_NODE, "", [], last_seen, severity="critical", nodes=nodes))
+    else:
+        silences.extend(whole.values())
+    return Survey(silences, series, dark)
+
+
+def silences(store: Store, catalog: Catalog, at_ms: int, fleet: Fleet | None = None) -> list[Silence]:
+    return survey(store, catalog, at_ms, fleet).silences
+
+
+def silent_series(store: Store, catalog: Catalog, at_ms: int, fleet: Fleet | None = None) -> Survey:
+    """What has stopped arriving: `(node, device, metric) in result` says whether a finding's data did
+    (the series itself, or its whole node); a rule finding on silent data is stale, not resolved."""
+    return survey(store, catalog, at_ms, fleet)

@@ -11,6 +11,7 @@ from typing import Any
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import SEVERITY_ORDER, diagnose, printable, render
 from stethoscope.diagnosis.rules import Rule
+from stethoscope.diagnosis.unknown import Fleet
 from stethoscope.store.client import Store
 
 
@@ -24,10 +25,11 @@ def run_cycle(
     as_json: bool,
     execute_with: Any = None,
     nodes: Sequence[str] | None = None,
+    fleet: Fleet | None = None,
 ) -> list[dict[str, Any]]:
     """`nodes`: the inventory's hosts, the only ones evaluated (and so acted on); None for all."""
     with Store(dsn, database) as store:
-        findings = diagnose(store, rules, at_ms, catalog, nodes)
+        findings = diagnose(store, rules, at_ms, catalog, nodes, fleet)
         resolved_dsn, resolved_db = store.dsn, store.database
     if execute_with is not None:
         from stethoscope.remediation.executor import Context, Executor
