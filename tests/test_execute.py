@@ -1,5 +1,5 @@
 """`diagnose --execute`: transactions, the actions table, log/alert/api_call against real loopback
-servers (retries carry one idempotency key), cooldown, resolution, the circuit breaker against a real
+servers (retries carry one idempotency key), the circuit breaker against a real
 slurmctld, and the refusals (dry-run writes nothing, a name outside the inventory never reaches a
 playbook, a template error fails only its action)."""
 
@@ -133,26 +133,6 @@ def test_log_alert_and_api_call_with_retries_under_one_transaction(tmp_path, db,
     )
     assert rows == [("alert", "ok", txn), ("api_call", "ok", txn), ("log", "ok", txn)]
     assert table(db, "SELECT txn_id, status FROM DB.findings FINAL") == [(txn, "open")]
-
-
-def test_cooldown_then_resolution(tmp_path, db, http_standin):
-    hook = http_standin()
-    rule_dir = rules(tmp_path, [{"type": "alert", "message": "worn"}], cooldown="30m")
-    settings = execute_args(tmp_path, f"stethoscope_alert_webhook={hook.url}")
-    with Store(db) as store:
-        worn(store, "node03")
-    (first,), _ = diagnose(tmp_path, db, rule_dir, *settings)
-    (second,), _ = diagnose(tmp_path, db, rule_dir, *settings, at=AT + 60_000)
-    assert second["txn_id"] == first["txn_id"] and second["outcome"].startswith("cooldown")
-    assert len(hook.requests) == 1
-    with Store(db) as store:
-        worn(store, "node03", at=AT + 40 * 60_000)
-    (third,), _ = diagnose(tmp_path, db, rule_dir, *settings, at=AT + 40 * 60_000)
-    assert third["txn_id"] != first["txn_id"] and len(hook.requests) == 2  # past the cooldown it acts again
-    later, _ = diagnose(tmp_path, db, rule_dir, *settings, at=AT + 60 * 60_000)
-    assert [f["rule_id"] for f in later] == ["unknown.node"]  # node03 stopped reporting: UNKNOWN, not healthy
-    statuses = table(db, "SELECT rule_id, status FROM DB.findings FINAL ORDER BY rule_id")
-    assert statuses == [("unknown.node", "open"), ("worn_ssd", "resolved")]
 
 
 def test_a_template_error_fails_its_action_only(tmp_path, db, http_standin):

@@ -61,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     watch.add_argument(
         "--cycles", type=int, default=0, help="stop after N cycles (default: run until stopped)"
     )
+    watch.add_argument("--debug", action="store_true", help="print the traceback of a failed cycle")
     _execution_options(watch)
 
     verify = commands.add_parser(
@@ -70,6 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--txn", required=True, help="the transaction id of the drain")
     verify.add_argument(
         "--since", help="only benchmark results from this time on (ISO-8601 or epoch seconds)"
+    )
+    verify.add_argument(
+        "--resumed",
+        action="store_true",
+        help="record that the node was resumed under this txn (verify.yml does): its findings resolve",
     )
 
     rules = commands.add_parser("rules", help="the diagnosis rules")

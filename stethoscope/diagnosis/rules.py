@@ -53,6 +53,7 @@ RULE_FIELDS = {
     "level",
     "confidence",
     "cooldown",
+    "family",
     "trigger",
     "when",
     "action",
@@ -156,6 +157,7 @@ class Rule:
     correlate_by: str | None = None  # switch | rack: several nodes behind one are one finding
     correlate_min_nodes: int = 2
     message: str | None = None  # the finding's text (a template); default actions use it
+    family: str | None = None  # rules of one family share a transaction per (node, device)
 
 
 @dataclass
@@ -222,6 +224,9 @@ class _Validator:
         message = data.get("message")
         if message is not None:
             self.template(data, "message", message)
+        family = data.get("family")
+        if family is not None and (not isinstance(family, str) or not _RULE_ID.match(family)):
+            self.error(data, "family", f"a name (letters, digits, '_', '.', '-'); got {family!r}")
         if len(self.errors) > before:
             return None
         when = items[0] if len(items) == 1 and isinstance(items[0], Group) else Group("all", tuple(items))
@@ -238,6 +243,7 @@ class _Validator:
             getattr(data, "line", fallback_line),
             *correlate,
             message,
+            family,
         )
 
     def template(self, where: Any, key: str, text: Any) -> None:
