@@ -24,7 +24,7 @@ NODES = [f"node0{i}" for i in range(1, 9)]
 
 def inventory(tmp_path):
     path = tmp_path / "inventory" / "hosts.yml"
-    path.parent.mkdir()
+    path.parent.mkdir(exist_ok=True)
     hosts = "\n".join(f"        {n}: {{slurm_name: {n}}}" for n in NODES)
     head = "---\nall:\n  vars:\n    ansible_connection: local\n  children:\n    gpu_nodes:\n      hosts:\n"
     path.write_text(f"{head}{hosts}\n")
