@@ -198,3 +198,21 @@ def test_rules_check_with_an_inventory_that_sweeps_every_five_minutes(tmp_path):
         "300 s is shorter than 3 report intervals of gpu_temperature_celsius (3 x 300 s = 900 s)"
         in slow.stderr
     )
+
+
+def test_a_rule_family_is_a_name_and_a_bad_one_names_its_line(tmp_path):
+    rule = """
+    - rule_id: ssd_wear_{n}
+      description: test
+      severity: warning
+      family: {family}
+      trigger:
+        - {{metric: smart_reallocated_sector_ct, operator: ">", threshold: 1, window: 30m}}
+    """
+    text = rule.format(n=1, family="ssd_wear") + rule.format(n=2, family='"ssd wear"')
+    path = write(tmp_path, text)
+    loaded = load_rules(path, Catalog.load())
+    assert [(r.rule_id, r.family) for r in loaded.rules] == [("ssd_wear_1", "ssd_wear")]
+    (error,) = loaded.errors
+    assert error.field == "family" and "'ssd wear'" in error.message
+    assert path.read_text().splitlines()[error.line - 1].strip() == 'family: "ssd wear"'
