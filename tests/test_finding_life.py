@@ -194,3 +194,35 @@ def test_the_cooldown_holds_only_a_reopen_after_a_resolve(tmp_path, db, http_sta
         txns += [f["txn_id"] for f in found]
     assert txns[0] == txns[1] and txns[2] != txns[0]
     assert len(hook.requests) == 2 and status(db) == ("open", txns[2])
+
+
+def test_verify_reads_the_drain_reason_rule_of_a_family_txn_from_the_member_that_drained(store):
+    from stethoscope.remediation.ledger import DRAIN, Ledger
+
+    ledger = Ledger(store)
+    member = {
+        "txn_id": "famtxn000001", "node_id": "node03", "device": "sda", "confidence": 1.0, "level": "L4",
+        "message": "", "evidence": "{}", "first_seen_ms": T0,
+    }  # fmt: skip
+    ledger.write_findings(
+        [
+            (
+                {**member, "finding_id": "a", "rule_id": "ssd_wear_trend", "severity": "warning"},
+                "open",
+                1,
+                T0,
+            ),
+            (
+                {**member, "finding_id": "b", "rule_id": "ssd_wear_limit", "severity": "critical"},
+                "open",
+                1,
+                T0,
+            ),
+        ]
+    )
+    row = {
+        "txn_id": "famtxn000001", "finding_id": "b", "action": DRAIN, "target": "node03", "status": "ok",
+        "detail": "{}", "started_at": T0, "finished_at": T0,
+    }  # fmt: skip
+    ledger.write_action(row, 1)
+    assert ledger.rule_of_txn("famtxn000001") == "ssd_wear_limit"

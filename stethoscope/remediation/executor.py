@@ -279,8 +279,16 @@ class Executor:
         envvars = {"STETHOSCOPE_DSN": self.ctx.dsn}
         if self.ctx.database:
             envvars["STETHOSCOPE_DATABASE"] = self.ctx.database
-        result = run_playbook(name, self.ctx.inventory.path, node, extravars, envvars, self.playbook_timeout)
-        if not result.ok and f"playbook:{name}" == DRAIN:
+        draining = f"playbook:{name}" == DRAIN
+        try:
+            result = run_playbook(
+                name, self.ctx.inventory.path, node, extravars, envvars, self.playbook_timeout
+            )
+        except BaseException:
+            if draining:
+                self.breaker.release(node)
+            raise
+        if draining and not result.ok:
             self.breaker.release(node)
         detail = {"rc": result.rc, "runner_status": result.status, "events": result.events}
         return ("ok" if result.ok else "failed"), node, detail

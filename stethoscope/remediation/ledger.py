@@ -164,8 +164,13 @@ class Ledger:
         return int(rows[0][0]) if rows else None
 
     def rule_of_txn(self, txn_id: str) -> str:
+        """The rule in the drain reason: that of the finding whose action drained (a family's txn has
+        several rules), else any finding's of the txn."""
         rows = self.store.query(
-            f"SELECT any(rule_id) FROM {self.db}.findings WHERE txn_id = {{txn:String}}", {"txn": txn_id}
+            f"SELECT argMin(rule_id, drained = 0) FROM (SELECT rule_id, finding_id IN (SELECT finding_id "
+            f"FROM {self.db}.actions WHERE txn_id = {{txn:String}} AND action = {{drain:String}}) AS drained "
+            f"FROM {self.db}.findings WHERE txn_id = {{txn:String}})",
+            {"txn": txn_id, "drain": DRAIN},
         )
         return rows[0][0] if rows else ""
 
