@@ -75,7 +75,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
     nodes = [f"node{i:02d}" for i in range(1, args.findings + 1)]
-    with tempfile.TemporaryDirectory(prefix="stethoscope-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="stethoscope-bench-", ignore_cleanup_errors=True) as tmp:
         root = Path(tmp)
         slurm = SlurmCluster(root / "slurm", nodes=f"node[01-{args.findings:02d}]").start()
         try:
