@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One full diagnosis cycle (every shipped rule, plus UNKNOWN) over N nodes x 24 h of 5-second data for
 20 metrics, in embedded ClickHouse. Target (issue 4): 200 nodes (about 70 million rows) in <= 5 s on
-a 2-core machine, UNKNOWN <= 0.5 s of it (DESIGN.md "Storage"); reports how the time grows from 50
+a 2-core machine, UNKNOWN <= 0.5 s of it (docs/design.md "Storage"); reports how the time grows from 50
 to 200 nodes, and UNKNOWN on its own. UNKNOWN answers for an inventory of the N nodes plus two that
 never reported.
 
@@ -105,7 +105,9 @@ def one_size(nodes: int, repeat: int) -> dict:
         stored = store.query(f"SELECT count() FROM {store.database}.metrics")[0][0]
         names = [f"node{i:04d}" for i in range(nodes)] + ["ghost0", "ghost1"]
         fleet = Fleet(tuple(Host(name, name) for name in names))
-        diagnose(store, [], end_ms - 600_000, catalog, fleet=fleet)  # the ghosts' first sight, past their grace
+        diagnose(
+            store, [], end_ms - 600_000, catalog, fleet=fleet
+        )  # the ghosts' first sight, past their grace
         cycles, unknown, findings = [], [], []
         for _ in range(repeat):
             started = time.perf_counter()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -16,6 +17,7 @@ class Request:
     path: str
     headers: dict[str, str]
     body: bytes
+    at: float = field(default_factory=time.monotonic)  # when it arrived
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -24,6 +26,7 @@ class Request:
 @dataclass
 class StandIn:
     fail_first: int = 0  # answer 503 to this many requests first
+    retry_after: str | None = None  # the Retry-After header of those 503s
     requests: list[Request] = field(default_factory=list)
     issues: dict[str, dict] = field(default_factory=dict)  # the Jira stand-in's issues by key
     server: ThreadingHTTPServer | None = None
@@ -68,6 +71,8 @@ class StandIn:
                 status, body = standin.answer(request)
                 data = json.dumps(body).encode()
                 self.send_response(status)
+                if status == 503 and standin.retry_after is not None:
+                    self.send_header("Retry-After", standin.retry_after)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

@@ -1,4 +1,4 @@
-"""metrics_hourly (DESIGN.md "Storage"): per series and whole hour the min, the max with its time, the
+"""metrics_hourly (docs/design.md "Storage"): per series and whole hour the min, the max with its time, the
 average, the last value and the count, fed by the raw rows as they are written and, on `db init` of a
 database from before it, backfilled from them; max, its time and last equal what the raw rows say."""
 

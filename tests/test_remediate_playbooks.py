@@ -98,3 +98,20 @@ def test_diagnose_playbook_prints_findings_and_fails_on_critical(tmp_path, tmp_d
     quiet = play(ansible_env(tmp_path, tmp_dsn), "diagnose.yml", "-e", "diagnose_fail_on=critical",
                  "-e", f"diagnose_rules={TOP / 'rules/gpu'}")  # fmt: skip
     assert quiet.returncode == 0 and "healthy: no finding" in quiet.stdout
+
+
+def test_a_second_ticket_run_of_one_txn_updates_the_issue_instead_of_opening_another(
+    tmp_path, tmp_dsn, http_standin
+):
+    jira = http_standin()
+    env = ansible_env(tmp_path, tmp_dsn, STETHOSCOPE_TICKET_USER="bot", STETHOSCOPE_TICKET_TOKEN="t0ken")
+    ticket = [
+        "remediate/ticket.yml", "--limit", "node07", "-e", finding_vars(tmp_path),
+        "-e", f"stethoscope_ticket_url={jira.url}", "-e", "stethoscope_remediate_execute=true",
+    ]  # fmt: skip
+    for _run in range(2):  # an escalation runs the ticket again under the same txn
+        result = play(env, *ticket)
+        assert result.returncode == 0, result.stdout[-3000:]
+    assert list(jira.issues) == ["OPS-1"] and "already filed as OPS-1" in result.stdout
+    (comment,) = [r for r in jira.requests if r.path.endswith("/comment")]
+    assert comment.path == "/rest/api/2/issue/OPS-1/comment" and "node07" in comment.json()["body"]

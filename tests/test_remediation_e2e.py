@@ -1,7 +1,7 @@
 """End to end on the lab: a worn SSD on node07 (the other nodes healthy) -> collect -> `diagnose
 --execute` -> node07 drained in a real slurmctld, its evidence bundle fetched, a ticket in the Jira
 stand-in with the bundle and baseline attached, findings and actions under one txn; a second run acts
-no more (cooldown); verify.yml resumes only under the drain's txn."""
+no more (the finding is open); verify.yml resumes only under the drain's txn and resolves the finding."""
 
 from __future__ import annotations
 
@@ -126,10 +126,10 @@ def test_worn_ssd_is_drained_evidenced_ticketed_once_and_resumed_after_verificat
     ]
     assert {s for _, s in actions} == {"ok"}
 
-    # a second run inside the cooldown acts no more
+    # a second run while the finding is open acts no more
     second = subprocess.run(diagnose, env=env, cwd=TOP, capture_output=True, text=True, check=False)
     (again,) = [f for f in json.loads(second.stdout) if f["rule_id"] == "ssd_reallocated_sectors"]
-    assert again["txn_id"] == txn and again["outcome"].startswith("cooldown")
+    assert again["txn_id"] == txn and again["outcome"].endswith("no new action")
     assert len(jira.issues) == 1 and len(hook.requests) == len(alerted)
 
     # verify.yml: a wrong txn never resumes; the drain's txn resumes after a green re-benchmark
@@ -151,3 +151,7 @@ def test_worn_ssd_is_drained_evidenced_ticketed_once_and_resumed_after_verificat
     )
     assert verified.returncode == 0, verified.stdout[-3000:]
     assert "DRAIN" not in slurm.node("node07")["state"] and slurm.node("node07")["reason"] == ""
+    with Store(tmp_dsn) as store:  # verify's resume resolved the finding and ended the drain
+        status = store.query(f"SELECT status FROM {store.database}.findings FINAL")
+        resumes = store.query(f"SELECT target FROM {store.database}.actions FINAL WHERE action = 'resume'")
+    assert status == [("resolved",)] and resumes == [("node07",)]

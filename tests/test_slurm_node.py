@@ -56,6 +56,15 @@ def test_drain_is_idempotent_and_check_mode_writes_nothing(tmp_path, monkeypatch
     assert slurm.node("node05")["reason"] == ""
 
 
+def test_a_drain_is_never_reissued_over_another_reason(tmp_path, monkeypatch, slurm):
+    first = _module(tmp_path, monkeypatch, slurm, name="node04", state="drained", reason=REASON)
+    assert first["changed"]
+    other = "stethoscope: ssd_reallocated_sectors 999999999999"
+    again = _module(tmp_path, monkeypatch, slurm, name="node04", state="drained", reason=other)
+    assert not again["changed"] and not again["failed"] and "kept" in again["msg"]
+    assert slurm.node("node04")["reason"].startswith(REASON)
+
+
 def test_a_drain_stethoscope_does_not_hold_is_never_resumed(tmp_path, monkeypatch, slurm):
     slurm.scontrol("update", "NodeName=node06", "State=DRAIN", "Reason=maintenance by ops")
     refused = _module(tmp_path, monkeypatch, slurm, name="node06", state="resumed", reason=REASON)

@@ -67,3 +67,32 @@ def test_watch_runs_cycles_against_the_store(tmp_path, tmp_dsn):
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("1 findings from 1 rules (dry-run: no action taken)") == 2
     assert "node01" in result.stdout and "Traceback" not in result.stderr
+
+
+def test_watch_survives_a_cycle_that_fails_outside_the_store_and_keeps_cycling(tmp_path, tmp_dsn):
+    from test_execute import inventory
+
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    write(folder / "hot.yml", 80)
+    with Store(tmp_dsn) as store:
+        store.init_schema()
+        batch = MetricColumns()
+        for ago in (120_000, 60_000, 1_000):
+            batch.append("node01", "gpu_temperature_celsius", "gpu0", {}, 85.0, now_ms() - ago)
+        store.insert_metrics(batch)
+    not_a_folder = tmp_path / "state"
+    not_a_folder.write_text("a file where the state folder should be\n")  # the disk, not the store
+    command = [
+        sys.executable, "-m", "stethoscope.cli", "--dsn", tmp_dsn, "--spool-dir", str(not_a_folder / "spool"),
+        "watch",
+        "--rules", str(folder), "--interval", "0.2", "--cycles", "3", "--execute",
+        "--inventory", str(inventory(tmp_path)), "-e", f"stethoscope_diagnose_log={tmp_path / 'log'}",
+    ]  # fmt: skip
+    result = subprocess.run(command, cwd=TOP, capture_output=True, text=True, timeout=180, check=False)
+    assert result.returncode == 0, result.stderr
+    failures = [line for line in result.stderr.splitlines() if "watch: cycle" in line]
+    assert [line.split(" failed")[0] for line in failures] == [
+        f"stethoscope: watch: cycle {n}" for n in (1, 2, 3)
+    ]
+    assert "(3 so far)" in failures[-1] and "Traceback" not in result.stderr

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A real Slurm controller for the lab: munged and slurmctld (Debian's packages) under one folder,
-with the lab's node names and no slurmd (nodes never respond; DRAIN flags and reasons still work).
+with the lab's node names and no slurmd (nodes never respond, and are never marked DOWN for it:
+SlurmdTimeout=0; DRAIN flags, DOWN set by hand and reasons still work).
 The tests import it; molecule's slurm_drain scenario runs it:
 
     tools/slurm_lab.py start DIR    # writes DIR/slurm.conf, starts munged and slurmctld, waits
@@ -53,6 +54,7 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 ReturnToService=2
+SlurmdTimeout=0
 NodeName={nodes} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN
 PartitionName=lab Nodes=ALL Default=YES State=UP
 """
@@ -122,10 +124,10 @@ class SlurmCluster:
         return {"state": fields.get("State", ""), "reason": reason}
 
     def undrain_all(self) -> None:
-        """Every node back without DRAIN: each test starts from a cluster nobody has drained."""
+        """Every node back without DRAIN or DOWN: each test starts from a cluster nobody has drained."""
         for line in self.scontrol("-o", "show", "node").stdout.splitlines():
             name = line.split()[0].partition("=")[2] if line.startswith("NodeName=") else ""
-            if name and "DRAIN" in self.node(name)["state"]:
+            if name and any(flag in self.node(name)["state"] for flag in ("DRAIN", "DOWN")):
                 self.scontrol("update", f"NodeName={name}", "State=RESUME")
 
     def stop(self) -> None:

@@ -10,6 +10,7 @@ short_description: Drain a Slurm node for a stethoscope finding, or resume one t
 version_added: "0.1.0"
 description:
   - Reads the node with C(scontrol -o show node), and drains it with C(scontrol update NodeName=... State=DRAIN Reason=...) or resumes it with C(State=RESUME).
+  - "A node already drained for another reason is left as it is (C(changed=false), the reason kept): a drain is never re-issued over an existing one."
   - "Resuming is refused unless the node's current drain reason is the one given in O(reason) (stethoscope's C(stethoscope: <rule> <txn>)), so a node drained by a human, or for another transaction, is never resumed."
   - Idempotent; check mode and diff report what would change and run no update.
   - On a node whose slurmd has never answered, Slurm clears the DRAIN flag and still answers "Invalid node state specified"; success is judged by reading the node again, not by that exit code.
@@ -113,7 +114,15 @@ def main():
         module.fail_json(msg="slurm_node: the reason must be one non-empty line")
     before = read_node(module, name)
     if state == "drained":
-        changed = not (before["drained"] and before["reason"] == reason)
+        if before["drained"] and before["reason"] != reason:
+            # a drain is never re-issued over another: the reason keeps the first (a human's, a txn's)
+            module.exit_json(
+                changed=False,
+                node=before,
+                msg="slurm_node: %s is already drained for %r: kept, not re-drained"
+                % (name, before["reason"]),
+            )
+        changed = not before["drained"]
         update = ["update", "NodeName=%s" % name, "State=DRAIN", "Reason=%s" % reason]
     else:
         if before["drained"] and before["reason"] != reason:

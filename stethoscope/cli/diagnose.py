@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 from stethoscope.catalog import Catalog, CatalogError
-from stethoscope.cli.exit_codes import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from stethoscope.diagnosis.diagnose import SEVERITY_ORDER
 from stethoscope.diagnosis.rules import LoadResult, load_rules
 from stethoscope.diagnosis.ruleset import RuleSet
@@ -19,7 +21,9 @@ from stethoscope.diagnosis.unknown import Fleet
 from stethoscope.inventory import Inventory, load_inventory
 from stethoscope.paths import project_root
 from stethoscope.remediation.cycle import run_cycle, worst
+from stethoscope.remediation.lock import Heartbeat, LockHeld
 from stethoscope.store.client import Store
+from stethoscope.store.dsn import redact
 from stethoscope.timeutil import now_ms, to_ms
 
 
@@ -121,23 +125,27 @@ def diagnose_command(args: argparse.Namespace) -> int:
         _say(f"diagnose: --at {args.at!r} is neither ISO-8601 nor epoch seconds")
         return EXIT_USAGE
     factory = _executor_factory(args, inventory)
-    findings = run_cycle(
-        loaded.rules,
-        catalog,
-        at_ms,
-        dsn=args.dsn,
-        database=args.database,
-        as_json=args.json,
-        execute_with=factory,
-        nodes=hosts_of(inventory),
-        fleet=fleet_of(args, inventory),
-    )
+    try:
+        findings = run_cycle(
+            loaded.rules,
+            catalog,
+            at_ms,
+            dsn=args.dsn,
+            database=args.database,
+            as_json=args.json,
+            execute_with=factory,
+            nodes=hosts_of(inventory),
+            fleet=fleet_of(args, inventory),
+        )
+    except LockHeld as exc:
+        _say(f"diagnose: {exc}; nothing done")
+        return EXIT_FAILED
     return EXIT_FINDINGS if worst(findings) >= SEVERITY_ORDER[args.fail_on] else EXIT_OK
 
 
 def watch_command(args: argparse.Namespace) -> int:
-    from stethoscope.store.client import StoreError
-
+    """Cycles until stopped; a cycle that fails, for whatever reason, is reported in one line (with
+    its traceback under --debug), counted, and the next cycle runs."""
     inventory = inventory_of(args)
     catalog = catalog_for(inventory)
     path = Path(args.rules or project_root() / "rules")
@@ -145,16 +153,17 @@ def watch_command(args: argparse.Namespace) -> int:
     rules = RuleSet(path, catalog)
     factory = _executor_factory(args, inventory)
     fleet = fleet_of(args, inventory)
-    cycle = 0
+    heartbeat = Heartbeat(max(args.interval, 1.0)) if factory is not None else None
+    cycle = failed = 0
     try:
         while True:
             cycle += 1
-            for message in rules.refresh():
-                _say(f"watch: {message}")
-            if not rules.rules:  # every rule file removed since: never "healthy" over no rules
-                _say(f"watch: cycle {cycle}: no rules under {path}; nothing evaluated")
-            else:
-                try:
+            try:
+                for message in rules.refresh():
+                    _say(f"watch: {message}")
+                if not rules.rules:  # every rule file removed since: never "healthy" over no rules
+                    _say(f"watch: cycle {cycle}: no rules under {path}; nothing evaluated")
+                else:
                     run_cycle(
                         rules.rules,
                         catalog,
@@ -163,16 +172,28 @@ def watch_command(args: argparse.Namespace) -> int:
                         database=args.database,
                         as_json=args.json,
                         execute_with=factory,
+                        heartbeat=heartbeat,
                         nodes=hosts_of(inventory),
                         fleet=fleet,
                     )
-                except StoreError as exc:  # the database may come back: keep watching
-                    _say(f"watch: cycle {cycle}: {exc}")
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # the store, a rule, a playbook, the disk: keep watching
+                failed += 1
+                _say(
+                    f"watch: cycle {cycle} failed ({failed} so far): {type(exc).__name__}: {redact(str(exc))}"
+                )
+                if args.debug:
+                    traceback.print_exc()
             if args.cycles and cycle >= args.cycles:
                 return EXIT_OK
             time.sleep(args.interval)
     except KeyboardInterrupt:
         return EXIT_OK
+    finally:
+        if heartbeat is not None:
+            with contextlib.suppress(Exception), Store(args.dsn, args.database) as store:
+                heartbeat.retire(store)
 
 
 def verify_command(args: argparse.Namespace) -> int:
@@ -189,6 +210,8 @@ def verify_command(args: argparse.Namespace) -> int:
         where = inventory.path if inventory else "the inventory"
         _say(f"verify: {args.node!r} is not a valid host of {where}")
         return EXIT_USAGE
+    if args.resumed:
+        return _record_resume(args)
     with Store(args.dsn, args.database) as store:
         ledger = Ledger(store)
         drained_at = ledger.drain_of(args.node, args.txn)
@@ -228,3 +251,29 @@ def verify_command(args: argparse.Namespace) -> int:
     }
     print(json.dumps(verdict, sort_keys=True))
     return EXIT_OK if verdict["resume"] else EXIT_FINDINGS
+
+
+def _record_resume(args: argparse.Namespace) -> int:
+    """verify.yml resumed the node: the drain of this txn ends and its findings are resolved."""
+    from stethoscope.remediation.ledger import RESUME, Ledger
+
+    with Store(args.dsn, args.database) as store:
+        ledger = Ledger(store)
+        if ledger.drain_of(args.node, args.txn) is None:
+            _say(f"verify: no drain of {args.node} under txn {args.txn} on record; nothing resumed")
+            return EXIT_FINDINGS
+        now = now_ms()
+        row = {
+            "txn_id": args.txn,
+            "finding_id": "",
+            "action": RESUME,
+            "target": args.node,
+            "status": "ok",
+            "detail": {"by": "verify"},
+            "started_at": now,
+            "finished_at": now,
+        }
+        ledger.write_action(row, now)
+        ledger.resolve_txn(args.txn, now)
+    print(json.dumps({"node": args.node, "txn_id": args.txn, "resumed": True}, sort_keys=True))
+    return EXIT_OK

@@ -99,6 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument(
         "--since", help="only benchmark results from this time on (ISO-8601 or epoch seconds)"
     )
+    verify.add_argument(
+        "--resumed",
+        action="store_true",
+        help="record that the node was resumed under this txn (verify.yml does): its findings resolve",
+    )
 
     rules = commands.add_parser("rules", help="the diagnosis rules")
     rules_commands = rules.add_subparsers(dest="rules_command", required=True)

@@ -54,12 +54,12 @@ RULE_FIELDS = {
     "level",
     "confidence",
     "cooldown",
+    "family",
     "trigger",
     "when",
     "action",
     "correlate",
     "message",
-    "family",
 }
 CONDITION_FIELDS = {
     "metric",

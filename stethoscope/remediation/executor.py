@@ -1,32 +1,38 @@
 """`diagnose --execute`: findings become transactions and their actions run, each recorded.
 
-A finding (rule, node, device) that is already open and inside its rule's cooldown keeps its
-transaction and acts no more; a new one gets a transaction id, a `findings` row and, per action, an
-`actions` row with start, end, status and detail. Open findings that no longer match are resolved.
-The store is closed while playbooks run: their own callback writes to it (embedded: one process).
+What acts is decided by the finding's life (remediation/life.py): a new finding gets a transaction
+id and runs its actions, one that stays open acts no more. Each action's intent is recorded
+(`in_flight`) before it starts and its outcome, from ansible-runner's events, after. Independent
+findings act in parallel (`stethoscope_executor_parallel`, default 4), one finding's steps in order.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import uuid
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stethoscope.diagnosis.diagnose import action_label, printable, template_context
-from stethoscope.diagnosis.rules import Action, parse_duration
+from stethoscope.diagnosis.rules import Action, Rule, parse_duration
 from stethoscope.inventory import Inventory
 from stethoscope.paths import default_spool_dir, project_root
 from stethoscope.remediation.actions.http import send
 from stethoscope.remediation.actions.playbook import run_playbook
 from stethoscope.remediation.breaker import CircuitBreaker
-from stethoscope.remediation.ledger import DRAIN, Ledger, action_row
+from stethoscope.remediation.ledger import DRAIN, Drain, Ledger, action_row
+from stethoscope.remediation.life import Decision, decide, new_txn_id
+from stethoscope.remediation.slurm_state import read_nodes
 from stethoscope.store.client import Store, StoreError
+from stethoscope.store.dsn import redact
 from stethoscope.store.spool import Spool
 from stethoscope.templating import TemplateFailure, render
 from stethoscope.timeutil import iso, now_ms
+
+__all__ = ["Context", "Executor", "new_txn_id"]
 
 
 @dataclass
@@ -50,64 +56,49 @@ class Context:
         }
 
 
-def new_txn_id() -> str:
-    return uuid.uuid4().hex[:12]
-
-
 class Executor:
     def __init__(self, context: Context):
         self.ctx = context
-        window = parse_duration(context.setting("stethoscope_breaker_window", "1h")) or 3600
+        fraction = float(context.setting("stethoscope_breaker_fraction", 0.10))
         self.breaker = CircuitBreaker(
-            len(context.inventory.hosts), float(context.setting("stethoscope_breaker_fraction", 0.10)), window
+            len(context.inventory.hosts),
+            float(context.setting("stethoscope_breaker_isolated_fraction", fraction)),
+            parse_duration(context.setting("stethoscope_breaker_window", "1h")) or 3600,
+            float(context.setting("stethoscope_breaker_window_fraction", fraction)),
         )
+        self.playbook_timeout = int(context.setting("stethoscope_playbook_timeout", 1800))
+        self.parallel = max(1, int(context.setting("stethoscope_executor_parallel", 4)))
         self.log_path = Path(context.setting("stethoscope_diagnose_log", context.state_dir / "findings.log"))
         self.spooled = False
+        self._records = threading.Lock()  # one store handle at a time in this process (embedded)
 
     def _store(self) -> Store:
         return Store(self.ctx.dsn, self.ctx.database)
 
-    def run(
-        self, findings: list[dict[str, Any]], evaluated_rules: set[str], at_ms: int
-    ) -> list[dict[str, Any]]:
-        acting: list[dict[str, Any]] = []
+    def run(self, findings: list[dict[str, Any]], rules: list[Rule], at_ms: int) -> list[dict[str, Any]]:
         with self._store() as store:
             self._replay_spool(store)
             ledger = Ledger(store)
-            previous = ledger.open_findings()
-            self.breaker.drained = ledger.drained_nodes_since(at_ms - self.breaker.window_seconds * 1000)
-            seen, rows = set(), []
-            for finding in findings:
-                seen.add(finding["finding_id"])
-                known = previous.get(finding["finding_id"])
-                version = max(now_ms(), known.version + 1 if known else 0)
-                if known and at_ms - known.txn_started_ms < finding["cooldown_seconds"] * 1000:
-                    finding.update(txn_id=known.txn_id, first_seen_ms=known.txn_started_ms)
-                    finding["outcome"] = (
-                        f"cooldown: acted at {iso(known.txn_started_ms)} under txn {known.txn_id}"
-                    )
-                else:
-                    finding.update(txn_id=new_txn_id(), first_seen_ms=at_ms, outcome="")
-                    acting.append(finding)
-                finding["first_seen"] = iso(finding["first_seen_ms"])
-                rows.append((finding, "open", version, at_ms))
+            decisions, rows, changes = decide(store, findings, rules, at_ms, self.ctx.inventory.hosts)
             ledger.write_findings(rows)
-            hosts = self.ctx.inventory.hosts
-            for finding_id, known in previous.items():
-                evaluated = known.rule_id in evaluated_rules or known.rule_id.startswith("unknown.")
-                # only this inventory's nodes were evaluated: another inventory's findings stay open
-                ours = any(node in hosts for node in known.nodes)
-                if finding_id not in seen and evaluated and ours:
-                    ledger.resolve(finding_id, max(now_ms(), known.version + 1))
-        for finding in acting:
-            results = [self._act(finding, action) for action in finding["plan"]]
-            finding["outcome"] = ", ".join(f"{label} {status}" for label, status in results)
+            for finding_id, status, version in changes:
+                ledger.set_status(finding_id, status, version)
+            if any(action_label(a) == DRAIN for d in decisions for a in d.actions):
+                self._arm_breaker(ledger)
+        with ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="finding") as pool:
+            list(pool.map(self._act_all, decisions))
+        if self.spooled:  # the store is free again: record now what had to wait
+            try:
+                with self._store() as store:
+                    self._replay_spool(store)
+            except StoreError:
+                pass  # the next run replays it
         return findings
 
     def _replay_spool(self, store: Store) -> None:
         """Actions a previous run could not record; a spool that cannot be replayed never stops acting."""
         try:
-            report = Spool(self.ctx.spool_dir).replay(store)
+            report = self._spool().replay(store)
         except StoreError:
             raise
         except Exception as exc:
@@ -116,42 +107,115 @@ class Executor:
         for problem in report.problems:
             print(f"stethoscope: spool: {problem}", file=sys.stderr)
 
+    def _spool(self) -> Spool:
+        return Spool(self.ctx.spool_dir, self.ctx.dsn, self.ctx.database)
+
+    def _arm_breaker(self, ledger: Ledger) -> None:
+        """Who is out of service now and who was isolated within the window, from the actions
+        table and, where it can be asked, Slurm; in-flight drains past their timeout expire."""
+        hosts = self.ctx.inventory.hosts
+        environment = self.ctx.setting("stethoscope_slurm_environment") or {}
+        slurm = read_nodes({str(k): str(v) for k, v in dict(environment).items()})
+        now = now_ms()
+        held = set()
+        for drain in ledger.drains():
+            overdue = drain.status == "in_flight" and now - drain.started_ms > self.playbook_timeout * 1000
+            if overdue and not self._expire(ledger, drain, slurm):
+                continue
+            held.add(drain.node)
+        self.breaker.isolated = held
+        self.breaker.recent = ledger.isolations_since(now - self.breaker.window_seconds * 1000)
+        if slurm is None:
+            self.breaker.slurm_note = "; Slurm could not be asked"
+            return
+        by_slurm_name = {host.slurm_name: name for name, host in hosts.items()}
+        for slurm_name, node in slurm.items():
+            if node.out_of_service and slurm_name in by_slurm_name:
+                self.breaker.isolated.add(by_slurm_name[slurm_name])
+
+    def _expire(self, ledger: Ledger, drain: Drain, slurm: dict[str, Any] | None) -> bool:
+        """An in-flight drain whose executor died: in place if Slurm shows its reason, else expired."""
+        host = self.ctx.inventory.hosts.get(drain.node)
+        node = slurm.get(host.slurm_name if host else drain.node) if slurm else None
+        in_place = node is not None and node.out_of_service and drain.txn_id in node.reason.split()
+        reason = "Slurm shows its drain" if in_place else "Slurm shows no drain of its txn"
+        if slurm is None:
+            reason = "Slurm could not be asked"
+        row = {
+            "txn_id": drain.txn_id,
+            "finding_id": drain.finding_id,
+            "action": DRAIN,
+            "target": drain.node,
+            "status": "ok" if in_place else "expired",
+            "detail": {"reason": f"in flight past its timeout ({self.playbook_timeout} s): {reason}"},
+            "started_at": drain.started_ms,
+            "finished_at": now_ms(),
+        }
+        ledger.write_action(row, now_ms())
+        return in_place
+
     def _record(self, row: dict[str, Any]) -> None:
-        """Into `actions`; if the store cannot take it now, into the spool (replayed on the next run)."""
-        version = now_ms()
-        try:
-            with self._store() as store:
-                Ledger(store).write_action(row, version)
-        except StoreError as exc:
-            Spool(self.ctx.spool_dir, self.ctx.dsn, self.ctx.database).append(
-                "actions", [action_row(row, version)]
+        """Into `actions`; if the store cannot take it now, into the spool (replayed after the run)."""
+        with self._records:
+            version = now_ms()
+            try:
+                with self._store() as store:
+                    Ledger(store).write_action(row, version)
+            except StoreError as exc:
+                self._spool().append("actions", [action_row(row, version)])
+                if not self.spooled:
+                    print(f"stethoscope: actions spooled, the store is unavailable: {exc}", file=sys.stderr)
+                self.spooled = True
+
+    def _act_all(self, decision: Decision) -> None:
+        finding = decision.finding
+        results = []
+        if decision.escalation is not None:
+            escalation = decision.escalation
+            now = now_ms()
+            self._record(
+                {
+                    "txn_id": finding["txn_id"],
+                    "finding_id": finding["finding_id"],
+                    "action": "escalate",
+                    "target": finding["node_id"],
+                    "status": "ok",
+                    "detail": {**escalation, "runs": [action_label(a) for a in decision.actions]},
+                    "started_at": now,
+                    "finished_at": now,
+                }
             )
-            if not self.spooled:
-                print(f"stethoscope: actions spooled, the store is unavailable: {exc}", file=sys.stderr)
-            self.spooled = True
+            results.append(
+                f"escalated {escalation['from']} -> {escalation['to']} under txn {finding['txn_id']}"
+            )
+        results += [" ".join(self._act(finding, action)) for action in decision.actions]
+        finding["outcome"] = ", ".join(results)
 
     def _act(self, finding: dict[str, Any], action: Action) -> tuple[str, str]:
         label = action_label(action)
-        started = now_ms()
         row = {
             "txn_id": finding["txn_id"],
             "finding_id": finding["finding_id"],
             "action": label,
             "target": finding["node_id"],
-            "status": "running",
+            "status": "in_flight",
             "detail": "",
-            "started_at": started,
+            "started_at": now_ms(),
             "finished_at": None,
         }
+        self._record(row)  # the intent is on record before the action starts
         try:
-            if action.type == "playbook":
-                self._record(row)  # a playbook takes a while: its start is on record before it runs
             status, target, detail = self._dispatch(finding, action)
         except TemplateFailure as exc:
             status, target, detail = "failed", row["target"], {"error": str(exc)}
         except Exception as exc:  # one action's failure is recorded; the finding's other actions still run
             status, target, detail = "failed", row["target"], {"error": f"{type(exc).__name__}: {exc}"}
-        row.update(status=status, target=target, detail=detail, finished_at=now_ms())
+        if target != row["target"]:  # the row's key stays the node; where the action went is detail
+            detail = {
+                **(detail if isinstance(detail, dict) else {"detail": detail}),
+                "endpoint": redact(target),
+            }
+        row.update(status=status, detail=detail, finished_at=now_ms())
         self._record(row)
         return label, status
 
@@ -230,8 +294,16 @@ class Executor:
         envvars = {"STETHOSCOPE_DSN": self.ctx.dsn}
         if self.ctx.database:
             envvars["STETHOSCOPE_DATABASE"] = self.ctx.database
-        result = run_playbook(name, self.ctx.inventory.path, node, extravars, envvars)
-        if result.ok and f"playbook:{name}" == DRAIN:
-            self.breaker.record(node)
+        draining = f"playbook:{name}" == DRAIN
+        try:
+            result = run_playbook(
+                name, self.ctx.inventory.path, node, extravars, envvars, self.playbook_timeout
+            )
+        except BaseException:
+            if draining:
+                self.breaker.release(node)
+            raise
+        if draining and not result.ok:
+            self.breaker.release(node)
         detail = {"rc": result.rc, "runner_status": result.status, "events": result.events}
         return ("ok" if result.ok else "failed"), node, detail

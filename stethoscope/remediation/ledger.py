@@ -14,14 +14,33 @@ from stethoscope.store.client import Store
 DRAIN = "playbook:remediate/drain.yml"
 
 
+RESUME = "resume"  # verify resumed the node: the drain of that txn ends, its findings resolve
+HELD = ("ok", "in_flight")  # a drain in place, or one that may be
+STATUSES = ("open", "stale", "resolved")
+
+
 @dataclass
-class OpenFinding:
+class KnownFinding:
     finding_id: str
     txn_id: str
-    txn_started_ms: int  # first_seen: when this transaction began (and acted)
+    first_seen_ms: int  # when its transaction began (and acted)
+    last_seen_ms: int  # the last evaluation that matched it
     version: int
     rule_id: str
+    node_id: str
+    device: str
+    severity: str
+    status: str  # open | stale | resolved
     nodes: tuple[str, ...] = ()  # its node, and for a switch or rack finding the nodes behind it
+
+
+@dataclass
+class Drain:
+    node: str
+    txn_id: str
+    finding_id: str
+    status: str  # ok | in_flight
+    started_ms: int
 
 
 class Ledger:
@@ -29,15 +48,22 @@ class Ledger:
         self.store = store
         self.db = store.database
 
-    def open_findings(self) -> dict[str, OpenFinding]:
+    def known_findings(self) -> dict[str, KnownFinding]:
+        """Every finding's latest row, whatever its status."""
         rows = self.store.query(
             "SELECT finding_id, argMax(txn_id, version), "
-            "toUnixTimestamp64Milli(argMax(first_seen, version)), max(version), argMax(rule_id, version), "
-            "argMax(node_id, version), JSONExtract(argMax(evidence, version), 'nodes', 'Array(String)') "
-            f"FROM {self.db}.findings GROUP BY finding_id HAVING argMax(status, version) = 'open'"
+            "toUnixTimestamp64Milli(argMax(first_seen, version)), "
+            "toUnixTimestamp64Milli(argMax(last_seen, version)), max(version), argMax(rule_id, version), "
+            "argMax(node_id, version), argMax(device, version), argMax(severity, version), "
+            "argMax(status, version), JSONExtract(argMax(evidence, version), 'nodes', 'Array(String)') "
+            f"FROM {self.db}.findings GROUP BY finding_id"
         )
         return {
-            row[0]: OpenFinding(row[0], row[1], int(row[2]), int(row[3]), row[4], (row[5], *row[6]))
+            row[0]: KnownFinding(
+                *(row[0], row[1], int(row[2]), int(row[3]), int(row[4])),
+                *(row[5], row[6], row[7], row[8], row[9]),
+                nodes=(row[6], *row[10]),
+            )
             for row in rows
         }
 
@@ -66,48 +92,91 @@ class Ledger:
             ],
         )
 
-    def resolve(self, finding_id: str, version: int) -> None:
-        """The finding's latest row again, with status resolved: it no longer matches."""
+    def set_status(self, finding_id: str, status: str, version: int) -> None:
+        """The finding's latest row again, with another status (open, stale, resolved)."""
+        self._copy("finding_id = {f:String} ORDER BY version DESC LIMIT 1", status, version, finding_id)
+
+    def resolve_txn(self, txn_id: str, version: int) -> None:
+        """Every finding of the transaction resolved (verify resumed its node)."""
+        self._copy(
+            "(finding_id, version) IN (SELECT finding_id, max(version) FROM "
+            f"{self.db}.findings GROUP BY finding_id HAVING argMax(txn_id, version) = {{f:String}})",
+            "resolved",
+            version,
+            txn_id,
+        )
+
+    def _copy(self, where: str, status: str, version: int, key: str) -> None:
         columns = (
             "finding_id, txn_id, rule_id, node_id, device, severity, confidence, level, message, evidence, "
             "first_seen, last_seen"
         )
         self.store.command(
-            f"INSERT INTO {self.db}.findings SELECT {columns}, 'resolved', {{v:UInt64}} "
-            f"FROM {self.db}.findings WHERE finding_id = {{f:String}} ORDER BY version DESC LIMIT 1",
-            {"v": version, "f": finding_id},
+            f"INSERT INTO {self.db}.findings SELECT {columns}, {{s:String}}, {{v:UInt64}} "
+            f"FROM {self.db}.findings WHERE {where}",
+            {"s": status, "v": version, "f": key},
         )
 
     def write_action(self, row: dict[str, Any], version: int) -> None:
         self.store.insert_rows("actions", [action_row(row, version)])
 
-    def _successful_drains(self, where: str, params: dict[str, Any]) -> list[tuple]:
-        """(node, txn_id, started ms) of each drain whose latest status is ok, filtered by `where`."""
-        return self.store.query(
-            "SELECT target, txn_id, toUnixTimestamp64Milli(started) FROM (SELECT target, txn_id, "
-            "argMax(status, version) AS status, min(started_at) AS started "
+    def actions_of_txn(self, txn_id: str) -> set[str]:
+        """The actions taken (or under way) in a transaction: an escalation runs only the others."""
+        rows = self.store.query(
+            "SELECT action FROM (SELECT action, argMax(status, version) AS status "
+            f"FROM {self.db}.actions WHERE txn_id = {{txn:String}} GROUP BY finding_id, action, target) "
+            "WHERE status IN ('ok', 'in_flight', 'running')",
+            {"txn": txn_id},
+        )
+        return {row[0] for row in rows}
+
+    def drains(self, where: str = "1", params: dict[str, Any] | None = None) -> list[Drain]:
+        """Drains in place or under way (latest status ok or in_flight) and not resumed since."""
+        rows = self.store.query(
+            "SELECT target, txn_id, finding_id, status, toUnixTimestamp64Milli(started) FROM (SELECT "
+            "target, txn_id, finding_id, argMax(status, version) AS status, min(started_at) AS started "
             f"FROM {self.db}.actions WHERE action = {{drain:String}} "
             "GROUP BY txn_id, finding_id, action, target) "
-            f"WHERE status = 'ok' AND {where} ORDER BY started",
-            {"drain": DRAIN, **params},
+            "WHERE status IN {held:Array(String)} AND (txn_id, target) NOT IN (SELECT txn_id, target FROM "
+            f"{self.db}.actions WHERE action = {{resume:String}}) AND {where} ORDER BY started",
+            {"drain": DRAIN, "resume": RESUME, "held": list(HELD), **(params or {})},
         )
+        return [Drain(row[0], row[1], row[2], row[3], int(row[4])) for row in rows]
 
-    def drained_nodes_since(self, since_ms: int) -> set[str]:
-        rows = self._successful_drains(
-            "started >= fromUnixTimestamp64Milli({since:Int64}, 'UTC')", {"since": since_ms}
+    def isolations_since(self, since_ms: int) -> set[str]:
+        """Nodes stethoscope drained (or began to) since `since_ms`, resumed or not."""
+        rows = self.store.query(
+            "SELECT DISTINCT target FROM (SELECT target, argMax(status, version) AS status, "
+            f"min(started_at) AS started FROM {self.db}.actions WHERE action = {{drain:String}} "
+            "GROUP BY txn_id, finding_id, action, target) WHERE status IN {held:Array(String)} "
+            "AND started >= fromUnixTimestamp64Milli({since:Int64}, 'UTC')",
+            {"drain": DRAIN, "held": list(HELD), "since": since_ms},
         )
-        return {node for node, _txn, _started in rows}
+        return {row[0] for row in rows}
+
+    def drained_txns(self) -> set[str]:
+        """Transactions whose drain holds a node: their findings stay open until verify resumes it."""
+        return {drain.txn_id for drain in self.drains()}
 
     def drain_of(self, node_id: str, txn_id: str) -> int | None:
         """When stethoscope drained `node_id` under `txn_id` (ms); None if the actions hold no such drain."""
-        rows = self._successful_drains(
-            "target = {node:String} AND txn_id = {txn:String}", {"node": node_id, "txn": txn_id}
+        rows = self.store.query(
+            "SELECT toUnixTimestamp64Milli(started) FROM (SELECT argMax(status, version) AS status, "
+            f"min(started_at) AS started FROM {self.db}.actions WHERE action = {{drain:String}} "
+            "AND target = {node:String} AND txn_id = {txn:String} GROUP BY finding_id) "
+            "WHERE status = 'ok' ORDER BY started LIMIT 1",
+            {"drain": DRAIN, "node": node_id, "txn": txn_id},
         )
-        return int(rows[0][2]) if rows else None
+        return int(rows[0][0]) if rows else None
 
     def rule_of_txn(self, txn_id: str) -> str:
+        """The rule in the drain reason: that of the finding whose action drained (a family's txn has
+        several rules), else any finding's of the txn."""
         rows = self.store.query(
-            f"SELECT any(rule_id) FROM {self.db}.findings WHERE txn_id = {{txn:String}}", {"txn": txn_id}
+            f"SELECT argMin(rule_id, drained = 0) FROM (SELECT rule_id, finding_id IN (SELECT finding_id "
+            f"FROM {self.db}.actions WHERE txn_id = {{txn:String}} AND action = {{drain:String}}) AS drained "
+            f"FROM {self.db}.findings WHERE txn_id = {{txn:String}})",
+            {"txn": txn_id, "drain": DRAIN},
         )
         return rows[0][0] if rows else ""
 

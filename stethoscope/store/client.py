@@ -66,6 +66,7 @@ ROW_TABLES: dict[str, tuple[str, ...]] = {
         "finished_at",
         "version",
     ),
+    "executors": ("host", "pid", "started_at", "beat_at", "version"),
 }
 
 

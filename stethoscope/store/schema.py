@@ -187,6 +187,19 @@ def tables(raw_ttl_days: int = 30, daily_ttl_days: int = 730, hourly_ttl_days: i
             "(txn_id, finding_id, action, target)",
             engine_args="version",
         ),
+        Table(  # one row per executor process, rewritten every cycle: who may act (the oldest live)
+            "executors",
+            (
+                "host String",
+                "pid UInt32",
+                "started_at DateTime64(3, 'UTC')",
+                "beat_at DateTime64(3, 'UTC')",
+                "version UInt64",
+            ),
+            "ReplacingMergeTree",
+            "(host, pid, started_at)",
+            engine_args="version",
+        ),
     ]
 
 

@@ -1,0 +1,109 @@
+"""One executor at a time per database (docs/design.md "Remediation safety").
+
+On one controller host a flock on a file beside the spool, named after the database, is held across
+a whole evaluate -> act -> record cycle. Across hosts (a server DSN) each executor writes a heartbeat
+row into `executors` every cycle; only the oldest live one (started_at, then host name) acts, and a
+holder that missed 3 beats is no longer live."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stethoscope.store.client import Store
+from stethoscope.store.dsn import redact
+from stethoscope.timeutil import iso, now_ms
+
+MISSED_BEATS = 3
+
+
+class LockHeld(RuntimeError):
+    """Another run holds the executor lock of this database."""
+
+
+def lock_path(state_dir: Path, dsn: str, database: str) -> Path:
+    key = hashlib.sha256(f"{redact(dsn)}|{database}".encode()).hexdigest()[:12]
+    return state_dir / f"executor-{key}.lock"
+
+
+class ExecutorLock:
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> ExecutorLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise LockHeld(f"the executor lock {self.path} is held by another run (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def __enter__(self) -> ExecutorLock:
+        return self.acquire()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+@dataclass
+class Heartbeat:
+    """This executor's row in `executors`; `beat` says whether it is the one that acts."""
+
+    beat_seconds: float
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+    started_ms: int = field(default_factory=now_ms)
+    _version: int = 0
+
+    def beat(self, store: Store) -> str:
+        """'' when this executor acts; else who does."""
+        now = now_ms()
+        self._write(store, now)
+        live_since = now - int(MISSED_BEATS * self.beat_seconds * 1000)
+        rows = store.query(
+            "SELECT host, pid, toUnixTimestamp64Milli(started) FROM (SELECT host, pid, "
+            "min(started_at) AS started, argMax(beat_at, version) AS beat "
+            f"FROM {store.database}.executors GROUP BY host, pid, started_at) "
+            "WHERE beat >= fromUnixTimestamp64Milli({live:Int64}, 'UTC') ORDER BY started, host LIMIT 1",
+            {"live": live_since},
+        )
+        if not rows or rows[0][0] == self.host:  # on this host the flock already decided
+            return ""
+        host, pid, started = rows[0]
+        return f"standby: {host} (pid {pid}, executor since {iso(int(started))}) acts for this database"
+
+    def retire(self, store: Store) -> None:
+        """A last row with no live beat: another host may take over at once."""
+        self._write(store, 0)
+
+    def _write(self, store: Store, beat_ms: int) -> None:
+        self._version = max(now_ms(), self._version + 1)
+        store.insert_rows(
+            "executors",
+            [
+                {
+                    "host": self.host,
+                    "pid": self.pid,
+                    "started_at": self.started_ms,
+                    "beat_at": beat_ms,
+                    "version": self._version,
+                }
+            ],
+        )

@@ -1,0 +1,75 @@
+"""One executor per database: a second `diagnose --execute` on this host exits 3 and does nothing while
+another run holds the lock; across hosts the oldest live heartbeat acts and a host that missed 3 beats
+is taken over."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from test_execute import db, diagnose, execute_args, rules, table, worn
+
+from stethoscope.remediation.lock import ExecutorLock, lock_path
+from stethoscope.store.client import Store
+from stethoscope.timeutil import now_ms
+
+from conftest import TOP
+
+__all__ = ["db"]
+
+
+def alerting(tmp_path, db, hook):
+    with Store(db) as store:
+        worn(store, "node03")
+    rule_dir = rules(tmp_path, [{"type": "alert", "message": "worn"}])
+    return rule_dir, [*execute_args(tmp_path, f"stethoscope_alert_webhook={hook.url}")]
+
+
+def foreign_beat(db, beat_ms):
+    with Store(db) as store:
+        store.insert_rows(
+            "executors",
+            [
+                {
+                    "host": "controller-b.example",
+                    "pid": 4242,
+                    "started_at": now_ms() - 3600_000,
+                    "beat_at": beat_ms,
+                    "version": now_ms(),
+                }
+            ],
+        )
+
+
+def test_a_second_concurrent_execute_exits_3_and_does_nothing_while_the_lock_is_held(
+    tmp_path, db, http_standin
+):
+    hook = http_standin()
+    rule_dir, settings = alerting(tmp_path, db, hook)
+    spool = tmp_path / "spool"
+    with Store(db) as named, ExecutorLock(lock_path(tmp_path, named.dsn, named.database)):
+        command = [
+            sys.executable, "-m", "stethoscope.cli", "--dsn", db, "--spool-dir", str(spool), "diagnose",
+            "--rules", str(rule_dir), *settings,
+        ]  # fmt: skip
+        second = subprocess.run(command, capture_output=True, text=True, cwd=TOP, check=False)
+    assert second.returncode == 3, second.stderr
+    assert "held by another run" in second.stderr and "Traceback" not in second.stderr
+    assert hook.requests == [] and table(db, "SELECT count() FROM DB.findings") == [(0,)]
+
+
+def test_a_live_foreign_heartbeat_keeps_this_host_from_acting(tmp_path, db, http_standin):
+    hook = http_standin()
+    rule_dir, settings = alerting(tmp_path, db, hook)
+    foreign_beat(db, now_ms() - 10_000)
+    (finding,), result = diagnose(tmp_path, db, rule_dir, *settings)
+    assert "standby: controller-b.example" in result.stderr and "txn_id" not in finding
+    assert hook.requests == [] and table(db, "SELECT count() FROM DB.actions") == [(0,)]
+
+
+def test_a_foreign_heartbeat_that_missed_3_beats_is_taken_over(tmp_path, db, http_standin):
+    hook = http_standin()
+    rule_dir, settings = alerting(tmp_path, db, hook)
+    foreign_beat(db, now_ms() - 4 * 60_000)  # beats every 60 s by default
+    (finding,), result = diagnose(tmp_path, db, rule_dir, *settings)
+    assert "standby" not in result.stderr and finding["outcome"] == "alert ok" and len(hook.requests) == 1
