@@ -2,9 +2,13 @@
 
 A condition becomes a subquery that aggregates a metric per node, device and label set over its
 window and keeps the rows past the threshold; `all` joins its members on the node (and on the
-enclosing device where every member names the same kind of device: gpu2/link3 belongs to gpu2), `any`
-unions them. Benchmark metrics are read from `bench_results`; windows longer than the raw TTL read the
-`metrics_daily` rollup (one sample a day, its last value). A baseline condition compares the window's
+enclosing device where every member names the same kind of device, from the catalog's `device_kinds`:
+gpu2/link3 belongs to gpu2), `any` unions them. Benchmark metrics are read from `bench_results`;
+windows longer than the raw TTL read the `metrics_daily` rollup (one sample a day, its last value).
+Samples are read once per (series, timestamp), however often a row was replayed. Increases (delta,
+rate) run from the last sample at or before the window's start (2 days of raw rows, then the daily
+rollup; else the first sample inside, or 0 for an `events` metric: its first event is news) to the
+last sample inside, a drop counting as a counter reset. A baseline condition compares the window's
 aggregate with the node's own earlier history or with the fleet's median, and its value is the
 deviation in the direction the catalog calls worse. A rule with `correlate` also returns, per match,
 how many matching nodes share its switch (or rack), so several nodes behind one switch become one
@@ -16,33 +20,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from stethoscope.catalog import Catalog, default_catalog
 from stethoscope.diagnosis.rules import Condition, Group, Rule
 from stethoscope.store.client import Store
 
-# The kind of device a metric is reported on; conditions of one kind join on the enclosing device.
-DEVICE_KINDS = (
-    ("nvlink_", "gpu"),
-    ("gpu_", "gpu"),
-    ("pcie_", "pci"),
-    ("ib_", "hca"),
-    ("rdma_", "hca"),
-    ("smart_", "disk"),
-    ("nvme_", "disk"),
-    ("disk_", "disk"),
-    ("bench_", "bench"),
-)
 _OPERATORS = {">": ">", ">=": ">=", "<": "<", "<=": "<=", "==": "=", "!=": "!="}
 RAW_TTL_SECONDS = 30 * 86400
+# How far back the raw rows are searched for the sample an increase starts from; the daily rollup after.
+LOOKBACK_SECONDS = 2 * 86400
+INCREASES = ("delta", "rate")
 # A fleet of identical recordings has a MAD of 0; the spread is floored at this fraction of the median.
 _MIN_RELATIVE_SPREAD = 0.001
 _MAD_TO_SIGMA = 1.4826
-
-
-def device_kind(metric: str) -> str:
-    for prefix, kind in DEVICE_KINDS:
-        if metric.startswith(prefix):
-            return kind
-    return "node"
 
 
 @dataclass
@@ -76,8 +65,6 @@ class _Builder:
     def aggregate(self, condition: Condition) -> str:
         series = "arrayMap(t -> t.2, arraySort(groupArray((timestamp, value))))"
         steps = f"arrayPopBack({series}), arrayPopFront({series})"
-        # increases between consecutive samples; a counter reset (a drop) counts its new value
-        increase = f"arraySum(arrayMap((a, b) -> if(b >= a, b - a, b), {steps}))"
         first, last = "argMin(value, timestamp)", "argMax(value, timestamp)"
         return {
             "avg": "avg(value)",
@@ -87,8 +74,6 @@ class _Builder:
             "p99": "quantile(0.99)(value)",
             "stddev": "stddevSamp(value)",
             "cv": "if(avg(value) = 0, 0, stddevSamp(value) / abs(avg(value)))",
-            "delta": increase,
-            "rate": f"{increase} / {self.param(condition.window_seconds, 'UInt32')}",
             # units per hour, least squares over the window
             "slope": "if(count() < 2, 0, tupleElement(simpleLinearRegression("
             "toFloat64(toUnixTimestamp64Milli(timestamp)) / 3600000, value), 1))",
@@ -97,22 +82,29 @@ class _Builder:
             "growth_percent": f"({last} - {first}) / greatest(abs({first}), 1) * 100",
         }[condition.aggregate]
 
-    def source(self, condition: Condition, start: str, end: str) -> str:
-        """Rows (node_id, device, labels_key, value, timestamp, cls) of the metric in (start, end]."""
-        metric = self.param(condition.metric, "String")
-        where = [f"metric_name = {metric}", f"timestamp <= {end}", f"timestamp > {start}"]
+    def filters(self, condition: Condition) -> list[str]:
+        where = [f"metric_name = {self.param(condition.metric, 'String')}"]
         for key, value in condition.labels:
             where.append(f"labels[{self.param(key, 'String')}] = {self.param(value, 'String')}")
         if condition.device:
             where.append(f"match(device, {self.param(_regex(condition.device), 'String')})")
+        return where
+
+    def daily(self, condition: Condition) -> bool:
+        """Whether the condition reaches past the raw TTL, so reads the daily rollup."""
+        reach = condition.window_seconds + condition.history_seconds * (condition.baseline == "node")
+        return reach > self.raw_ttl_seconds
+
+    def source(self, condition: Condition, start: str, end: str) -> str:
+        """Rows (node_id, device, labels_key, value, timestamp, cls) of the metric in (start, end],
+        one per (series, timestamp) however often a row was stored."""
+        where = [*self.filters(condition), f"timestamp <= {end}", f"timestamp > {start}"]
         if condition.metric.startswith("bench_"):
             return (
                 "SELECT node_id, device, labels_key, value, timestamp, class_fingerprint AS cls "
-                f"FROM {self.database}.bench_results WHERE {' AND '.join(where)}"
+                f"FROM {self.database}.bench_results FINAL WHERE {' AND '.join(where)}"
             )
-        if condition.window_seconds + condition.history_seconds * (condition.baseline == "node") > (
-            self.raw_ttl_seconds
-        ):
+        if self.daily(condition):
             day_value = {"max": "max(max_value)", "min": "min(min_value)"}.get(
                 condition.aggregate, "argMaxMerge(last_value)"
             )
@@ -125,7 +117,48 @@ class _Builder:
             )
         return (
             "SELECT node_id, device, labels_key, value, timestamp, '' AS cls "
-            f"FROM {self.database}.metrics WHERE {' AND '.join(where)}"
+            f"FROM {self.database}.metrics FINAL WHERE {' AND '.join(where)}"
+        )
+
+    def increase(self, condition: Condition, start: str, end: str) -> str:
+        """(node_id, device, labels_key, cls, cur, n) for delta and rate: the increase from the last
+        sample at or before `start` to the last inside, a drop counting its new value (a reset)."""
+        filters = self.filters(condition)
+        lookback = f"{start} - toIntervalSecond({LOOKBACK_SECONDS})"
+        if self.daily(condition):
+            rows = self.source(condition, lookback, end)
+            earlier_days = f"day <= toDate({start})"
+        else:  # a replayed row adds a step of 0 here, so the raw rows need no FINAL
+            where = [*filters, f"timestamp <= {end}", f"timestamp > {lookback}"]
+            rows = (
+                "SELECT node_id, device, labels_key, value, timestamp "
+                f"FROM {self.database}.metrics WHERE {' AND '.join(where)}"
+            )
+            earlier_days = f"day < toDate({start})"
+        inside = f"timestamp > {start}"
+        samples = (
+            "SELECT node_id, device, labels_key, "
+            f"arrayMap(t -> t.2, arraySort(groupArrayIf((timestamp, value), {inside}))) AS inside, "
+            f"uniqExactIf(timestamp, {inside}) AS n, argMaxIf(value, timestamp, NOT ({inside})) AS before, "
+            f"countIf(NOT ({inside})) > 0 AS has_before "
+            f"FROM ({rows}) GROUP BY node_id, device, labels_key HAVING n > 0"
+        )
+        earlier = (
+            "SELECT node_id, device, labels_key, argMaxMerge(last_value) AS last, 1 AS found "
+            f"FROM {self.database}.metrics_daily WHERE {' AND '.join([*filters, earlier_days])} "
+            "GROUP BY node_id, device, labels_key"
+        )
+        # a series with no earlier sample starts from its first one, or from 0 for events (news)
+        fresh = "0" if condition.kind == "events" else "s.inside[1]"
+        steps = f"arrayPushFront(s.inside, if(s.has_before, s.before, if(e.found = 1, e.last, {fresh})))"
+        pairs = f"arrayPopBack({steps}), arrayPopFront({steps})"
+        increase = f"arraySum(arrayMap((a, b) -> if(b >= a, b - a, b), {pairs}))"
+        if condition.aggregate == "rate":
+            increase = f"{increase} / {self.param(condition.window_seconds, 'UInt32')}"
+        return (
+            "SELECT s.node_id AS node_id, s.device AS device, s.labels_key AS labels_key, '' AS cls, "
+            f"{increase} AS cur, s.n AS n FROM ({samples}) AS s "
+            f"LEFT JOIN ({earlier}) AS e USING (node_id, device, labels_key)"
         )
 
     def window(self, condition: Condition) -> tuple[str, str]:
@@ -140,10 +173,14 @@ class _Builder:
     def measured(self, condition: Condition) -> str:
         """(node_id, device, labels_key, cls, x, n): the condition's value per series, before comparing."""
         start, end = self.window(condition)
-        current = (
-            f"SELECT node_id, device, labels_key, any(cls) AS cls, {self.aggregate(condition)} AS cur, "
-            f"count() AS n FROM ({self.source(condition, start, end)}) GROUP BY node_id, device, labels_key"
-        )
+        if condition.aggregate in INCREASES:
+            current = self.increase(condition, start, end)
+        else:
+            current = (
+                f"SELECT node_id, device, labels_key, any(cls) AS cls, {self.aggregate(condition)} AS cur, "
+                f"count() AS n FROM ({self.source(condition, start, end)}) "
+                "GROUP BY node_id, device, labels_key"
+            )
         if condition.baseline is None:
             return f"SELECT node_id, device, labels_key, cls, cur AS x, n FROM ({current})"
         worse = {"lower": "1", "higher": "-1"}.get(condition.better)
@@ -175,8 +212,12 @@ class _Builder:
             scale = f"greatest(spread, abs(base) * {_MIN_RELATIVE_SPREAD}, 1e-12)"
         return f"SELECT node_id, device, labels_key, cls, {signed} / {scale} AS x, n FROM ({joined})"
 
-    def leaf(self, condition: Condition, by_device: bool) -> str:
-        key = "splitByChar('/', device)[1]" if by_device else "''"
+    def leaf(self, condition: Condition, enclosing: str | None) -> str:
+        if enclosing is None:
+            key = "''"
+        else:  # the part of the device name the enclosing kind's pattern matches, else the whole name
+            pattern = self.param(f"^({enclosing})", "String")
+            key = f"if(extract(device, {pattern}) = '', device, extract(device, {pattern}))"
         # the worst series of the node (or enclosing device) speaks for it, as the operator reads worst
         worst = "min" if condition.operator in ("<", "<=") else "max"
         dev = "argMin(device, x)" if worst == "min" else "argMax(device, x)"
@@ -188,8 +229,8 @@ class _Builder:
             f"GROUP BY node_id, key"
         )
 
-    def group(self, group: Group, by_device: bool) -> str:
-        parts = [self.node(item, by_device) for item in group.items]
+    def group(self, group: Group, enclosing: str | None) -> str:
+        parts = [self.node(item, enclosing) for item in group.items]
         if len(parts) == 1:
             return parts[0]
         if group.mode == "any":
@@ -206,8 +247,8 @@ class _Builder:
         columns = f"t0.node_id AS node_id, t0.key AS key, t0.dev AS dev, {values} AS values, t0.v AS v"
         return f"SELECT {columns} FROM {query}"
 
-    def node(self, item: Condition | Group, by_device: bool) -> str:
-        return self.leaf(item, by_device) if isinstance(item, Condition) else self.group(item, by_device)
+    def node(self, item: Condition | Group, enclosing: str | None) -> str:
+        return self.leaf(item, enclosing) if isinstance(item, Condition) else self.group(item, enclosing)
 
 
 def _metrics(item: Condition | Group) -> list[str]:
@@ -217,13 +258,18 @@ def _metrics(item: Condition | Group) -> list[str]:
 
 
 def rule_query(
-    rule: Rule, database: str, at_ms: int, raw_ttl_seconds: int = RAW_TTL_SECONDS
+    rule: Rule,
+    database: str,
+    at_ms: int,
+    raw_ttl_seconds: int = RAW_TTL_SECONDS,
+    catalog: Catalog | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The one query that evaluates `rule` over every node at `at_ms`."""
-    kinds = {device_kind(metric) for metric in _metrics(rule.when)}
-    by_device = len(kinds) == 1 and kinds != {"node"}
+    catalog = catalog or default_catalog()
+    kinds = {catalog.enclosing(metric) for metric in _metrics(rule.when)}
+    (outer,) = kinds if len(kinds) == 1 else (None,)
     builder = _Builder(database, at_ms, raw_ttl_seconds)
-    body = builder.node(rule.when, by_device)
+    body = builder.node(rule.when, outer.pattern if outer else None)
     # one match per node (and enclosing device): the first condition's value, every condition's values
     sql = (
         f"SELECT node_id, any(dev) AS device, any(v) AS value, maxMap(values) AS all_values FROM ({body}) "
@@ -241,8 +287,14 @@ def rule_query(
     return f"{sql} ORDER BY node_id, device", builder.params
 
 
-def evaluate(store: Store, rule: Rule, at_ms: int, raw_ttl_seconds: int = RAW_TTL_SECONDS) -> list[Match]:
-    sql, params = rule_query(rule, store.database, at_ms, raw_ttl_seconds)
+def evaluate(
+    store: Store,
+    rule: Rule,
+    at_ms: int,
+    raw_ttl_seconds: int = RAW_TTL_SECONDS,
+    catalog: Catalog | None = None,
+) -> list[Match]:
+    sql, params = rule_query(rule, store.database, at_ms, raw_ttl_seconds, catalog)
     matches: list[Match] = []
     groups: dict[str, Match] = {}
     for node, device, value, values, group, peers in store.query(sql, params):
