@@ -26,7 +26,9 @@ from stethoscope.store.client import Store
 
 _OPERATORS = {">": ">", ">=": ">=", "<": "<", "<=": "<=", "==": "=", "!=": "!="}
 RAW_TTL_SECONDS = 30 * 86400
-# How far back the raw rows are searched for the sample an increase starts from; the daily rollup after.
+# How far back the raw rows are searched for the sample an increase starts from (first the last hour,
+# then for the series without one up to 2 days); the daily rollup after.
+NEAR_LOOKBACK_SECONDS = 3600
 LOOKBACK_SECONDS = 2 * 86400
 INCREASES = ("delta", "rate")
 # A fleet of identical recordings has a MAD of 0; the spread is floored at this fraction of the median.
@@ -132,19 +134,22 @@ class _Builder:
 
     def increase(self, condition: Condition, start: str, end: str) -> str:
         """(node_id, device, labels_key, cls, cur, n) for delta and rate: the increase from the last
-        sample at or before `start` to the last inside, a drop counting its new value (a reset)."""
+        sample at or before `start` to the last inside, a drop counting its new value (a reset).
+
+        The sample before is looked for in the hour before the window; only for the series without
+        one (new, or after a gap), in the raw rows up to 2 days back, then in the daily rollup: a
+        series' rows are sorted by time, so the narrow reads touch few granules."""
         filters = self.filters(condition)
-        lookback = f"{start} - toIntervalSecond({LOOKBACK_SECONDS})"
+        near = max(condition.window_seconds, NEAR_LOOKBACK_SECONDS)
+        deep = max(near, LOOKBACK_SECONDS)
         if self.daily(condition):
-            rows = self.source(condition, lookback, end)
-            earlier_days = f"day <= toDate({start})"
+            rows = self.source(condition, f"{start} - toIntervalSecond({near})", end)
         else:  # a replayed row adds a step of 0 here, so the raw rows need no FINAL
-            where = [*filters, f"timestamp <= {end}", f"timestamp > {lookback}"]
+            where = [*filters, f"timestamp <= {end}", f"timestamp > {start} - toIntervalSecond({near})"]
             rows = (
                 "SELECT node_id, device, labels_key, value, timestamp "
                 f"FROM {self.database}.metrics WHERE {' AND '.join(where)}"
             )
-            earlier_days = f"day < toDate({start})"
         inside = f"timestamp > {start}"
         samples = (
             "SELECT node_id, device, labels_key, "
@@ -153,14 +158,29 @@ class _Builder:
             f"countIf(NOT ({inside})) > 0 AS has_before "
             f"FROM ({rows}) GROUP BY node_id, device, labels_key HAVING n > 0"
         )
-        earlier = (
+        series = "(node_id, device, labels_key)"
+        stale = f"{series} IN (SELECT node_id, device, labels_key FROM ({samples}) WHERE NOT has_before)"
+        older_where = [
+            *filters,
+            stale,
+            f"timestamp <= {start} - toIntervalSecond({near})",
+            f"timestamp > {start} - toIntervalSecond({deep})",
+        ]
+        older = (
+            "SELECT node_id, device, labels_key, argMax(value, timestamp) AS last, 1 AS found "
+            f"FROM {self.database}.metrics WHERE {' AND '.join(older_where)} "
+            "GROUP BY node_id, device, labels_key"
+        )
+        daily_where = [*filters, stale, f"day <= toDate({start} - toIntervalSecond({deep}))"]
+        daily = (
             "SELECT node_id, device, labels_key, argMaxMerge(last_value) AS last, 1 AS found "
-            f"FROM {self.database}.metrics_daily WHERE {' AND '.join([*filters, earlier_days])} "
+            f"FROM {self.database}.metrics_daily WHERE {' AND '.join(daily_where)} "
             "GROUP BY node_id, device, labels_key"
         )
         # a series with no earlier sample starts from its first one, or from 0 for events (news)
         fresh = "0" if condition.kind == "events" else "s.inside[1]"
-        steps = f"arrayPushFront(s.inside, if(s.has_before, s.before, if(e.found = 1, e.last, {fresh})))"
+        base = f"if(s.has_before, s.before, if(o.found = 1, o.last, if(d.found = 1, d.last, {fresh})))"
+        steps = f"arrayPushFront(s.inside, {base})"
         pairs = f"arrayPopBack({steps}), arrayPopFront({steps})"
         increase = f"arraySum(arrayMap((a, b) -> if(b >= a, b - a, b), {pairs}))"
         if condition.aggregate == "rate":
@@ -168,7 +188,8 @@ class _Builder:
         return (
             "SELECT s.node_id AS node_id, s.device AS device, s.labels_key AS labels_key, '' AS cls, "
             f"{increase} AS cur, s.n AS n FROM ({samples}) AS s "
-            f"LEFT JOIN ({earlier}) AS e USING (node_id, device, labels_key)"
+            f"LEFT JOIN ({older}) AS o USING (node_id, device, labels_key) "
+            f"LEFT JOIN ({daily}) AS d USING (node_id, device, labels_key)"
         )
 
     def window(self, condition: Condition) -> tuple[str, str]:
