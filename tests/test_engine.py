@@ -293,6 +293,16 @@ def test_increase_starts_from_the_daily_rollup_past_two_days_of_raw_rows(tmp_pat
     assert fired(store, xid) == {}  # seen three days ago: not a new series, not a new event
 
 
+def test_increase_starts_from_a_sample_hours_before_the_window(tmp_path, store):
+    five_hours = 5 * 3_600_000  # a gap longer than the hour searched first, shorter than two days
+    series(store, "n1", "ib_symbol_errors_total", "mlx5_0/1", [100, 160], step_ms=five_hours)
+    series(store, "n1", "gpu_xid_errors_total", "gpu0", [1, 1], {"xid": "79"}, five_hours)
+    delta = simple(tmp_path, "ib_symbol_errors_total", ">", 0, aggregate="delta")
+    assert fired(store, delta) == {("n1", "mlx5_0/1"): 60.0}
+    xid = simple(tmp_path, "gpu_xid_errors_total", ">", 0, aggregate="delta")
+    assert fired(store, xid) == {}
+
+
 def test_events_series_first_inside_the_window_counts_from_zero_a_counter_does_not(tmp_path, store):
     # the collector's shape: a (gpu, xid) series appears with the first event, at 1, and stays there
     series(store, "n1", "gpu_xid_errors_total", "gpu0", [1, 1, 1], labels={"xid": "79"})
