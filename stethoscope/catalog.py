@@ -1,7 +1,9 @@
-"""The metric catalog, rules/metrics.yml: name -> unit, kind, better direction, report interval."""
+"""The metric catalog, rules/metrics.yml: name -> unit, kind, better direction, layer, report interval;
+and the kinds of device metrics are reported on (which device encloses which)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -11,8 +13,16 @@ import yaml
 
 from stethoscope.paths import project_root
 
-KINDS = ("gauge", "counter")
+KINDS = ("gauge", "counter", "events")
 DIRECTIONS = ("higher", "lower", "none")
+LAYERS = ("compute", "communication", "storage", "network", "job")
+_CUMULATIVE = ("delta", "rate", "growth_percent", "slope", "last")
+# The aggregates a rule may apply to each kind (DESIGN.md "Metric catalog"); the first is the default.
+AGGREGATES = {
+    "gauge": ("avg", "max", "min", "last", "p99", "stddev", "cv", "slope", "rising_fraction"),
+    "counter": _CUMULATIVE,
+    "events": _CUMULATIVE,
+}
 SWEEP_INTERVAL = 60  # what the catalog assumes for metrics the Ansible sweeps report
 
 
@@ -24,6 +34,18 @@ class MetricSpec:
     better: str
     interval: int
     help: str = ""
+    layer: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    """A kind of device (gpu, nvlink, disk, ...): the metric name prefixes reported on it, the pattern
+    its device names follow and the kind that encloses it (gpu2/link3 belongs to gpu2)."""
+
+    name: str
+    pattern: str
+    prefixes: tuple[str, ...] = ()
+    parent: str | None = None
 
 
 class CatalogError(ValueError):
@@ -31,16 +53,42 @@ class CatalogError(ValueError):
 
 
 class Catalog:
-    def __init__(self, metrics: dict[str, MetricSpec], families: dict[str, MetricSpec]):
+    def __init__(
+        self,
+        metrics: dict[str, MetricSpec],
+        families: dict[str, MetricSpec],
+        device_kinds: dict[str, DeviceKind] | None = None,
+    ):
         self.metrics = metrics
         self.families = families
+        self.device_kinds = device_kinds or {}
+
+    def kind(self, name: str) -> str | None:
+        spec = self.get(name)
+        return spec.kind if spec else None
+
+    def device_kind(self, metric: str) -> DeviceKind | None:
+        """The kind of device `metric` is reported on (the longest matching prefix); None: the node."""
+        best: tuple[int, DeviceKind] | None = None
+        for kind in self.device_kinds.values():
+            for prefix in kind.prefixes:
+                if metric.startswith(prefix) and (best is None or len(prefix) > best[0]):
+                    best = (len(prefix), kind)
+        return best[1] if best else None
+
+    def enclosing(self, metric: str) -> DeviceKind | None:
+        """The outermost kind of device enclosing `metric`'s device (gpu for an NVLink link)."""
+        kind = self.device_kind(metric)
+        while kind is not None and kind.parent is not None:
+            kind = self.device_kinds[kind.parent]
+        return kind
 
     def get(self, name: str) -> MetricSpec | None:
         if name in self.metrics:
             return self.metrics[name]
         for prefix, spec in self.families.items():
             if name.startswith(prefix) and len(name) > len(prefix):
-                return MetricSpec(name, spec.unit, spec.kind, spec.better, spec.interval, spec.help)
+                return replace(spec, name=name)
         return None
 
     def with_intervals(self, sweep: Any = None, per_metric: Any = None) -> Catalog:
@@ -73,7 +121,8 @@ class Catalog:
             spec = self.get(name)
             if name not in metrics and spec is not None:
                 metrics[name] = interval(spec)
-        return Catalog(metrics, {prefix: interval(spec) for prefix, spec in self.families.items()})
+        families = {prefix: interval(spec) for prefix, spec in self.families.items()}
+        return Catalog(metrics, families, self.device_kinds)
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self.get(name) is not None
@@ -85,7 +134,11 @@ class Catalog:
             data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except (OSError, yaml.YAMLError) as exc:
             raise CatalogError(f"{path}: {exc}") from None
-        return cls(_specs(path, data.get("metrics") or {}), _specs(path, data.get("families") or {}))
+        return cls(
+            _specs(path, data.get("metrics") or {}),
+            _specs(path, data.get("families") or {}),
+            _device_kinds(path, data.get("device_kinds") or {}),
+        )
 
 
 def _specs(path: Path, entries: dict) -> dict[str, MetricSpec]:
@@ -98,13 +151,47 @@ def _specs(path: Path, entries: dict) -> dict[str, MetricSpec]:
             raise CatalogError(f"{path}: {name}: kind must be one of {KINDS}, not {kind!r}")
         if better not in DIRECTIONS:
             raise CatalogError(f"{path}: {name}: better must be one of {DIRECTIONS}, not {better!r}")
+        layer = entry.get("layer", "")
+        if layer and layer not in LAYERS:
+            raise CatalogError(f"{path}: {name}: layer must be one of {LAYERS}, not {layer!r}")
         interval = entry.get("interval")
         if not isinstance(interval, int) or interval <= 0:
             raise CatalogError(f"{path}: {name}: interval must be a positive number of seconds")
         specs[name] = MetricSpec(
-            name, str(entry.get("unit", "")), kind, better, interval, entry.get("help", "")
+            name, str(entry.get("unit", "")), kind, better, interval, entry.get("help", ""), layer
         )
     return specs
+
+
+def _device_kinds(path: Path, entries: dict) -> dict[str, DeviceKind]:
+    kinds = {}
+    for name, entry in entries.items():
+        prefixes = entry.get("metrics", []) if isinstance(entry, dict) else None
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("pattern"), str)
+            or not isinstance(prefixes, list)
+            or not all(isinstance(p, str) for p in prefixes)
+        ):
+            raise CatalogError(
+                f"{path}: device_kinds: {name}: expected "
+                "{pattern: REGEX, metrics: [PREFIX, ...], parent: KIND}"
+            )
+        try:
+            re.compile(entry["pattern"])
+        except re.error as exc:
+            raise CatalogError(f"{path}: device_kinds: {name}: pattern: {exc}") from None
+        kinds[name] = DeviceKind(name, entry["pattern"], tuple(prefixes), entry.get("parent"))
+    for kind in kinds.values():
+        seen, parent = {kind.name}, kind.parent
+        while parent is not None:
+            if parent not in kinds or parent in seen:
+                raise CatalogError(
+                    f"{path}: device_kinds: {kind.name}: parent {parent!r} is not a kind above it"
+                )
+            seen.add(parent)
+            parent = kinds[parent].parent
+    return kinds
 
 
 def default_path() -> Path:

@@ -148,3 +148,28 @@ def test_an_inventory_sets_the_sweep_interval_and_single_metrics():
     ]:
         with pytest.raises(CatalogError, match=message):
             base.with_intervals(sweep, per_metric)
+
+
+def test_device_kinds_are_catalog_data_with_their_enclosing_kind():
+    assert CATALOG.enclosing("nvlink_crc_errors_total").name == "gpu"  # gpu2/link3 belongs to gpu2
+    assert CATALOG.device_kind("ib_symbol_errors_total").parent == "hca"
+    assert CATALOG.enclosing("rdma_qps_dropped_per_second").name == "hca"
+    assert CATALOG.enclosing("smart_some_vendor_attribute").name == "disk"
+    assert CATALOG.enclosing("net_mtu") is None  # node level
+    assert re.fullmatch(CATALOG.device_kinds["pci"].pattern, "0000:17:00.0")
+
+
+def test_events_are_a_kind_with_the_counter_aggregates():
+    from stethoscope.catalog import AGGREGATES
+
+    assert CATALOG.kind("gpu_xid_errors_total") == CATALOG.kind("node_fingerprint_changes_total") == "events"
+    cumulative = ("delta", "rate", "growth_percent", "slope", "last")
+    assert AGGREGATES["events"] == AGGREGATES["counter"] == cumulative
+    assert CATALOG.get("gpu_xid_preexisting_total").layer == "compute"
+
+
+def test_a_device_kind_under_an_unknown_parent_is_reported(tmp_path):
+    bad = tmp_path / "metrics.yml"
+    bad.write_text("device_kinds:\n  port: {pattern: 'x/[0-9]+', parent: card, metrics: [port_]}\n")
+    with pytest.raises(CatalogError, match=r"metrics.yml: device_kinds: port: parent 'card'"):
+        Catalog.load(bad)

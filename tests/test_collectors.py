@@ -68,8 +68,18 @@ def h200(tmp_path: Path, log: str) -> Node:
     )
 
 
+def preexisting(result) -> dict[tuple[str, str], float]:
+    return {
+        (row["device"], row["labels"]["xid"]): row["value"]
+        for row in result["metrics"]
+        if row["name"] == "gpu_xid_preexisting_total"
+    }
+
+
 def test_xid_cursor_counts_each_event_once_and_survives_a_reboot(tmp_path):
-    node = h200(tmp_path, H200_LOG + XID_79 + "\n")
+    node = h200(tmp_path, H200_LOG)
+    assert xid_counts(collect_gpu.collect(node.context())) == {}  # the first read: nothing there
+    node.outputs[("dmesg",)] = (0, H200_LOG + XID_79 + "\n")
     first = collect_gpu.collect(node.context())
     assert xid_counts(first) == {"79": 1} and first["facts"]["xid"]["events"][0]["device"] == "gpu0"
     again = collect_gpu.collect(node.context())  # same boot, same log: nothing new
@@ -77,14 +87,32 @@ def test_xid_cursor_counts_each_event_once_and_survives_a_reboot(tmp_path):
     node.boot("boot-2")  # after a reboot the log restarts with smaller stamps; the count carries on
     node.outputs[("dmesg",)] = (0, H200_LOG + XID_79.replace("5012.114211", "  12.000001") + "\n")
     rebooted = collect_gpu.collect(node.context())
-    assert xid_counts(rebooted) == {"79": 2}
+    assert xid_counts(rebooted) == {"79": 2} and preexisting(rebooted) == {}
+
+
+def test_first_read_marks_the_xids_already_in_the_log_as_preexisting(tmp_path):
+    node = h200(tmp_path, H200_LOG + XID_79 + "\n" + XID_79.replace("5012.114211", "5013.000000") + "\n")
+    first = collect_gpu.collect(node.context())
+    assert xid_counts(first) == {"79": 0} and first["facts"]["xid"]["events"] == []
+    assert preexisting(first) == {("gpu0", "79"): 2}
+    assert first["facts"]["xid_preexisting"] == {"gpu0": {"79": 2}}
+    node.outputs[("dmesg",)] = (
+        0,
+        node.outputs[("dmesg",)][1] + XID_79.replace("5012.114211", "6000.000000") + "\n",
+    )
+    later = collect_gpu.collect(node.context())  # one new event, counted from the 0 of the first read
+    assert xid_counts(later) == {"79": 1} and preexisting(later) == {}
+    assert later["facts"]["xid_preexisting"] == {}
 
 
 def test_check_mode_reads_but_does_not_move_the_cursor(tmp_path):
     node = h200(tmp_path, H200_LOG + XID_79 + "\n")
-    assert xid_counts(collect_gpu.collect(node.context(check_mode=True))) == {"79": 1}
+    checked = collect_gpu.collect(node.context(check_mode=True))
+    assert xid_counts(checked) == {"79": 0} and preexisting(checked) == {("gpu0", "79"): 1}
     assert not node.state.exists()
-    assert xid_counts(collect_gpu.collect(node.context())) == {"79": 1}
+    first = collect_gpu.collect(node.context())  # still the first read: check mode set no cursor
+    assert xid_counts(first) == {"79": 0} and preexisting(first) == {("gpu0", "79"): 1}
+    assert preexisting(collect_gpu.collect(node.context())) == {}
 
 
 def test_unreadable_kernel_log_falls_back_to_the_journal(tmp_path):
@@ -95,7 +123,8 @@ def test_unreadable_kernel_log_falls_back_to_the_journal(tmp_path):
         XID_79.replace("] NVRM", "] gpu-node kernel: NVRM") + "\n",
     )
     result = collect_gpu.collect(node.context())
-    assert result["facts"]["xid"]["source"] == "journalctl" and xid_counts(result) == {"79": 1}
+    assert result["facts"]["xid"]["source"] == "journalctl"
+    assert xid_counts(result) == {"79": 0} and preexisting(result) == {("gpu0", "79"): 1}
 
 
 def test_nvlink_error_rate_comes_from_deltas_never_from_totals(tmp_path):

@@ -266,8 +266,69 @@ def test_correlated_nodes_become_one_switch_finding(tmp_path, store):
 
 def test_labels_are_separate_series(tmp_path, store):
     xid = simple(tmp_path, "gpu_xid_errors_total", ">", 0, aggregate="delta")
-    series(store, "n1", "gpu_xid_errors_total", "gpu0", [5, 5, 5], labels={"xid": "13"})
-    series(store, "n1", "gpu_xid_errors_total", "gpu0", [1, 1, 1], labels={"xid": "79"})
+    six_minutes = 6 * 60_000  # the first sample lies before the 10-minute window: no series is new
+    series(store, "n1", "gpu_xid_errors_total", "gpu0", [5, 5, 5], {"xid": "13"}, six_minutes)
+    series(store, "n1", "gpu_xid_errors_total", "gpu0", [1, 1, 1], {"xid": "79"}, six_minutes)
     assert fired(store, xid) == {}  # mixed together the two flat counters would look like resets
-    series(store, "n2", "gpu_xid_errors_total", "gpu0", [1, 1, 2], labels={"xid": "79"})
+    series(store, "n2", "gpu_xid_errors_total", "gpu0", [1, 1, 2], {"xid": "79"}, six_minutes)
     assert fired(store, xid) == {("n2", "gpu0"): 1.0}
+
+
+SIX_MINUTES = 6 * 60_000  # with a 10-minute window: the first of three samples lies before it
+
+
+def test_increase_between_the_last_sample_before_the_window_and_the_first_inside_counts(tmp_path, store):
+    series(store, "n1", "ib_symbol_errors_total", "mlx5_0/1", [100, 150, 150], step_ms=SIX_MINUTES)
+    series(store, "n2", "ib_symbol_errors_total", "mlx5_0/1", [150, 150, 150], step_ms=SIX_MINUTES)
+    delta = simple(tmp_path, "ib_symbol_errors_total", ">", 0, aggregate="delta")
+    assert fired(store, delta) == {("n1", "mlx5_0/1"): 50.0}
+    rate = simple(tmp_path, "ib_symbol_errors_total", ">", 0, aggregate="rate")
+    assert fired(store, rate) == {("n1", "mlx5_0/1"): pytest.approx(50 / 600, rel=1e-4)}
+
+
+def test_counter_reset_across_the_window_start_counts_the_new_value(tmp_path, store):
+    series(store, "n1", "ib_symbol_errors_total", "mlx5_0/1", [100, 20, 30], step_ms=SIX_MINUTES)
+    delta = simple(tmp_path, "ib_symbol_errors_total", ">", 0, aggregate="delta")
+    assert fired(store, delta) == {("n1", "mlx5_0/1"): 30.0}  # restarted, counted 20, then 10 more
+
+
+def test_increase_starts_from_the_daily_rollup_past_two_days_of_raw_rows(tmp_path, store):
+    three_days = 3 * 86_400_000
+    series(store, "n1", "ib_symbol_errors_total", "mlx5_0/1", [100, 160], step_ms=three_days)
+    series(store, "n1", "gpu_xid_errors_total", "gpu0", [1, 1], {"xid": "79"}, three_days)
+    delta = simple(tmp_path, "ib_symbol_errors_total", ">", 0, aggregate="delta")
+    assert fired(store, delta) == {("n1", "mlx5_0/1"): 60.0}
+    xid = simple(tmp_path, "gpu_xid_errors_total", ">", 0, aggregate="delta")
+    assert fired(store, xid) == {}  # seen three days ago: not a new series, not a new event
+
+
+def test_increase_starts_from_a_sample_hours_before_the_window(tmp_path, store):
+    five_hours = 5 * 3_600_000  # a gap longer than the hour searched first, shorter than two days
+    series(store, "n1", "ib_symbol_errors_total", "mlx5_0/1", [100, 160], step_ms=five_hours)
+    series(store, "n1", "gpu_xid_errors_total", "gpu0", [1, 1], {"xid": "79"}, five_hours)
+    delta = simple(tmp_path, "ib_symbol_errors_total", ">", 0, aggregate="delta")
+    assert fired(store, delta) == {("n1", "mlx5_0/1"): 60.0}
+    xid = simple(tmp_path, "gpu_xid_errors_total", ">", 0, aggregate="delta")
+    assert fired(store, xid) == {}
+
+
+def test_events_series_first_inside_the_window_counts_from_zero_a_counter_does_not(tmp_path, store):
+    # the collector's shape: a (gpu, xid) series appears with the first event, at 1, and stays there
+    series(store, "n1", "gpu_xid_errors_total", "gpu0", [1, 1, 1], labels={"xid": "79"})
+    series(store, "n2", "ib_symbol_errors_total", "mlx5_0/1", [7, 7, 7])
+    xid = simple(tmp_path, "gpu_xid_errors_total", ">", 0, aggregate="delta", labels="{xid: '79'}")
+    assert fired(store, xid) == {("n1", "gpu0"): 1.0}
+    counter = simple(tmp_path, "ib_symbol_errors_total", ">", 0, aggregate="delta")
+    assert fired(store, counter) == {}  # a counter's first value is where it stood, not news
+
+
+def test_replayed_rows_do_not_inflate_min_samples_or_rising_fraction(tmp_path, store):
+    for _replay in range(2):  # the same rows stored twice (a spool replayed after a partial write)
+        series(store, "n1", "ib_port_state", "mlx5_0/1", [1, 1])
+        series(store, "n1", "gpu_temperature_celsius", "gpu0", [40, 41, 42, 43])
+    ports = simple(tmp_path, "ib_port_state", "!=", 4, aggregate="last", min_samples=3)
+    assert fired(store, ports) == {}
+    rising = simple(tmp_path, "gpu_temperature_celsius", ">=", 0.9, aggregate="rising_fraction")
+    assert fired(store, rising) == {("n1", "gpu0"): 1.0}
+    stddev = simple(tmp_path, "gpu_temperature_celsius", ">", 0, aggregate="stddev")
+    assert fired(store, stddev) == {("n1", "gpu0"): pytest.approx(1.290994, rel=1e-5)}

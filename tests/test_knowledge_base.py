@@ -117,8 +117,15 @@ WEEK_OF_SWEEPS = 7 * 24 * 60
 SEED_REALLOCATION = [20 + int(2.4 * i / 1440) for i in range(WEEK_OF_SWEEPS)]
 
 
-def xid(code, counts):
-    return [S("gpu_xid_errors_total", counts, "gpu1", {"xid": str(code)})]
+def xid(code, counts, step_ms=60_000):
+    return [S("gpu_xid_errors_total", counts, "gpu1", {"xid": str(code)}, step_ms)]
+
+
+# The collector's shapes (plugins/module_utils/collect_gpu.py): a (gpu, xid) series appears with its
+# first event at 1; one already in the log at the first read starts at 0 and comes with its old count.
+FIRST_XID = [1, 1, 1]  # appeared inside the 15-minute window: one new event
+AFTER_MARKING = [0, 0, 1]  # pre-existing at the first read, then one new event
+SEEN_BEFORE = 10 * 60_000  # three samples 10 minutes apart: the series was there before the window
 
 
 def throttle(bits):
@@ -163,9 +170,16 @@ CASES = {
         [S("gpu_retired_pages_total", [62], "gpu0", {"cause": "dbe"})],
     ),
     **{
-        f"gpu_xid_{code}": (xid(code, [0, 0, 1]), xid(code, [1, 1, 1]) + xid(13, [0, 2, 5]))
+        f"gpu_xid_{code}": (
+            xid(code, FIRST_XID if code % 2 else AFTER_MARKING),
+            xid(code, [1, 1, 1], SEEN_BEFORE) + xid(code + 1, [0, 0, 0]) + xid(13, [1, 2, 5]),
+        )
         for code in (48, 63, 64, 74, 79, 92, 94, 95, 119)
     },
+    "gpu_xid_preexisting": (
+        [S("gpu_xid_preexisting_total", [2], "gpu1", {"xid": "79"}), *xid(79, [0])],
+        xid(79, [0, 0, 0], SEEN_BEFORE),
+    ),
     # the H200 under load holds its 700 W cap with SW power cap (0x4) and full clocks: healthy
     "gpu_thermal_throttling": (throttle(0x40 | 0x4), throttle(0x4)),
     "gpu_hw_power_brake": (throttle(0x80), throttle(0x4 | 0x1)),
@@ -407,6 +421,19 @@ def test_fires_and_does_not(store, rule_id):
     for index, spec in enumerate(quiet):  # a fleet case's peers are nodes of their own
         store_series(store, f"peer{index}" if rule_id in FLEET else "good", spec)
     assert [m.node_id for m in evaluate(store, RULES[rule_id], AT)] == ["bad"]
+
+
+def test_preexisting_xids_give_one_info_finding_per_node_and_no_critical(store):
+    from stethoscope.diagnosis.diagnose import diagnose
+
+    # a node's first read: three codes already in the log on gpu1, emitted at 0 with their old counts
+    for code, count in (("48", 3), ("79", 1), ("13", 7)):
+        store_series(store, "veteran", S("gpu_xid_errors_total", [0], "gpu1", {"xid": code}))
+        store_series(store, "veteran", S("gpu_xid_preexisting_total", [count], "gpu1", {"xid": code}))
+    findings = diagnose(store, LOADED.rules, AT)
+    assert [(f["rule_id"], f["node_id"], f["device"], f["severity"]) for f in findings] == [
+        ("gpu_xid_preexisting", "veteran", "gpu1", "info")
+    ]
 
 
 def test_switch_congestion_is_one_finding_about_the_switch(store):

@@ -223,3 +223,42 @@ def test_family_is_loaded_and_a_bad_family_names_its_line(tmp_path):
     result = load_rules(path, CATALOG)
     assert {r.rule_id: r.family for r in result.rules} == {"climbing": "ssd_reallocated", "no_family": None}
     assert [(e.line, e.field) for e in result.errors] == [(13, "family")]
+
+
+def test_rules_check_rejects_an_aggregate_the_metric_kind_does_not_allow(tmp_path):
+    path = write(
+        tmp_path,
+        """\
+        - rule_id: counter_averaged
+          description: the average of a cumulative count means nothing
+          severity: warning
+          trigger:
+            - {metric: ib_symbol_errors_total, operator: ">", threshold: 10, window: 15m, aggregate: avg}
+        - rule_id: gauge_differenced
+          description: a temperature does not increase by events
+          severity: warning
+          trigger:
+            - {metric: gpu_temperature_celsius, operator: ">", threshold: 10, window: 15m, aggregate: delta}
+        - rule_id: events_by_default
+          description: an events metric defaults to delta, which it allows
+          severity: warning
+          trigger:
+            - {metric: gpu_xid_errors_total, operator: ">", threshold: 0, window: 15m}
+        """,
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "stethoscope.cli", "rules", "check", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=TOP,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert f"{path}:5: aggregate: avg does not apply to ib_symbol_errors_total, a counter " in result.stderr
+    assert "(a counter allows delta, rate, growth_percent, slope, last)" in result.stderr
+    assert f"{path}:10: aggregate: delta does not apply to gpu_temperature_celsius, a gauge " in result.stderr
+    assert "(a gauge allows avg, max, min, last, p99, stddev, cv, slope, rising_fraction)" in result.stderr
+    loaded = load_rules(path, CATALOG)
+    assert [r.rule_id for r in loaded.rules] == ["events_by_default"]
+    (condition,) = loaded.rules[0].when.items
+    assert (condition.aggregate, condition.kind) == ("delta", "events")

@@ -52,6 +52,7 @@ def collect(ctx, dmon_samples=1, read_kernel_log=True):
         "cuda_version": query["cuda_version"],
         "gpus": gpus,
         "xid": xid,
+        "xid_preexisting": xid.pop("preexisting", {}),
     }
     return result(True, facts, metrics, warnings)
 
@@ -72,9 +73,15 @@ def _dmon(ctx, samples, warnings):
 
 
 def _xid(ctx, gpus, warnings):
-    """Cumulative XID counts per (GPU, code), with a cursor (boot id + position) in the state file."""
+    """Cumulative XID counts per (GPU, code), with a cursor (boot id + position) in the state file.
+
+    The first read on a node (no cursor yet) puts the cursor at the end of the log: what is already
+    there is pre-existing, reported as such (facts and gpu_xid_preexisting_total) and counted from 0,
+    so installing stethoscope on a node with old XIDs is not a burst of new events.
+    """
     boot_id = ctx.read("/proc/sys/kernel/random/boot_id") or "unknown"
     state = ctx.load_state("gpu_xid")
+    first_read = "cursor" not in state
     counts = dict(state.get("counts", {}))
     same_boot = state.get("boot_id") == boot_id
     cursor = state.get("cursor", {}) if same_boot else {}
@@ -85,7 +92,7 @@ def _xid(ctx, gpus, warnings):
     by_bus = {normalize_bdf(gpu["bus_id"]): gpu["device"] for gpu in gpus if gpu.get("bus_id")}
     last_seen = cursor.get("monotonic", -1.0)
     seen_untimed = cursor.get("untimed", 0)
-    new_events, untimed = [], 0
+    new_events, untimed, preexisting = [], 0, {}
     for event in events:
         if event["monotonic"] is None:
             untimed += 1
@@ -95,6 +102,10 @@ def _xid(ctx, gpus, warnings):
             continue
         device = by_bus.get(event["bdf"], "pci:" + event["bdf"])
         key = "%s|%d" % (device, event["xid"])
+        if first_read:
+            preexisting[key] = preexisting.get(key, 0) + 1
+            counts.setdefault(key, 0)
+            continue
         counts[key] = counts.get(key, 0) + 1
         new_events.append(dict(event, device=device))
     timed = [e["monotonic"] for e in events if e["monotonic"] is not None]
@@ -106,12 +117,19 @@ def _xid(ctx, gpus, warnings):
             "counts": counts,
         },
     )
+    rows = _xid_rows(counts)
+    reported = {}
+    for key, count in sorted(preexisting.items()):
+        device, xid = key.rsplit("|", 1)
+        reported.setdefault(device, {})[xid] = count
+        rows.append(metric("gpu_xid_preexisting_total", device, count, {"xid": xid}))
     return {
         "source": source,
         "readable": True,
         "boot_id": boot_id,
         "events": new_events,
-        "metrics": _xid_rows(counts),
+        "metrics": rows,
+        "preexisting": reported,
     }
 
 

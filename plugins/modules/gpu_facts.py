@@ -17,6 +17,10 @@ description:
     violations.
   - XID counts are cumulative per GPU and code; a cursor (boot id and position) in the state file makes
     sure a reboot neither loses nor repeats an event.
+  - The first read on a node (no cursor yet) sets the cursor at the end of the current log; the XIDs
+    already there are pre-existing, not new, they are reported in C(xid_preexisting) and as
+    C(gpu_xid_preexisting_total) rows, and their C(gpu_xid_errors_total) series start at 0.
+    In check mode the cursor is not written.
 extends_documentation_fragment:
   - aicluster.stethoscope.node
 options:
@@ -50,10 +54,13 @@ ansible_facts:
   type: dict
   contains:
     stethoscope_gpu:
-      description: Driver, per-GPU readings and the XID events new since the last sweep.
+      description: >-
+        Driver, per-GPU readings, the XID events new since the last sweep and, on the first read of
+        the kernel log, the XID counts already there per device and code (C(xid_preexisting)).
       returned: always
       type: dict
-      sample: {"present": true, "driver_version": "580.159.04", "gpus": [{"device": "gpu0", "name": "NVIDIA H200"}]}
+      sample: {"present": true, "driver_version": "580.159.04", "gpus": [{"device": "gpu0", "name": "NVIDIA H200"}],
+               "xid_preexisting": {"gpu0": {"79": 1}}}
 stethoscope_metrics:
   description: Metric rows with catalog names (rules/metrics.yml), read by the ClickHouse callback.
   returned: always

@@ -2,12 +2,16 @@
 
 A condition becomes a subquery that aggregates a metric per node, device and label set over its
 window and keeps the rows past the threshold; `all` joins its members on the node (and on the
-enclosing device where every member names the same kind of device: gpu2/link3 belongs to gpu2), `any`
-unions them. Benchmark metrics are read from `bench_results`; windows longer than the raw TTL read the
-`metrics_daily` rollup (one sample a day, its last value). A baseline condition compares the window's
-aggregate with the node's own earlier history (its median for a percent deviation, its mean and σ for
-sigma) or with the fleet's median, and its value is the deviation in the direction the catalog calls
-worse. A rule with `correlate` also returns, per match,
+enclosing device where every member names the same kind of device, from the catalog's `device_kinds`:
+gpu2/link3 belongs to gpu2), `any` unions them. Benchmark metrics are read from `bench_results`;
+windows longer than the raw TTL read the `metrics_daily` rollup (one sample a day, its last value).
+Samples are read once per (series, timestamp), however often a row was replayed. Increases (delta,
+rate) run from the last sample at or before the window's start (2 days of raw rows, then the daily
+rollup; else the first sample inside, or 0 for an `events` metric: its first event is news) to the
+last sample inside, a drop counting as a counter reset. A baseline condition compares the window's
+aggregate with the node's own earlier history (its median for a percent deviation, its mean and σ
+for sigma) or with the fleet's median, and its value is the
+deviation in the direction the catalog calls worse. A rule with `correlate` also returns, per match,
 how many matching nodes share its switch (or rack), so several nodes behind one switch become one
 finding about the switch.
 """
@@ -18,33 +22,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stethoscope.catalog import Catalog, default_catalog
 from stethoscope.diagnosis.rules import Condition, Group, Rule
 from stethoscope.store.client import Store
 
-# The kind of device a metric is reported on; conditions of one kind join on the enclosing device.
-DEVICE_KINDS = (
-    ("nvlink_", "gpu"),
-    ("gpu_", "gpu"),
-    ("pcie_", "pci"),
-    ("ib_", "hca"),
-    ("rdma_", "hca"),
-    ("smart_", "disk"),
-    ("nvme_", "disk"),
-    ("disk_", "disk"),
-    ("bench_", "bench"),
-)
 _OPERATORS = {">": ">", ">=": ">=", "<": "<", "<=": "<=", "==": "=", "!=": "!="}
 RAW_TTL_SECONDS = 30 * 86400
+# How far back the raw rows are searched for the sample an increase starts from (first the last hour,
+# then for the series without one up to 2 days); the daily rollup after.
+NEAR_LOOKBACK_SECONDS = 3600
+LOOKBACK_SECONDS = 2 * 86400
+INCREASES = ("delta", "rate")
 # A fleet of identical recordings has a MAD of 0; the spread is floored at this fraction of the median.
 _MIN_RELATIVE_SPREAD = 0.001
 _MAD_TO_SIGMA = 1.4826
-
-
-def device_kind(metric: str) -> str:
-    for prefix, kind in DEVICE_KINDS:
-        if metric.startswith(prefix):
-            return kind
-    return "node"
 
 
 @dataclass
@@ -62,6 +53,10 @@ def _regex(pattern: str) -> str:
 
 class _Builder:
     """Builds the SQL of one rule; values travel as query parameters, never spliced in."""
+
+    # How raw rows are read once per (series, timestamp): GROUP BY, as exact as FINAL and several times
+    # cheaper while parts await their merge (benchmarks/dedup_reads.py measures both).
+    dedup = "group_by"  # group_by | final
 
     def __init__(self, database: str, at_ms: int, raw_ttl_seconds: int, nodes: Sequence[str] | None = None):
         self.database = database
@@ -81,8 +76,6 @@ class _Builder:
     def aggregate(self, condition: Condition) -> str:
         series = "arrayMap(t -> t.2, arraySort(groupArray((timestamp, value))))"
         steps = f"arrayPopBack({series}), arrayPopFront({series})"
-        # increases between consecutive samples; a counter reset (a drop) counts its new value
-        increase = f"arraySum(arrayMap((a, b) -> if(b >= a, b - a, b), {steps}))"
         first, last = "argMin(value, timestamp)", "argMax(value, timestamp)"
         return {
             "avg": "avg(value)",
@@ -92,8 +85,6 @@ class _Builder:
             "p99": "quantile(0.99)(value)",
             "stddev": "stddevSamp(value)",
             "cv": "if(avg(value) = 0, 0, stddevSamp(value) / abs(avg(value)))",
-            "delta": increase,
-            "rate": f"{increase} / {self.param(condition.window_seconds, 'UInt32')}",
             # units per hour, least squares over the window
             "slope": "if(count() < 2, 0, tupleElement(simpleLinearRegression("
             "toFloat64(toUnixTimestamp64Milli(timestamp)) / 3600000, value), 1))",
@@ -102,24 +93,31 @@ class _Builder:
             "growth_percent": f"({last} - {first}) / greatest(abs({first}), 1) * 100",
         }[condition.aggregate]
 
-    def source(self, condition: Condition, start: str, end: str) -> str:
-        """Rows (node_id, device, labels_key, value, timestamp, cls) of the metric in (start, end]."""
-        metric = self.param(condition.metric, "String")
-        where = [f"metric_name = {metric}", f"timestamp <= {end}", f"timestamp > {start}"]
+    def filters(self, condition: Condition) -> list[str]:
+        where = [f"metric_name = {self.param(condition.metric, 'String')}"]
         if self.nodes:  # only the inventory's hosts: their peers too, for a fleet baseline
             where.append("has({nodes:Array(String)}, node_id)")
         for key, value in condition.labels:
             where.append(f"labels[{self.param(key, 'String')}] = {self.param(value, 'String')}")
         if condition.device:
             where.append(f"match(device, {self.param(_regex(condition.device), 'String')})")
+        return where
+
+    def daily(self, condition: Condition) -> bool:
+        """Whether the condition reaches past the raw TTL, so reads the daily rollup."""
+        reach = condition.window_seconds + condition.history_seconds * (condition.baseline == "node")
+        return reach > self.raw_ttl_seconds
+
+    def source(self, condition: Condition, start: str, end: str) -> str:
+        """Rows (node_id, device, labels_key, value, timestamp, cls) of the metric in (start, end],
+        one per (series, timestamp) however often a row was stored."""
+        where = [*self.filters(condition), f"timestamp <= {end}", f"timestamp > {start}"]
         if condition.metric.startswith("bench_"):
             return (
                 "SELECT node_id, device, labels_key, value, timestamp, class_fingerprint AS cls "
-                f"FROM {self.database}.bench_results WHERE {' AND '.join(where)}"
+                f"FROM {self.database}.bench_results FINAL WHERE {' AND '.join(where)}"
             )
-        if condition.window_seconds + condition.history_seconds * (condition.baseline == "node") > (
-            self.raw_ttl_seconds
-        ):
+        if self.daily(condition):
             day_value = {"max": "max(max_value)", "min": "min(min_value)"}.get(
                 condition.aggregate, "argMaxMerge(last_value)"
             )
@@ -130,9 +128,75 @@ class _Builder:
                 f"FROM {self.database}.metrics_daily WHERE {' AND '.join(daily_where)} "
                 "GROUP BY node_id, device, labels_key, day"
             )
+        if self.dedup == "final":
+            return (
+                "SELECT node_id, device, labels_key, value, timestamp, '' AS cls "
+                f"FROM {self.database}.metrics FINAL WHERE {' AND '.join(where)}"
+            )
         return (
-            "SELECT node_id, device, labels_key, value, timestamp, '' AS cls "
-            f"FROM {self.database}.metrics WHERE {' AND '.join(where)}"
+            "SELECT node_id, device, labels_key, any(value) AS value, timestamp, '' AS cls "
+            f"FROM {self.database}.metrics WHERE {' AND '.join(where)} "
+            "GROUP BY node_id, device, labels_key, timestamp"
+        )
+
+    def increase(self, condition: Condition, start: str, end: str) -> str:
+        """(node_id, device, labels_key, cls, cur, n) for delta and rate: the increase from the last
+        sample at or before `start` to the last inside, a drop counting its new value (a reset).
+
+        The sample before is looked for in the hour before the window; only for the series without
+        one (new, or after a gap), in the raw rows up to 2 days back, then in the daily rollup: a
+        series' rows are sorted by time, so the narrow reads touch few granules."""
+        filters = self.filters(condition)
+        near = max(condition.window_seconds, NEAR_LOOKBACK_SECONDS)
+        deep = max(near, LOOKBACK_SECONDS)
+        if self.daily(condition):
+            rows = self.source(condition, f"{start} - toIntervalSecond({near})", end)
+        else:  # a replayed row adds a step of 0 here, so the raw rows need no FINAL
+            where = [*filters, f"timestamp <= {end}", f"timestamp > {start} - toIntervalSecond({near})"]
+            rows = (
+                "SELECT node_id, device, labels_key, value, timestamp "
+                f"FROM {self.database}.metrics WHERE {' AND '.join(where)}"
+            )
+        inside = f"timestamp > {start}"
+        samples = (
+            "SELECT node_id, device, labels_key, "
+            f"arrayMap(t -> t.2, arraySort(groupArrayIf((timestamp, value), {inside}))) AS inside, "
+            f"uniqExactIf(timestamp, {inside}) AS n, argMaxIf(value, timestamp, NOT ({inside})) AS before, "
+            f"countIf(NOT ({inside})) > 0 AS has_before "
+            f"FROM ({rows}) GROUP BY node_id, device, labels_key HAVING n > 0"
+        )
+        series = "(node_id, device, labels_key)"
+        stale = f"{series} IN (SELECT node_id, device, labels_key FROM ({samples}) WHERE NOT has_before)"
+        older_where = [
+            *filters,
+            stale,
+            f"timestamp <= {start} - toIntervalSecond({near})",
+            f"timestamp > {start} - toIntervalSecond({deep})",
+        ]
+        older = (
+            "SELECT node_id, device, labels_key, argMax(value, timestamp) AS last, 1 AS found "
+            f"FROM {self.database}.metrics WHERE {' AND '.join(older_where)} "
+            "GROUP BY node_id, device, labels_key"
+        )
+        daily_where = [*filters, stale, f"day <= toDate({start} - toIntervalSecond({deep}))"]
+        daily = (
+            "SELECT node_id, device, labels_key, argMaxMerge(last_value) AS last, 1 AS found "
+            f"FROM {self.database}.metrics_daily WHERE {' AND '.join(daily_where)} "
+            "GROUP BY node_id, device, labels_key"
+        )
+        # a series with no earlier sample starts from its first one, or from 0 for events (news)
+        fresh = "0" if condition.kind == "events" else "s.inside[1]"
+        base = f"if(s.has_before, s.before, if(o.found = 1, o.last, if(d.found = 1, d.last, {fresh})))"
+        steps = f"arrayPushFront(s.inside, {base})"
+        pairs = f"arrayPopBack({steps}), arrayPopFront({steps})"
+        increase = f"arraySum(arrayMap((a, b) -> if(b >= a, b - a, b), {pairs}))"
+        if condition.aggregate == "rate":
+            increase = f"{increase} / {self.param(condition.window_seconds, 'UInt32')}"
+        return (
+            "SELECT s.node_id AS node_id, s.device AS device, s.labels_key AS labels_key, '' AS cls, "
+            f"{increase} AS cur, s.n AS n FROM ({samples}) AS s "
+            f"LEFT JOIN ({older}) AS o USING (node_id, device, labels_key) "
+            f"LEFT JOIN ({daily}) AS d USING (node_id, device, labels_key)"
         )
 
     def window(self, condition: Condition) -> tuple[str, str]:
@@ -147,10 +211,14 @@ class _Builder:
     def measured(self, condition: Condition) -> str:
         """(node_id, device, labels_key, cls, x, n): the condition's value per series, before comparing."""
         start, end = self.window(condition)
-        current = (
-            f"SELECT node_id, device, labels_key, any(cls) AS cls, {self.aggregate(condition)} AS cur, "
-            f"count() AS n FROM ({self.source(condition, start, end)}) GROUP BY node_id, device, labels_key"
-        )
+        if condition.aggregate in INCREASES:
+            current = self.increase(condition, start, end)
+        else:
+            current = (
+                f"SELECT node_id, device, labels_key, any(cls) AS cls, {self.aggregate(condition)} AS cur, "
+                f"count() AS n FROM ({self.source(condition, start, end)}) "
+                "GROUP BY node_id, device, labels_key"
+            )
         if condition.baseline is None:
             return f"SELECT node_id, device, labels_key, cls, cur AS x, n FROM ({current})"
         worse = {"lower": "1", "higher": "-1"}.get(condition.better)
@@ -184,8 +252,12 @@ class _Builder:
             scale = f"greatest(spread, abs(base) * {_MIN_RELATIVE_SPREAD}, 1e-12)"
         return f"SELECT node_id, device, labels_key, cls, {signed} / {scale} AS x, n FROM ({joined})"
 
-    def leaf(self, condition: Condition, by_device: bool) -> str:
-        key = "splitByChar('/', device)[1]" if by_device else "''"
+    def leaf(self, condition: Condition, enclosing: str | None) -> str:
+        if enclosing is None:
+            key = "''"
+        else:  # the part of the device name the enclosing kind's pattern matches, else the whole name
+            pattern = self.param(f"^({enclosing})", "String")
+            key = f"if(extract(device, {pattern}) = '', device, extract(device, {pattern}))"
         # the worst series of the node (or enclosing device) speaks for it, as the operator reads worst
         worst = "min" if condition.operator in ("<", "<=") else "max"
         dev = "argMin(device, x)" if worst == "min" else "argMax(device, x)"
@@ -197,8 +269,8 @@ class _Builder:
             f"GROUP BY node_id, key"
         )
 
-    def group(self, group: Group, by_device: bool) -> str:
-        parts = [self.node(item, by_device) for item in group.items]
+    def group(self, group: Group, enclosing: str | None) -> str:
+        parts = [self.node(item, enclosing) for item in group.items]
         if len(parts) == 1:
             return parts[0]
         if group.mode == "any":
@@ -215,8 +287,8 @@ class _Builder:
         columns = f"t0.node_id AS node_id, t0.key AS key, t0.dev AS dev, {values} AS values, t0.v AS v"
         return f"SELECT {columns} FROM {query}"
 
-    def node(self, item: Condition | Group, by_device: bool) -> str:
-        return self.leaf(item, by_device) if isinstance(item, Condition) else self.group(item, by_device)
+    def node(self, item: Condition | Group, enclosing: str | None) -> str:
+        return self.leaf(item, enclosing) if isinstance(item, Condition) else self.group(item, enclosing)
 
 
 def _metrics(item: Condition | Group) -> list[str]:
@@ -230,13 +302,15 @@ def rule_query(
     database: str,
     at_ms: int,
     raw_ttl_seconds: int = RAW_TTL_SECONDS,
+    catalog: Catalog | None = None,
     nodes: Sequence[str] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The one query that evaluates `rule` at `at_ms` over every node (or only `nodes`)."""
-    kinds = {device_kind(metric) for metric in _metrics(rule.when)}
-    by_device = len(kinds) == 1 and kinds != {"node"}
+    catalog = catalog or default_catalog()
+    kinds = {catalog.enclosing(metric) for metric in _metrics(rule.when)}
+    (outer,) = kinds if len(kinds) == 1 else (None,)
     builder = _Builder(database, at_ms, raw_ttl_seconds, nodes)
-    body = builder.node(rule.when, by_device)
+    body = builder.node(rule.when, outer.pattern if outer else None)
     # one match per node (and enclosing device): the first condition's value, every condition's values
     sql = (
         f"SELECT node_id, any(dev) AS device, any(v) AS value, maxMap(values) AS all_values FROM ({body}) "
@@ -259,9 +333,10 @@ def evaluate(
     rule: Rule,
     at_ms: int,
     raw_ttl_seconds: int = RAW_TTL_SECONDS,
+    catalog: Catalog | None = None,
     nodes: Sequence[str] | None = None,
 ) -> list[Match]:
-    sql, params = rule_query(rule, store.database, at_ms, raw_ttl_seconds, nodes)
+    sql, params = rule_query(rule, store.database, at_ms, raw_ttl_seconds, catalog, nodes)
     matches: list[Match] = []
     groups: dict[str, Match] = {}
     for node, device, value, values, group, peers in store.query(sql, params):

@@ -17,6 +17,7 @@ import yaml
 from jinja2 import TemplateSyntaxError
 from jinja2.sandbox import SandboxedEnvironment
 
+from stethoscope.catalog import AGGREGATES as KIND_AGGREGATES
 from stethoscope.catalog import Catalog
 
 SEVERITIES = ("info", "warning", "critical")
@@ -129,6 +130,7 @@ class Condition:
     deviation: str = "percent"  # percent | sigma, in the direction the catalog calls worse
     history_seconds: int = 30 * 86400  # how far back the node's own baseline reaches
     better: str = "none"
+    kind: str = "gauge"  # the metric's kind in the catalog: gauge | counter | events
 
 
 @dataclass(frozen=True)
@@ -326,9 +328,17 @@ class _Validator:
                 f"{metric} ({self.min_window_factor} x {spec.interval} s = "
                 f"{self.min_window_factor * spec.interval} s)",
             )
-        aggregate = data.get("aggregate", "avg")
+        kind = spec.kind if spec else "gauge"
+        allowed = KIND_AGGREGATES[kind]
+        aggregate = data.get("aggregate", allowed[0])
         if aggregate not in AGGREGATES:
             self.error(data, "aggregate", f"one of {', '.join(AGGREGATES)}; got {aggregate!r}")
+        elif spec is not None and aggregate not in allowed:
+            self.error(
+                data,
+                "aggregate",
+                f"{aggregate} does not apply to {metric}, a {kind} (a {kind} allows {', '.join(allowed)})",
+            )
         labels = data.get("labels", {})
         if not isinstance(labels, dict) or not all(isinstance(v, str | int | float) for v in labels.values()):
             self.error(data, "labels", "a mapping of label name to value")
@@ -350,6 +360,8 @@ class _Validator:
             self.error(data, "history", f"a duration like 30d; got {data.get('history')!r}")
         if baseline is None and ("deviation" in data or "history" in data):
             self.error(data, "baseline", "deviation and history need `baseline: node` or `baseline: fleet`")
+        if baseline is not None and kind != "gauge":
+            self.error(data, "baseline", f"a baseline deviation applies to a gauge; {metric} is a {kind}")
         if baseline == "fleet" and "history" in data:
             self.error(
                 data, "history", "a fleet baseline compares nodes within the window; history is for node"
@@ -369,6 +381,7 @@ class _Validator:
             deviation,
             history or 30 * 86400,
             spec.better if spec else "none",
+            kind,
         )
 
     def actions(self, items: Any, parent: Any) -> tuple[Action, ...]:
