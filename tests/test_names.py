@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 import pytest
 import yaml
@@ -55,4 +56,11 @@ def test_slurm_node_module_carries_the_same_pattern():
         for node in ast.walk(tree)
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "NAME"
     ]
+    assert pattern == NODE_NAME.pattern
+
+
+def test_the_drain_roles_preflight_carries_the_same_pattern():
+    """The slurm_drain role checks the name before any task runs: the same rule, not a third one."""
+    text = (TOP / "roles/slurm_drain/tasks/main.yml").read_text()
+    (pattern,) = re.findall(r"slurm_drain_node_name is match\('(\^[^']+\$)'\)", text)
     assert pattern == NODE_NAME.pattern

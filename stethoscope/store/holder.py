@@ -53,7 +53,7 @@ class HolderFile:
         self.path = Path(f"{db_path.rstrip('/')}.holder")
 
     def claim(self) -> None:
-        record = {"pid": os.getpid(), "command": " ".join(sys.argv)[:200], "since": now_ms()}
+        record = {"pid": os.getpid(), "command": _program(), "since": now_ms()}
         part = self.path.with_name(f"{self.path.name}.{os.getpid()}.part")
         try:
             part.write_text(json.dumps(record), encoding="utf-8")
@@ -96,3 +96,10 @@ class HolderFile:
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
             if held and self.live_holder() is None:
                 return
+
+
+def _program() -> str:
+    """The program and its subcommand, never its arguments: a DSN or a webhook URL can carry a secret."""
+    words = [os.path.basename(sys.argv[0]) if sys.argv else "python"]
+    words += [arg for arg in sys.argv[1:3] if arg.isidentifier()][:1]
+    return " ".join(words)

@@ -51,6 +51,7 @@ class Writer:
         if batch.rejected:
             self.spool.reject(batch.rejected)
             report.rejected = len(batch.rejected)
+            batch.rejected = []  # kept: whoever handles a failure of this write must not keep them again
         # Benchmark results are few and expensive: on disk before anything else is tried.
         bench_files = [
             path
