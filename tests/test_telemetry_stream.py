@@ -191,7 +191,9 @@ def test_forged_replayed_and_unknown_datagrams_counted_by_reason_and_never_store
     _, key = keyring.key_for("node01")
     fields = {"set_id": metric_set.id, "node_key": 1, "part": 0, "boot_epoch": 500, "ts_ms": int(now * 1000)}
     good = [
-        wire.encode(key, seq=seq, values=[40.0 + seq], **{**fields, "ts_ms": fields["ts_ms"] + 5000 * (seq - 9)})
+        wire.encode(
+            key, seq=seq, values=[40.0 + seq], **{**fields, "ts_ms": fields["ts_ms"] + 5000 * (seq - 9)}
+        )
         for seq in range(10)
     ]
     assert collector.handle(good[0]) is None
