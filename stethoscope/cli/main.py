@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from stethoscope.catalog import Catalog, CatalogError
+from stethoscope.cli import telemetry
 from stethoscope.paths import default_spool_dir
 from stethoscope.report.summary import render, summarize
 from stethoscope.store.client import Store, StoreError
@@ -84,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     spool_commands = spool.add_subparsers(dest="spool_command", required=True)
     spool_commands.add_parser("status", help="how many rows wait in the spool")
     spool_commands.add_parser("replay", help="write the spool to the store now")
+    telemetry.add_commands(commands)
     return parser
 
 
@@ -139,6 +141,8 @@ def _run(args: argparse.Namespace) -> int:
         from stethoscope.cli.diagnose import verify_command
 
         return verify_command(args)
+    if args.command in telemetry.COMMANDS:
+        return telemetry.run(args)
     if args.command == "rules":
         return _rules_check(args)
     if args.command == "baseline":

@@ -85,9 +85,7 @@ class Reporter:
         self._step_times: list = []
         self._samples = 0
 
-    def step(
-        self, samples: int | None = None, loss: Any = None, step_time: float | None = None
-    ) -> None:
+    def step(self, samples: int | None = None, loss: Any = None, step_time: float | None = None) -> None:
         """Record one training step (its time is measured between calls unless given, in seconds)."""
         try:
             now = time.monotonic()

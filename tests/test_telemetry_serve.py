@@ -1,0 +1,183 @@
+"""`stethoscope serve` as a process: HTTP on loopback, the stream stored, SIGTERM loses nothing; and the
+stream's configuration errors exit 2 with a message."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from stethoscope.store.client import Store
+from stethoscope.telemetry import wire
+from stethoscope.telemetry.metric_set import load_sets
+
+TOP = Path(__file__).resolve().parents[1]
+SECRET = b"serve-test-secret-0123456789"
+
+
+def _inventory(tmp_path: Path, keys: dict[str, int]) -> Path:
+    hosts = "\n".join(f"    {host}: {{stethoscope_node_key: {key}}}" for host, key in keys.items())
+    path = tmp_path / "hosts.yml"
+    path.write_text(f"---\nall:\n  hosts:\n{hosts}\n")
+    return path
+
+
+def _cli(tmp_path: Path, dsn: str, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "stethoscope.cli",
+        "--dsn",
+        dsn,
+        "--spool-dir",
+        str(tmp_path / "spool"),
+        *args,
+    ]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(TOP)}
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    path = tmp_path / "cluster.secret"
+    path.write_bytes(SECRET + b"\n")
+    return path
+
+
+def _start_serve(tmp_path: Path, dsn: str, secret_file: Path) -> tuple[subprocess.Popen, tuple, str]:
+    inventory = _inventory(tmp_path, {"gpu-a": 1, "gpu-b": 2})
+    proc = subprocess.Popen(
+        [
+            *_cli(tmp_path, dsn, "serve", "--inventory", str(inventory), "--secret-file", str(secret_file)),
+            "--listen",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+            "--interval",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    line = proc.stdout.readline()
+    match = re.search(r"udp ([\d.]+):(\d+), http (http://[\d.]+:\d+)", line)
+    assert match, (line, proc.stderr.read() if proc.poll() is not None else "")
+    return proc, (match[1], int(match[2])), match[3]
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.slow
+def test_serve_stores_the_stream_serves_http_and_loses_nothing_on_sigterm(
+    tmp_path: Path, secret_file: Path
+) -> None:
+    database = f"t_{uuid.uuid4().hex[:8]}"
+    dsn = f"chdb://{tmp_path / 'db'}?database={database}"
+    proc, udp, http = _start_serve(tmp_path, dsn, secret_file)
+    try:
+        deadline = time.time() + 60
+        status, body = _get(f"{http}/healthz")
+        while json.loads(body)["cycles"] < 1 and time.time() < deadline:
+            time.sleep(0.3)
+            status, body = _get(f"{http}/healthz")
+        assert status == 200 and json.loads(body)["status"] == "ok"
+        status, metrics = _get(f"{http}/metrics")
+        assert status == 200
+        assert "stethoscope_cycles_total" in metrics and "stethoscope_telemetry_datagrams_total" in metrics
+        status, report = _get(f"{http}/report")
+        assert status == 200 and "<h1>stethoscope:" in report
+        metric_set = load_sets()["gpu_node"]
+        import socket
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        now_ms = int(time.time() * 1000)
+        sent = 0
+        for node, key_number in (("gpu-a", 1), ("gpu-b", 2)):
+            key = wire.node_secret(SECRET, node)
+            for seq in range(40):
+                values = [float(i + seq) for i in range(len(metric_set.parts["node"]))]
+                sock.sendto(
+                    wire.encode(
+                        key,
+                        set_id=metric_set.id,
+                        node_key=key_number,
+                        part=0,
+                        boot_epoch=1000,
+                        seq=seq,
+                        ts_ms=now_ms - 40_000 + seq * 1000,
+                        values=values,
+                    ),
+                    udp,
+                )
+                sent += len(values)
+        proc.send_signal(signal.SIGTERM)  # within the collector's 1-second batch
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "serve stopped" in out
+    with Store(dsn) as store:
+        stored = store.query(
+            f"SELECT count(), uniqExact(node_id, metric_name, timestamp) FROM {database}.metrics "
+            "WHERE labels['source'] = 'stream'"
+        )[0]
+    assert stored == (sent, sent)
+
+
+def test_duplicate_node_keys_refused_with_both_hosts_named(tmp_path: Path, secret_file: Path) -> None:
+    inventory = _inventory(tmp_path, {"gpu-a": 7, "gpu-b": 7})
+    run = subprocess.run(
+        [
+            *_cli(tmp_path, f"chdb://{tmp_path / 'db'}", "collector", "--inventory", str(inventory)),
+            "--secret-file",
+            str(secret_file),
+            "--duration",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+    )
+    assert run.returncode == 2
+    assert "stethoscope_node_key 7 is given to both gpu-a and gpu-b" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_missing_cluster_secret_is_a_configuration_error(tmp_path: Path) -> None:
+    inventory = _inventory(tmp_path, {"gpu-a": 1})
+    run = subprocess.run(
+        [
+            *_cli(tmp_path, f"chdb://{tmp_path / 'db'}", "collector", "--inventory", str(inventory)),
+            "--secret-file",
+            str(tmp_path / "absent.secret"),
+            "--duration",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+    )
+    assert run.returncode == 2
+    assert "absent.secret" in run.stderr and "Traceback" not in run.stderr
