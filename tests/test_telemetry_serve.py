@@ -181,3 +181,54 @@ def test_missing_cluster_secret_is_a_configuration_error(tmp_path: Path) -> None
     )
     assert run.returncode == 2
     assert "absent.secret" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.slow
+def test_serve_playbook_installs_the_unit_check_mode_writes_nothing_and_reruns_change_nothing(
+    tmp_path: Path,
+) -> None:
+    from conftest import ansible_env
+
+    inventory = _inventory(tmp_path, {"gpu-a": 1})
+    extra = json.dumps(
+        {
+            "serve_cluster_secret": "s" * 32,
+            "serve_secret_file": str(tmp_path / "etc/cluster.secret"),
+            "serve_unit_dir": str(tmp_path),
+            "serve_systemd": False,
+            "serve_user": os.environ.get("USER") or "root",
+            "serve_group": subprocess.run(["id", "-gn"], capture_output=True, text=True).stdout.strip(),
+        }
+    )
+
+    def play(*flags: str) -> str:
+        run = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "ansible-playbook"),
+                "-i",
+                str(inventory),
+                "-c",
+                "local",
+                "-e",
+                extra,
+                *flags,
+                str(TOP / "playbooks/serve.yml"),
+            ],
+            capture_output=True,
+            text=True,
+            env=ansible_env(tmp_path),
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stdout[-3000:]
+        return run.stdout
+
+    play("--check")
+    assert not (tmp_path / "stethoscope-serve.service").exists()
+    play()
+    unit = (tmp_path / "stethoscope-serve.service").read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert f"serve --inventory {inventory} --secret-file {tmp_path / 'etc/cluster.secret'}" in exec_start
+    assert "--http 127.0.0.1:9976" in exec_start and "--execute" not in exec_start
+    assert oct((tmp_path / "etc/cluster.secret").stat().st_mode & 0o777) == "0o600"
+    assert "changed=0" in play()
+    assert "s" * 32 not in play("-v")
