@@ -232,3 +232,108 @@ def test_serve_playbook_installs_the_unit_check_mode_writes_nothing_and_reruns_c
     assert oct((tmp_path / "etc/cluster.secret").stat().st_mode & 0o777) == "0o600"
     assert "changed=0" in play()
     assert "s" * 32 not in play("-v")
+
+
+class _Timed:
+    """The agent's socket, recording when each datagram went out."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.sent: list[tuple[float, int, int]] = []  # (time, part, ts_ms)
+
+    def sendto(self, data: bytes, address) -> int:
+        header = wire.parse_header(data)
+        self.sent.append((time.time(), header.part, header.ts_ms))
+        return self.sock.sendto(data, address)
+
+
+@pytest.mark.slow
+def test_serve_killed_loses_at_most_its_unflushed_second_and_resends_refill_it(
+    tmp_path: Path, secret_file: Path
+) -> None:
+    from stethoscope.telemetry.keyring import Keyring
+    from stethoscope.telemetry.lab import lab_agents, run_agents
+
+    lab = tmp_path / "lab"
+    env = {**os.environ, "STETHOSCOPE_LAB_DIR": str(lab)}
+    subprocess.run([sys.executable, str(TOP / "tools/lab.py"), "build", "--nodes", "1"], env=env, check=True)
+    database = f"t_{uuid.uuid4().hex[:8]}"
+    dsn = f"chdb://{tmp_path / 'db'}?database={database}"
+    inventory = _inventory(tmp_path, {"node01": 1})
+    port = _free_udp_port()
+
+    def start() -> tuple[subprocess.Popen, float]:
+        proc = subprocess.Popen(
+            [
+                *_cli(
+                    tmp_path, dsn, "serve", "--inventory", str(inventory), "--secret-file", str(secret_file)
+                ),
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--http",
+                "127.0.0.1:0",
+                "--interval",
+                "30",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
+        assert "serve: udp" in proc.stdout.readline()
+        return proc, time.time()
+
+    period = 5.0  # the stream's: resends cover 3 periods, serve must be back within 15 s
+    first, _ready1 = start()
+    agents = lab_agents(
+        Keyring({1: "node01"}, [SECRET]), load_sets()["gpu_node"], f"127.0.0.1:{port}", period, directory=lab
+    )
+    agents[0].sock = timed = _Timed(agents[0].sock)
+    import threading
+
+    runner = threading.Thread(target=run_agents, args=(agents, None))
+    runner.start()
+    try:
+        time.sleep(2.5 * period)
+        killed_at = time.time()
+        first.kill()  # kill -9: whatever it had not flushed is gone with it
+        first.wait(timeout=30)
+        second, ready_at = start()
+        time.sleep(4 * period)
+    finally:
+        agents[0].stop.set()
+        runner.join()
+    second.send_signal(signal.SIGTERM)
+    second.communicate(timeout=60)
+    downtime = ready_at - killed_at
+    with Store(dsn) as store:
+        present = {
+            ts
+            for (ts,) in store.query(
+                f"SELECT toUnixTimestamp64Milli(timestamp) FROM {database}.metrics "
+                "WHERE metric_name = 'gpu_temperature_celsius' AND device = 'node' "
+                "AND labels['source'] = 'stream'"
+            )
+        }
+    copies: dict[int, list[float]] = {}
+    for sent_at, part, ts in timed.sent:
+        if part == wire.NODE_PART:
+            copies.setdefault(ts, []).append(sent_at)
+    flush_margin = 2.0  # the collector writes once a second; what is older than this was written
+    must = {
+        ts
+        for ts, times in copies.items()
+        if any(t > ready_at + 0.2 for t in times) or any(t < killed_at - flush_margin for t in times)
+    }
+    assert must <= present, f"missing {sorted(must - present)}, downtime {downtime:.1f} s"
+    refilled = {ts for ts, times in copies.items() if killed_at - flush_margin <= min(times) <= ready_at}
+    assert downtime < wire.REDUNDANCY * period, f"serve took {downtime:.1f} s to come back"
+    assert refilled and refilled <= present  # made around the kill, stored from a resend after it
+
+
+def _free_udp_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
