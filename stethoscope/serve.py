@@ -34,7 +34,7 @@ from stethoscope.report.summary import render as render_summary
 from stethoscope.report.summary import summarize
 from stethoscope.store.client import Store, StoreError
 from stethoscope.store.writer import Writer
-from stethoscope.telemetry.collector import Collector
+from stethoscope.telemetry.collector import WRITE_TIMEOUT, Collector
 from stethoscope.telemetry.keyring import Keyring
 from stethoscope.telemetry.metric_set import MetricSet
 
@@ -118,7 +118,7 @@ class Server:
     def start(self) -> Server:
         self.store.open()  # held until stop: the embedded database's only owner
         self.store.ensure_schema()
-        writer = Writer(self.store.dsn, self.spool_dir)
+        writer = Writer(self.store.dsn, self.spool_dir, timeout=WRITE_TIMEOUT)
         self.collector = Collector(
             self.keyring, self.sets, writer.write, listen=self.listen, flush_interval=self.flush_interval
         ).start()

@@ -149,13 +149,14 @@ def _stop_on_signals(stop: Any) -> None:
 def _collector(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet]) -> int:
     import threading
 
-    from stethoscope.telemetry.collector import Collector
+    from stethoscope.telemetry.collector import WRITE_TIMEOUT, Collector
 
     listen = _address(args.listen, "--listen")
     spool_dir = args.spool_dir or default_spool_dir()
     holder = Store(args.dsn, args.database).open()  # the embedded database's owner while it runs
     holder.ensure_schema()
-    collector = Collector(keyring, sets, Writer(holder.dsn, spool_dir).write, listen=listen).start()
+    writer = Writer(holder.dsn, spool_dir, timeout=WRITE_TIMEOUT)
+    collector = Collector(keyring, sets, writer.write, listen=listen).start()
     host, port = collector.address
     print(
         f"collector on udp {host}:{port} for {len(keyring.nodes)} nodes (rcvbuf {collector.rcvbuf})",

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33 if sys.platform.startswith("linux") else None)
 DEFAULT_RCVBUF = 64 << 20
 DUPLICATE = "duplicate"
+# A batch the embedded store is slow to take is better waited for than spooled: spooling and then
+# replaying it costs more than the insert, and a write that times out may land anyway (twice).
+WRITE_TIMEOUT = 30.0
 
 
 @dataclass
