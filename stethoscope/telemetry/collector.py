@@ -74,7 +74,7 @@ class Collector:
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._labels: dict[tuple, list[dict[str, str]]] = {}
+        self._labels: dict[tuple, tuple[list[str], list[dict[str, str]]]] = {}
         self._last_health = 0.0
         self.sock = socket.socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET, socket.SOCK_DGRAM)
         self.rcvbuf = _grow_rcvbuf(self.sock, rcvbuf)
@@ -160,8 +160,7 @@ class Collector:
         header = sample.header
         node = self.keyring.node_of(header.node_key)
         metric_set = self.sets[header.set_id]
-        slots = metric_set.slots(header.part)
-        labels = self._labels_of(metric_set, header)
+        names, labels = self._slots_of(metric_set, header)
         if header.part == wire.NODE_PART:
             device = "node"
         elif header.part == wire.JOB_PART:
@@ -169,21 +168,32 @@ class Collector:
         else:
             device = f"gpu{header.part - 1}"
         self.stats.received[node] += 1
-        pending = self._pending
-        for slot, value, slot_labels in zip(slots, sample.values, labels, strict=False):
-            if not math.isnan(value):  # NaN is a missing reading, never a zero
-                pending.append(node, slot.metric, device, slot_labels, value, header.ts_ms)
-                self.stats.rows += 1
+        values = sample.values[: len(names)]
+        if any(map(math.isnan, values)):  # NaN is a missing reading, never a zero
+            kept = [i for i, value in enumerate(values) if not math.isnan(value)]
+            names = [names[i] for i in kept]
+            labels = [labels[i] for i in kept]
+            values = tuple(values[i] for i in kept)
+        n = len(values)
+        pending = self._pending  # column by column: a sample's rows in one extend per column
+        pending.node_id.extend([node] * n)
+        pending.metric_name.extend(names[:n])
+        pending.device.extend([device] * n)
+        pending.labels.extend(labels[:n])
+        pending.value.extend(values)
+        pending.timestamp.extend([header.ts_ms] * n)
+        self.stats.rows += n
 
-    def _labels_of(self, metric_set: MetricSet, header: wire.Header) -> list[dict[str, str]]:
+    def _slots_of(self, metric_set: MetricSet, header: wire.Header) -> tuple[list[str], list[dict[str, str]]]:
+        """A part's metric names and each row's labels, made once per (set, part kind, job)."""
         job = header.part == wire.JOB_PART
         cache_key: tuple[int, ...] = (
             metric_set.id,
             header.part if header.part in (wire.NODE_PART, wire.JOB_PART) else 1,
         )
         cache_key += (header.job, header.rank, header.flags) if job else ()
-        labels = self._labels.get(cache_key)
-        if labels is None:
+        cached = self._labels.get(cache_key)
+        if cached is None:
             base = {"source": "stream"}
             if job:
                 base.update(job=wire.job_label(header.job, header.flags), rank=str(header.rank))
@@ -191,8 +201,8 @@ class Collector:
                 {**base, "agg": slot.agg} if slot.agg else dict(base)
                 for slot in metric_set.slots(header.part)
             ]
-            self._labels[cache_key] = labels
-        return labels
+            cached = self._labels[cache_key] = (metric_set.names(header.part), labels)
+        return cached
 
     # writing ----------------------------------------------------------------------------------
     def flush(self, health: bool = False) -> WriteReport | None:

@@ -49,6 +49,10 @@ class MetricSet:
             return self.parts.get("job", ())
         return self.parts.get("gpu", ())
 
+    def names(self, part: int) -> list[str]:
+        """The metric names of a part's slots, in order."""
+        return [slot.metric for slot in self.slots(part)]
+
     def render(self) -> dict[str, Any]:
         return {
             "name": self.name,
