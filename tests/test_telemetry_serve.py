@@ -337,3 +337,41 @@ def _free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_a_finding_from_the_stream_alone_is_capped_at_l3_and_never_drains(store, tmp_path: Path) -> None:
+    from stethoscope.catalog import Catalog
+    from stethoscope.diagnosis.diagnose import diagnose
+    from stethoscope.diagnosis.rules import load_rules
+    from stethoscope.serve import cap_stream_only, stream_only_metrics
+    from stethoscope.store.batch import MetricColumns
+    from stethoscope.timeutil import now_ms
+
+    rules_file = tmp_path / "drain.yml"
+    rules_file.write_text(
+        "---\n"
+        "- rule_id: stream_drain_test\n  description: a stream rule that would drain\n  severity: critical\n"
+        "  level: L4\n  trigger:\n"
+        "    - {metric: ib_port_xmit_wait_per_second, operator: '>', threshold: 10, window: 1m,\n"
+        "       aggregate: max}\n"
+        "- rule_id: sweep_drain_test\n  description: a sweep rule that would drain\n  severity: critical\n"
+        "  level: L4\n  trigger:\n"
+        "    - {metric: ib_port_state, operator: '!=', threshold: 4, window: 3m, aggregate: max}\n"
+    )
+    catalog = Catalog.load()
+    loaded = load_rules(rules_file, catalog)
+    assert loaded.errors == []
+    at = now_ms() - 10_000
+    rows = MetricColumns()
+    for i in range(6):
+        rows.append("n1", "ib_port_xmit_wait_per_second", "node", {"source": "stream"}, 500.0, at - i * 5000)
+        rows.append("n1", "ib_port_state", "mlx5_0/1", {}, 1.0, at - i * 30_000)
+    store.insert_metrics(rows)
+    findings = {f["rule_id"]: f for f in diagnose(store, loaded.rules, at)}
+    assert findings["stream_drain_test"]["level"] == "L4"
+    assert any("drain" in action for action in findings["stream_drain_test"]["actions"])
+    sets = {s.id: s for s in load_sets().values()}
+    cap_stream_only(list(findings.values()), loaded.rules, stream_only_metrics(sets, catalog))
+    capped, confirmed = findings["stream_drain_test"], findings["sweep_drain_test"]
+    assert capped["level"] == "L3" and not any("drain" in action for action in capped["actions"])
+    assert confirmed["level"] == "L4" and any("drain" in action for action in confirmed["actions"])
