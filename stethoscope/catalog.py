@@ -17,7 +17,7 @@ KINDS = ("gauge", "counter", "events")
 DIRECTIONS = ("higher", "lower", "none")
 LAYERS = ("compute", "communication", "storage", "network", "job")
 _CUMULATIVE = ("delta", "rate", "growth_percent", "slope", "last")
-# The aggregates a rule may apply to each kind (DESIGN.md "Metric catalog"); the first is the default.
+# The aggregates a rule may apply to each kind (docs/design.md "Metric catalog"); the first is the default.
 AGGREGATES = {
     "gauge": ("avg", "max", "min", "last", "p99", "stddev", "cv", "slope", "rising_fraction"),
     "counter": _CUMULATIVE,

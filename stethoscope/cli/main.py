@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 
 from stethoscope.catalog import Catalog, CatalogError
+from stethoscope.cli import telemetry
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from stethoscope.paths import default_spool_dir
 from stethoscope.store.client import Store, StoreError
@@ -120,6 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument(
         "--into", metavar="DSN", help="move every spooled file into this DSN, whatever it was written for"
     )
+    telemetry.add_commands(commands)
     _share_global_options(parser)
     return parser
 
@@ -198,6 +200,8 @@ def _run(args: argparse.Namespace) -> int:
         from stethoscope.cli.diagnose import verify_command
 
         return verify_command(args)
+    if args.command in telemetry.COMMANDS:
+        return telemetry.run(args)
     if args.command == "rules":
         return _rules_check(args)
     if args.command == "baseline":

@@ -424,7 +424,8 @@ class _Validator:
 def rule_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
-    return sorted(p for p in path.rglob("*") if p.suffix in (".yml", ".yaml") and p.name != "metrics.yml")
+    data = ("metrics.yml", "telemetry.yml")  # the catalog and the stream's metric sets, not rules
+    return sorted(p for p in path.rglob("*") if p.suffix in (".yml", ".yaml") and p.name not in data)
 
 
 def load_rules(path: str | Path, catalog: Catalog, min_window_factor: int = 3) -> LoadResult:

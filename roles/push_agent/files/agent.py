@@ -1,0 +1,1 @@
+../../../stethoscope/telemetry/agent.py

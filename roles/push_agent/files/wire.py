@@ -1,0 +1,1 @@
+../../../stethoscope/telemetry/wire.py

@@ -1,0 +1,227 @@
+"""`stethoscope agent`, `collector` and `serve`: the 5-second stream's faces (no logic of their own)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from stethoscope.inventory import default_inventory
+from stethoscope.paths import default_spool_dir, project_root
+from stethoscope.store.client import Store, StoreError
+from stethoscope.store.dsn import ConfigError, redact
+from stethoscope.store.writer import Writer
+from stethoscope.telemetry.keyring import Keyring, default_secret_path, keys_from_inventory, read_secret
+from stethoscope.telemetry.metric_set import MetricSet, MetricSetError, load_sets
+
+COMMANDS = ("agent", "collector", "serve")
+
+DEFAULT_LISTEN = "127.0.0.1:9975"
+DEFAULT_HTTP = "127.0.0.1:9976"
+
+
+def add_commands(commands: Any) -> None:
+    agent = commands.add_parser("agent", help="run the lab's push agents (nodes run the copied agent.py)")
+    _stream_options(agent)
+    agent.add_argument("--collector", default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN})")
+    agent.add_argument("--period", type=float, help="seconds between samples (default: the metric set's)")
+    agent.add_argument("--duration", type=float, help="stop after this many seconds (default: until stopped)")
+    agent.add_argument("--node", action="append", default=[], help="only this lab node (repeatable)")
+    agent.add_argument("--lab-dir", type=Path, help="the lab (default .lab or $STETHOSCOPE_LAB_DIR)")
+    agent.add_argument("--print-config", metavar="NODE", help="print the agent.json for NODE and exit")
+
+    collector = commands.add_parser("collector", help="receive the stream and store it")
+    _stream_options(collector)
+    _listen_options(collector)
+    collector.add_argument(
+        "--duration", type=float, help="stop after this many seconds (default: until stopped)"
+    )
+
+    serve = commands.add_parser("serve", help="collector + diagnosis every interval + HTTP endpoint")
+    _stream_options(serve)
+    _listen_options(serve)
+    serve.add_argument(
+        "--http", default=DEFAULT_HTTP, help=f"HOST:PORT of /healthz /metrics /report ({DEFAULT_HTTP})"
+    )
+    serve.add_argument("--interval", type=float, default=60.0, help="seconds between diagnosis cycles (60)")
+    serve.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
+    serve.add_argument("--cycles", type=int, default=0, help="stop after N cycles (default: until stopped)")
+    serve.add_argument("--execute", action="store_true", help="carry out the actions (default: dry-run)")
+    serve.add_argument("-e", "--extra-var", action="append", default=[], metavar="KEY=VALUE")
+
+
+def _stream_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--inventory", type=Path, help="hosts and their stethoscope_node_key (default the lab)"
+    )
+    parser.add_argument(
+        "--secret-file", type=Path, help="the cluster secret (default .stethoscope/telemetry)"
+    )
+    parser.add_argument(
+        "--previous-secret-file", type=Path, help="the secret before a rotation, still accepted"
+    )
+    parser.add_argument("--metric-sets", type=Path, help="rules/telemetry.yml")
+
+
+def _listen_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", default=DEFAULT_LISTEN, help=f"UDP HOST:PORT (default {DEFAULT_LISTEN})")
+
+
+def _address(text: str, flag: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"{flag} {text!r}: expected HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def _stream(args: argparse.Namespace) -> tuple[Keyring, dict[int, MetricSet]]:
+    inventory = args.inventory or default_inventory()
+    lab = args.inventory is None
+    secret_path = args.secret_file or default_secret_path()
+    secrets = [read_secret(secret_path, create=lab and args.secret_file is None)]
+    if args.previous_secret_file:
+        secrets.append(read_secret(args.previous_secret_file))
+    nodes = keys_from_inventory(inventory)
+    if not nodes:
+        raise ConfigError(f"inventory {inventory}: no host has a stethoscope_node_key: nothing can stream")
+    try:
+        sets = load_sets(args.metric_sets)
+    except MetricSetError as exc:
+        raise ConfigError(str(exc)) from None
+    return Keyring(nodes, secrets), {s.id: s for s in sets.values()}
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        keyring, sets = _stream(args)
+        if args.command == "agent":
+            return _agent(args, keyring, sets)
+        if args.command == "collector":
+            return _collector(args, keyring, sets)
+        return _serve(args, keyring, sets)
+    except ConfigError as exc:
+        print(f"stethoscope: {args.command}: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE
+    except StoreError as exc:
+        print(f"stethoscope: {args.command}: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _agent(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet]) -> int:
+    from stethoscope.telemetry.lab import agent_config, lab_agents, lab_dir, run_agents
+
+    metric_set = next(iter(sets.values()))
+    directory = args.lab_dir or lab_dir()
+    if args.print_config:
+        config = agent_config(args.print_config, keyring, metric_set, args.collector, Path("/"), args.period)
+        print(json.dumps({**config, "gpu_source": "auto"}, indent=1, sort_keys=True))
+        return EXIT_OK
+    _address(args.collector, "--collector")
+    agents = lab_agents(keyring, metric_set, args.collector, args.period, args.node or None, directory)
+    if not agents:
+        print(
+            f"stethoscope: agent: no lab node roots under {directory} (run tools/lab.py build)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+    def stop_all(*_: object) -> None:
+        for agent in agents:
+            agent.stop.set()
+
+    signal.signal(signal.SIGTERM, stop_all)
+    print(f"{len(agents)} agents sending to {args.collector} every {agents[0].period:g} s", flush=True)
+    counters = run_agents(agents, args.duration)
+    for agent, counter in zip(agents, counters, strict=True):
+        print(f"{agent.config['node_id']}: {counter.line()}")
+    return EXIT_OK
+
+
+def _stop_on_signals(stop: Any) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: stop())
+    signal.signal(signal.SIGINT, lambda *_: stop())
+
+
+def _collector(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet]) -> int:
+    import threading
+
+    from stethoscope.telemetry.collector import WRITE_TIMEOUT, Collector
+
+    listen = _address(args.listen, "--listen")
+    spool_dir = args.spool_dir or default_spool_dir()
+    holder = Store(args.dsn, args.database).open()  # the embedded database's owner while it runs
+    holder.ensure_schema()
+    writer = Writer(holder.dsn, spool_dir, timeout=WRITE_TIMEOUT)
+    collector = Collector(keyring, sets, writer.write, listen=listen).start()
+    host, port = collector.address
+    print(
+        f"collector on udp {host}:{port} for {len(keyring.nodes)} nodes (rcvbuf {collector.rcvbuf})",
+        flush=True,
+    )
+    stop = threading.Event()
+    _stop_on_signals(stop.set)
+    stop.wait(args.duration)
+    collector.stop()
+    holder.close()
+    stats = collector.stats
+    print(
+        f"collector stopped: {stats.datagrams} datagrams, {stats.duplicates} duplicates, "
+        f"{sum(stats.rejected.values())} rejected {dict(stats.rejected)}, "
+        f"{stats.stored} rows stored, {stats.spooled} spooled"
+    )
+    return EXIT_OK
+
+
+def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet]) -> int:
+    from stethoscope.cli.diagnose import _executor_factory, catalog_for, inventory_of
+    from stethoscope.diagnosis.ruleset import RuleSet
+    from stethoscope.serve import Server
+
+    inventory = inventory_of(args) if args.execute or args.inventory else None
+    catalog = catalog_for(inventory)
+    rules = RuleSet(Path(args.rules or project_root() / "rules"), catalog)
+    if not rules.rules:
+        for message in rules.refresh():
+            print(f"stethoscope: serve: {message}", file=sys.stderr)
+    if not rules.rules:
+        print("stethoscope: serve: no rule loads: refusing to start", file=sys.stderr)
+        return EXIT_USAGE
+
+    def current_rules() -> list:
+        for message in rules.refresh():
+            print(f"stethoscope: serve: {message}", file=sys.stderr)
+        return rules.rules
+
+    server = Server(
+        dsn=args.dsn,
+        database=args.database,
+        spool_dir=args.spool_dir or default_spool_dir(),
+        keyring=keyring,
+        sets=sets,
+        listen=_address(args.listen, "--listen"),
+        http=_address(args.http, "--http"),
+        interval=args.interval,
+        rules=current_rules,
+        catalog=catalog,
+        execute_with=_executor_factory(args, inventory),
+    ).start()
+    assert server.collector is not None and server.httpd is not None
+    udp, http = server.collector.address, server.httpd.server_address[:2]
+    print(f"serve: udp {udp[0]}:{udp[1]}, http http://{http[0]!s}:{http[1]}/healthz", flush=True)
+    _stop_on_signals(server.stop_event.set)
+    started = time.time()
+    try:
+        server.run(args.cycles)
+    finally:
+        server.stop()
+    stats = server.collector.stats
+    print(
+        f"serve stopped after {time.time() - started:.0f} s: {server.state.cycles} cycles, "
+        f"{stats.stored} rows stored, {stats.spooled} spooled"
+    )
+    return EXIT_OK

@@ -1,0 +1,377 @@
+"""`stethoscope serve` as a process: HTTP on loopback, the stream stored, SIGTERM loses nothing; and the
+stream's configuration errors exit 2 with a message."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from stethoscope.store.client import Store
+from stethoscope.telemetry import wire
+from stethoscope.telemetry.metric_set import load_sets
+
+TOP = Path(__file__).resolve().parents[1]
+SECRET = b"serve-test-secret-0123456789"
+
+
+def _inventory(tmp_path: Path, keys: dict[str, int]) -> Path:
+    hosts = "\n".join(f"    {host}: {{stethoscope_node_key: {key}}}" for host, key in keys.items())
+    path = tmp_path / "hosts.yml"
+    path.write_text(f"---\nall:\n  hosts:\n{hosts}\n")
+    return path
+
+
+def _cli(tmp_path: Path, dsn: str, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "stethoscope.cli",
+        "--dsn",
+        dsn,
+        "--spool-dir",
+        str(tmp_path / "spool"),
+        *args,
+    ]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(TOP)}
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    path = tmp_path / "cluster.secret"
+    path.write_bytes(SECRET + b"\n")
+    return path
+
+
+def _start_serve(tmp_path: Path, dsn: str, secret_file: Path) -> tuple[subprocess.Popen, tuple, str]:
+    inventory = _inventory(tmp_path, {"gpu-a": 1, "gpu-b": 2})
+    proc = subprocess.Popen(
+        [
+            *_cli(tmp_path, dsn, "serve", "--inventory", str(inventory), "--secret-file", str(secret_file)),
+            "--listen",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+            "--interval",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    line = proc.stdout.readline()
+    match = re.search(r"udp ([\d.]+):(\d+), http (http://[\d.]+:\d+)", line)
+    assert match, (line, proc.stderr.read() if proc.poll() is not None else "")
+    return proc, (match[1], int(match[2])), match[3]
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.slow
+def test_serve_stores_the_stream_serves_http_and_loses_nothing_on_sigterm(
+    tmp_path: Path, secret_file: Path
+) -> None:
+    database = f"t_{uuid.uuid4().hex[:8]}"
+    dsn = f"chdb://{tmp_path / 'db'}?database={database}"
+    proc, udp, http = _start_serve(tmp_path, dsn, secret_file)
+    try:
+        deadline = time.time() + 60
+        status, body = _get(f"{http}/healthz")
+        while json.loads(body)["cycles"] < 1 and time.time() < deadline:
+            time.sleep(0.3)
+            status, body = _get(f"{http}/healthz")
+        assert status == 200 and json.loads(body)["status"] == "ok"
+        status, metrics = _get(f"{http}/metrics")
+        assert status == 200
+        assert "stethoscope_cycles_total" in metrics and "stethoscope_telemetry_datagrams_total" in metrics
+        status, report = _get(f"{http}/report")
+        assert status == 200 and "<h1>stethoscope:" in report
+        metric_set = load_sets()["gpu_node"]
+        import socket
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        now_ms = int(time.time() * 1000)
+        sent = 0
+        for node, key_number in (("gpu-a", 1), ("gpu-b", 2)):
+            key = wire.node_secret(SECRET, node)
+            for seq in range(40):
+                values = [float(i + seq) for i in range(len(metric_set.parts["node"]))]
+                sock.sendto(
+                    wire.encode(
+                        key,
+                        set_id=metric_set.id,
+                        node_key=key_number,
+                        part=0,
+                        boot_epoch=1000,
+                        seq=seq,
+                        ts_ms=now_ms - 40_000 + seq * 1000,
+                        values=values,
+                    ),
+                    udp,
+                )
+                sent += len(values)
+        proc.send_signal(signal.SIGTERM)  # within the collector's 1-second batch
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "serve stopped" in out
+    with Store(dsn) as store:
+        stored = store.query(
+            f"SELECT count(), uniqExact(node_id, metric_name, timestamp) FROM {database}.metrics "
+            "WHERE labels['source'] = 'stream'"
+        )[0]
+    assert stored == (sent, sent)
+
+
+def test_duplicate_node_keys_refused_with_both_hosts_named(tmp_path: Path, secret_file: Path) -> None:
+    inventory = _inventory(tmp_path, {"gpu-a": 7, "gpu-b": 7})
+    run = subprocess.run(
+        [
+            *_cli(tmp_path, f"chdb://{tmp_path / 'db'}", "collector", "--inventory", str(inventory)),
+            "--secret-file",
+            str(secret_file),
+            "--duration",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+    )
+    assert run.returncode == 2
+    assert "stethoscope_node_key 7 is given to both gpu-a and gpu-b" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_missing_cluster_secret_is_a_configuration_error(tmp_path: Path) -> None:
+    inventory = _inventory(tmp_path, {"gpu-a": 1})
+    run = subprocess.run(
+        [
+            *_cli(tmp_path, f"chdb://{tmp_path / 'db'}", "collector", "--inventory", str(inventory)),
+            "--secret-file",
+            str(tmp_path / "absent.secret"),
+            "--duration",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+    )
+    assert run.returncode == 2
+    assert "absent.secret" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.slow
+def test_serve_playbook_installs_the_unit_check_mode_writes_nothing_and_reruns_change_nothing(
+    tmp_path: Path,
+) -> None:
+    from conftest import ansible_env
+
+    inventory = _inventory(tmp_path, {"gpu-a": 1})
+    extra = json.dumps(
+        {
+            "serve_cluster_secret": "s" * 32,
+            "serve_secret_file": str(tmp_path / "etc/cluster.secret"),
+            "serve_unit_dir": str(tmp_path),
+            "serve_systemd": False,
+            "serve_user": os.environ.get("USER") or "root",
+            "serve_group": subprocess.run(["id", "-gn"], capture_output=True, text=True).stdout.strip(),
+        }
+    )
+
+    def play(*flags: str) -> str:
+        run = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "ansible-playbook"),
+                "-i",
+                str(inventory),
+                "-c",
+                "local",
+                "-e",
+                extra,
+                *flags,
+                str(TOP / "playbooks/serve.yml"),
+            ],
+            capture_output=True,
+            text=True,
+            env=ansible_env(tmp_path),
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stdout[-3000:]
+        return run.stdout
+
+    play("--check")
+    assert not (tmp_path / "stethoscope-serve.service").exists()
+    play()
+    unit = (tmp_path / "stethoscope-serve.service").read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert f"serve --inventory {inventory} --secret-file {tmp_path / 'etc/cluster.secret'}" in exec_start
+    assert "--http 127.0.0.1:9976" in exec_start and "--execute" not in exec_start
+    assert oct((tmp_path / "etc/cluster.secret").stat().st_mode & 0o777) == "0o600"
+    assert "changed=0" in play()
+    assert "s" * 32 not in play("-v")
+
+
+class _Timed:
+    """The agent's socket, recording when each datagram went out."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.sent: list[tuple[float, int, int]] = []  # (time, part, ts_ms)
+
+    def sendto(self, data: bytes, address) -> int:
+        header = wire.parse_header(data)
+        self.sent.append((time.time(), header.part, header.ts_ms))
+        return self.sock.sendto(data, address)
+
+
+@pytest.mark.slow
+def test_serve_killed_loses_at_most_its_unflushed_second_and_resends_refill_it(
+    tmp_path: Path, secret_file: Path
+) -> None:
+    from stethoscope.telemetry.keyring import Keyring
+    from stethoscope.telemetry.lab import lab_agents, run_agents
+
+    lab = tmp_path / "lab"
+    env = {**os.environ, "STETHOSCOPE_LAB_DIR": str(lab)}
+    subprocess.run([sys.executable, str(TOP / "tools/lab.py"), "build", "--nodes", "1"], env=env, check=True)
+    database = f"t_{uuid.uuid4().hex[:8]}"
+    dsn = f"chdb://{tmp_path / 'db'}?database={database}"
+    inventory = _inventory(tmp_path, {"node01": 1})
+    port = _free_udp_port()
+
+    def start() -> tuple[subprocess.Popen, float]:
+        proc = subprocess.Popen(
+            [
+                *_cli(
+                    tmp_path, dsn, "serve", "--inventory", str(inventory), "--secret-file", str(secret_file)
+                ),
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--http",
+                "127.0.0.1:0",
+                "--interval",
+                "30",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
+        assert "serve: udp" in proc.stdout.readline()
+        return proc, time.time()
+
+    period = 5.0  # the stream's: resends cover 3 periods, serve must be back within 15 s
+    first, _ready1 = start()
+    agents = lab_agents(
+        Keyring({1: "node01"}, [SECRET]), load_sets()["gpu_node"], f"127.0.0.1:{port}", period, directory=lab
+    )
+    agents[0].sock = timed = _Timed(agents[0].sock)
+    import threading
+
+    runner = threading.Thread(target=run_agents, args=(agents, None))
+    runner.start()
+    try:
+        time.sleep(2.5 * period)
+        killed_at = time.time()
+        first.kill()  # kill -9: whatever it had not flushed is gone with it
+        first.wait(timeout=30)
+        second, ready_at = start()
+        time.sleep(4 * period)
+    finally:
+        agents[0].stop.set()
+        runner.join()
+    second.send_signal(signal.SIGTERM)
+    second.communicate(timeout=60)
+    downtime = ready_at - killed_at
+    with Store(dsn) as store:
+        present = {
+            ts
+            for (ts,) in store.query(
+                f"SELECT toUnixTimestamp64Milli(timestamp) FROM {database}.metrics "
+                "WHERE metric_name = 'gpu_temperature_celsius' AND device = 'node' "
+                "AND labels['source'] = 'stream'"
+            )
+        }
+    copies: dict[int, list[float]] = {}
+    for sent_at, part, ts in timed.sent:
+        if part == wire.NODE_PART:
+            copies.setdefault(ts, []).append(sent_at)
+    flush_margin = 2.0  # the collector writes once a second; what is older than this was written
+    must = {
+        ts
+        for ts, times in copies.items()
+        if any(t > ready_at + 0.2 for t in times) or any(t < killed_at - flush_margin for t in times)
+    }
+    assert must <= present, f"missing {sorted(must - present)}, downtime {downtime:.1f} s"
+    refilled = {ts for ts, times in copies.items() if killed_at - flush_margin <= min(times) <= ready_at}
+    assert downtime < wire.REDUNDANCY * period, f"serve took {downtime:.1f} s to come back"
+    assert refilled and refilled <= present  # made around the kill, stored from a resend after it
+
+
+def _free_udp_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_finding_from_the_stream_alone_is_capped_at_l3_and_never_drains(store, tmp_path: Path) -> None:
+    from stethoscope.catalog import Catalog
+    from stethoscope.diagnosis.diagnose import diagnose
+    from stethoscope.diagnosis.rules import load_rules
+    from stethoscope.serve import cap_stream_only, stream_only_metrics
+    from stethoscope.store.batch import MetricColumns
+    from stethoscope.timeutil import now_ms
+
+    rules_file = tmp_path / "drain.yml"
+    rules_file.write_text(
+        "---\n"
+        "- rule_id: stream_drain_test\n  description: a stream rule that would drain\n  severity: critical\n"
+        "  level: L4\n  trigger:\n"
+        "    - {metric: ib_port_xmit_wait_per_second, operator: '>', threshold: 10, window: 1m,\n"
+        "       aggregate: max}\n"
+        "- rule_id: sweep_drain_test\n  description: a sweep rule that would drain\n  severity: critical\n"
+        "  level: L4\n  trigger:\n"
+        "    - {metric: ib_port_state, operator: '!=', threshold: 4, window: 3m, aggregate: max}\n"
+    )
+    catalog = Catalog.load()
+    loaded = load_rules(rules_file, catalog)
+    assert loaded.errors == []
+    at = now_ms() - 10_000
+    rows = MetricColumns()
+    for i in range(6):
+        rows.append("n1", "ib_port_xmit_wait_per_second", "node", {"source": "stream"}, 500.0, at - i * 5000)
+        rows.append("n1", "ib_port_state", "mlx5_0/1", {}, 1.0, at - i * 30_000)
+    store.insert_metrics(rows)
+    findings = {f["rule_id"]: f for f in diagnose(store, loaded.rules, at)}
+    assert findings["stream_drain_test"]["level"] == "L4"
+    assert any("drain" in action for action in findings["stream_drain_test"]["actions"])
+    sets = {s.id: s for s in load_sets().values()}
+    cap_stream_only(list(findings.values()), loaded.rules, stream_only_metrics(sets, catalog))
+    capped, confirmed = findings["stream_drain_test"], findings["sweep_drain_test"]
+    assert capped["level"] == "L3" and not any("drain" in action for action in capped["actions"])
+    assert confirmed["level"] == "L4" and any("drain" in action for action in confirmed["actions"])
