@@ -192,9 +192,8 @@ def argv_recorder(bindir: Path, log: Path, names: list[str]) -> None:
     bindir.mkdir(parents=True, exist_ok=True)
     for name in names:
         script = bindir / name
-        script.write_text(
-            f'#!/bin/sh\n{{ printf "{name}"; for a in "$@"; do printf " [%s]" "$a"; done; echo; }} >> "{log}"\n'
-        )
+        record = f'{{ printf "{name}"; for a in "$@"; do printf " [%s]" "$a"; done; echo; }} >> "{log}"'
+        script.write_text(f"#!/bin/sh\n{record}\n")
         script.chmod(0o755)
 
 
