@@ -89,6 +89,8 @@ def test_baseline_playbook_on_the_lab_grades_the_slow_node_red(tmp_path, tmp_dsn
             str(Path(sys.executable).parent / "ansible-playbook"),
             str(TOP / "playbooks/baseline.yml"),
             "-e",
+            "baseline_batch=4",
+            "-e",
             "bench_nccl_repetitions=2",
             "-e",
             "bench_storage_repetitions=2",
@@ -110,8 +112,14 @@ def test_baseline_playbook_on_the_lab_grades_the_slow_node_red(tmp_path, tmp_dsn
         fingerprints = store.query("SELECT count() FROM stethoscope.fingerprints FINAL WHERE kind = 'class'")[
             0
         ][0]
-    assert suites == {"nccl": 8, "storage": 8, "network": 4} and fingerprints >= 3
-    red = {(r.node_id, r.suite) for r in rows if r.grade == "red"}
+    assert suites == {"compute": 8, "nccl": 8, "storage": 8, "network": 4} and fingerprints >= 3
+    # compute on CPU stand-ins: every node's 2 stand-in devices graded, labelled as stand-ins
+    standins = {
+        (r.node_id, r.device) for r in rows if r.suite == "compute" and r.labels.get("standin") == "cpu"
+    }
+    assert standins == {(f"node{i:02d}", f"cpu{d}") for i in range(1, 9) for d in (0, 1)}
+    # 8 nodes share this machine's 2 cores, so stand-in throughput is not graded here; the rest is
+    red = {(r.node_id, r.suite) for r in rows if r.grade == "red" and r.suite != "compute"}
     assert red == {("node03", "nccl"), ("node03", "storage")}
     (ring,) = [r for r in rows if r.node_id == "node03" and r.labels == {"algo": "ring", "size": "avg"}]
     assert ring.hints == ["ring degraded while tree is normal: suspect switch port congestion"]
@@ -127,3 +135,6 @@ def test_baseline_playbook_on_the_lab_grades_the_slow_node_red(tmp_path, tmp_dsn
     assert '"ib_active_mtu": 2048' in facts and '"port": "mlx5_1/1"' in facts
     # the environment was put back after the suites: the lab's NVMe write cache is on again
     assert (lab_dir / "nodes/node01/outputs/SYNTHETIC_nvme0_vwc").read_text().strip() == "1"
+    # no scheduler in the lab: said once, and every node ran; no fio scratch file left behind
+    assert proc.stdout.count("the inventory names no scheduler") == 1
+    assert not list(lab_dir.glob("nodes/*/scratch.fio"))
