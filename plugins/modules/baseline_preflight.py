@@ -161,7 +161,7 @@ def capacity(module):
 
 
 def update(module, name, argv):
-    command, rc, out, err = scontrol(module, ["update", "NodeName=%s" % name, *argv])
+    scontrol(module, ["update", "NodeName=%s" % name, *argv])  # judged by reading the node again
     return read_node(module, name)
 
 
