@@ -59,16 +59,18 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 ReturnToService=2
-NodeName={nodes} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN
-PartitionName=lab Nodes=ALL Default=YES State=UP
+{node_lines}PartitionName=lab Nodes=ALL Default=YES State=UP
 """
 
 
 class SlurmCluster:
-    def __init__(self, root: Path, nodes: str = "node[01-08]"):
+    def __init__(self, root: Path, nodes: str = "node[01-08]", with_slurmd: str | None = None):
+        """`with_slurmd`: one node (not in `nodes`) whose slurmd start_slurmd runs, on a port of its
+        own, so the slurmd-less nodes still never respond."""
         self.root = root
         self.conf = root / "slurm.conf"
         self.nodes = nodes
+        self.with_slurmd = with_slurmd
         self.munged: subprocess.Popen | None = None
 
     @property
@@ -100,7 +102,7 @@ class SlurmCluster:
                 user=os.environ.get("USER") or "root",
                 socket=sock,
                 dir=self.root,
-                nodes=self.nodes,
+                node_lines=self._node_lines(),
             )
         )
         subprocess.run([_tool("slurmctld"), "-f", str(self.conf), "-i"], check=True, capture_output=True)
@@ -110,6 +112,14 @@ class SlurmCluster:
                 return self
             time.sleep(0.3)
         raise RuntimeError(f"slurmctld did not answer: {(self.root / 'slurmctld.log').read_text()[-2000:]}")
+
+    def _node_lines(self) -> str:
+        lines = [f"NodeName={self.nodes} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN"]
+        if self.with_slurmd:
+            lines.append(
+                f"NodeName={self.with_slurmd} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=1 State=UNKNOWN"
+            )
+        return "\n".join(lines) + "\n"
 
     def start_slurmd(self, name: str) -> None:
         """Debian's slurmd for node `name` (on 127.0.0.1), waiting until slurmctld sees it IDLE."""
