@@ -11,7 +11,7 @@ import yaml
 
 from stethoscope.paths import project_root
 
-KINDS = ("gauge", "counter")
+KINDS = ("gauge", "counter", "events")  # events: the events slice owns its semantics
 DIRECTIONS = ("higher", "lower", "none")
 SWEEP_INTERVAL = 60  # what the catalog assumes for metrics the Ansible sweeps report
 

@@ -50,7 +50,13 @@ class Profile:
 
 PROFILES = [
     Profile("h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}),
-    Profile("h200", {"nvme0n1": "nvme_corsair_mp510_healthy.json"}, ib="gpud", aer=True),
+    Profile(
+        "h200",
+        {"nvme0n1": "nvme_corsair_mp510_healthy.json"},
+        ib="gpud",
+        aer=True,
+        faults=("driver_upgrade",),
+    ),
     Profile(
         "h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, faults=("thermal_throttle", "slow_bench")
     ),
@@ -120,6 +126,15 @@ def thermal_throttle(xml: str, step: int) -> str:
     xml = xml_set(xml, "clocks_event_reason_sw_thermal_slowdown", "Active")
     xml = xml_set(xml, "clocks_event_reason_gpu_idle", "Not Active")
     return xml_set(xml, "sm_clock", "1095 MHz")
+
+
+UPGRADED_DRIVER = "580.172.08"
+
+
+def driver_upgrade(xml: str, step: int) -> str:
+    """From step 2 on (the second collect.yml sweep), the node runs a newer driver: its
+    fingerprint changes once, which is a hardware-change event."""
+    return xml_set(xml, "driver_version", UPGRADED_DRIVER) if step >= 2 else xml
 
 
 def row_remap_pending(xml: str, step: int) -> str:
@@ -241,6 +256,8 @@ def dynamic_files(node: Path, profile: Profile, step: int) -> None:
         xml = thermal_throttle(xml, step)
     if "row_remap_pending" in profile.faults:
         xml = row_remap_pending(xml, step)
+    if "driver_upgrade" in profile.faults:
+        xml = driver_upgrade(xml, step)
     write(out / "nvidia-smi_-q_-x.xml", xml)
     write(out / "nvidia-smi_dmon.txt", DMON.read_text())
     dmesg = DMESG.read_text()
