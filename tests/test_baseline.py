@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stethoscope.bench.baseline import build, render_html, render_table, worse_deviation
+from stethoscope.bench.baseline import FRESH_MS, build, render_html, render_table, verify, worse_deviation
 from stethoscope.catalog import Catalog
 from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
@@ -138,3 +138,64 @@ def test_baseline_playbook_on_the_lab_grades_the_slow_node_red(tmp_path, tmp_dsn
     # no scheduler in the lab: said once, and every node ran; no fio scratch file left behind
     assert proc.stdout.count("the inventory names no scheduler") == 1
     assert not list(lab_dir.glob("nodes/*/scratch.fio"))
+
+
+def run_rows(run, node, value, at, suite="storage", class_fp="c1", metric="bench_fio_randread_iops"):
+    rows = [bench_row(run, node, metric, value, rep, class_fp=class_fp, at=at) for rep in (1, 2, 3)]
+    for row in rows:
+        row["suite"] = suite
+    return rows
+
+
+DRAIN_AT = 5_000  # offsets inside bench_row's timeline
+
+
+def drained_at_ms(store) -> int:
+    return now_ms() - 10_000_000 + DRAIN_AT
+
+
+def test_verify_of_a_class_of_one_is_not_green_by_comparing_with_itself(store):
+    # an RMA'd GPU with another VBIOS: the node alone in a new class, benchmarked after the drain
+    store.insert_rows("bench_results", run_rows("r1", "n1", 50.0, 9000, class_fp="new-vbios"))
+    result = verify(store, CATALOG, "n1", drained_at_ms(store), now_ms())
+    assert not result["green"] and [c.reference for c in result["checks"]] == ["none"]
+    assert "no reference (only 0 other node(s) of its class" in result["reasons"][0]
+
+
+def test_verify_compares_with_three_fresh_peers_excluding_itself(store):
+    rows = run_rows("r1", "n1", 70.0, 9000)
+    for peer in ("p1", "p2", "p3"):
+        rows += run_rows(f"{peer}-r", peer, 100.0, 8000)
+    store.insert_rows("bench_results", rows)
+    (check,) = verify(store, CATALOG, "n1", drained_at_ms(store), now_ms())["checks"]
+    assert (check.reference, check.reference_value, check.grade) == ("class", 100.0, "red")
+
+
+def test_verify_falls_back_to_own_history_when_the_class_median_degraded(store):
+    rows = []
+    for i, peer in enumerate(("p1", "p2", "p3")):  # the peers were at 100, now at 60: the class degraded
+        rows += run_rows(f"{peer}-old", peer, 100.0, 0 + i)
+        rows += run_rows(f"{peer}-new", peer, 60.0, 8000 + i)
+    for i in range(3):  # n1's own runs before the drain
+        rows += run_rows(f"n1-old{i}", "n1", 99.0 + i, 1000 + i)
+    rows += run_rows("n1-new", "n1", 100.0, 9000)
+    store.insert_rows("bench_results", rows)
+    now = now_ms()
+    result = verify(store, CATALOG, "n1", drained_at_ms(store), now - 10_000_000 + 7_000 + FRESH_MS)
+    (check,) = result["checks"]
+    assert (check.reference, check.grade) == ("own history", "green") and result["green"]
+    assert "the class median itself degraded 40.0 % against its own history" in result["reasons"][0]
+
+
+def test_verify_needs_every_suite_newer_than_the_drain(store):
+    rows = run_rows("r-new", "n1", 100.0, 9000, suite="storage")
+    rows += run_rows("r-old", "n1", 100.0, 100, suite="nccl", metric="bench_allreduce_busbw_gb_per_s")
+    for peer in ("p1", "p2", "p3"):
+        rows += run_rows(f"{peer}-s", peer, 100.0, 8000, suite="storage")
+        rows += run_rows(
+            f"{peer}-n", peer, 100.0, 8000, suite="nccl", metric="bench_allreduce_busbw_gb_per_s"
+        )
+    store.insert_rows("bench_results", rows)
+    result = verify(store, CATALOG, "n1", drained_at_ms(store), now_ms())
+    assert result["stale_suites"] == ["nccl"] and not result["green"]
+    assert "suite nccl has not run since the drain" in result["reasons"]

@@ -4,7 +4,6 @@ graded in the catalog's worse direction, its own history (3σ), and the ring-vs-
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass, field
 
 from stethoscope.catalog import Catalog
@@ -41,16 +40,6 @@ class Row:
         return ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def _rsd(values: list[float]) -> float:
-    if len(values) < 2 or statistics.mean(values) == 0:
-        return 0.0
-    return statistics.stdev(values) / abs(statistics.mean(values)) * 100.0
-
-
 def worse_deviation(value: float, reference: float, better: str) -> float:
     """Percent away from the reference in the direction the catalog calls worse (never negative)."""
     if not reference:
@@ -66,90 +55,256 @@ def grade(deviation: float) -> str:
     return "red" if deviation > RED else "yellow" if deviation >= YELLOW else "green"
 
 
-def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0) -> list[Row]:
-    raw = store.query(
-        f"SELECT run_id, node_id, class_fingerprint, node_fingerprint, suite, metric_name, device, "
-        f"mapKeys(mapSort(labels)), mapValues(mapSort(labels)), value, repetition, unstable, timestamp "
-        f"FROM {store.database}.bench_results FINAL ORDER BY timestamp"
+# Verdict metrics of bench_compute (flags, checksums) are read by rules, not graded against a median.
+NOT_GRADED = ("bench_gemm_mismatch", "bench_gemm_quorum_suspect", "bench_gemm_checksum")
+
+
+def _median_sql(x: str) -> str:
+    """The exact median (the mean of the two middle values for an even count, as statistics.median)."""
+    return f"(quantileExactLow(0.5)({x}) + quantileExactHigh(0.5)({x})) / 2"
+
+
+def _array_median_sql(arr: str) -> str:
+    return f"(arrayReduce('quantileExactLow(0.5)', {arr}) + arrayReduce('quantileExactHigh(0.5)', {arr})) / 2"
+
+
+def _worse_sql(value: str, reference: str) -> str:
+    """Percent away from the reference in the catalog's worse direction (`better` is a column)."""
+    return (
+        f"if({reference} = 0, 0, multiIf("
+        f"better = 'higher', greatest(0, ({reference} - {value}) / abs({reference}) * 100), "
+        f"better = 'lower', greatest(0, ({value} - {reference}) / abs({reference}) * 100), "
+        f"abs({value} - {reference}) / abs({reference}) * 100))"
     )
-    runs: dict[tuple, dict[str, list[float]]] = {}
-    meta: dict[tuple, dict] = {}
-    for (
-        run_id,
-        node,
-        class_fp,
-        node_fp,
-        suite,
-        name,
-        device,
-        keys,
-        values_,
-        value,
-        _rep,
-        unstable,
-        _ts,
-    ) in raw:
-        labels = json.dumps(dict(zip(keys, values_, strict=True)), sort_keys=True)
-        key = (node, suite, name, device, labels)
-        runs.setdefault(key, {}).setdefault(run_id, []).append(value)
-        entry = meta.setdefault(key, {"order": [], "class": class_fp, "node_fp": {}, "unstable": {}})
-        if run_id not in entry["order"]:
-            entry["order"].append(run_id)
-        entry["class"] = class_fp
-        entry["node_fp"][run_id] = node_fp
-        entry["unstable"][run_id] = entry["unstable"].get(run_id, False) or bool(unstable)
-    rows: list[Row] = []
-    for key, by_run in runs.items():
-        node, suite, name, device, labels = key
-        entry = meta[key]
-        latest = entry["order"][-1]
-        values = by_run[latest]
-        rsd = _rsd(values)
-        row = Row(
-            node,
-            entry["class"],
-            suite,
-            name,
-            device,
-            json.loads(labels),
-            _median(values),
-            len(values),
-            round(rsd, 3),
-            entry["unstable"][latest] or rsd > max_rsd_percent,
+
+
+def _better_map(catalog: Catalog) -> dict[str, str]:
+    return {name: spec.better for name, spec in catalog.metrics.items() if name.startswith("bench_")}
+
+
+def runs_sql(db: str, where: str) -> str:
+    """Per (node, suite, metric, device, labels, run): the median over its repetitions and their RSD."""
+    return (
+        "SELECT node_id, suite, metric_name, device, labels_key, any(labels) AS labels, run_id, "
+        "any(class_fingerprint) AS cls, any(node_fingerprint) AS nfp, max(timestamp) AS ts, "
+        f"{_median_sql('value')} AS v, count() AS reps, "
+        "if(count() < 2 OR avg(value) = 0, 0, stddevSamp(value) / abs(avg(value)) * 100) AS rsd, "
+        f"max(unstable) AS unst FROM {db}.bench_results FINAL "
+        f"WHERE metric_name NOT IN {{not_graded:Array(String)}} AND {where} "
+        "GROUP BY node_id, suite, metric_name, device, labels_key, run_id"
+    )
+
+
+LATEST = (
+    "SELECT node_id, suite, metric_name, device, labels_key, argMax(run_id, ts) AS run, "
+    "argMax(v, ts) AS value, argMax(reps, ts) AS reps, argMax(rsd, ts) AS rsd, argMax(unst, ts) AS unst, "
+    "argMax(cls, ts) AS cls, argMax(nfp, ts) AS nfp, argMax(labels, ts) AS labels, max(ts) AS latest_ts "
+    "FROM runs GROUP BY node_id, suite, metric_name, device, labels_key"
+)
+# earlier runs under the node fingerprint of the latest (a swapped part starts a new history)
+HISTORY = (
+    "SELECT node_id, suite, metric_name, device, labels_key, avg(r.v) AS hmean, stddevSamp(r.v) AS hsigma, "
+    "count() AS hn FROM runs AS r "
+    "INNER JOIN latest AS l USING (node_id, suite, metric_name, device, labels_key) "
+    "WHERE r.run_id != l.run AND r.nfp = l.nfp GROUP BY node_id, suite, metric_name, device, labels_key"
+)
+FLEET = (
+    f"SELECT cls, suite, metric_name, labels_key, {_median_sql('value')} AS med, count() AS fn, "
+    "groupArray(value) AS vals FROM latest GROUP BY cls, suite, metric_name, labels_key"
+)
+
+
+def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0, node: str | None = None) -> list[Row]:
+    """Every node's latest run graded against its class's median (and MAD) and its own history, all
+    computed by one ClickHouse query; with `node`, only that node's rows come back (its classes are
+    still read whole: the fleet median needs them)."""
+    where = "1"
+    better = _better_map(catalog)
+    params: dict = {
+        "not_graded": list(NOT_GRADED),
+        "names": list(better),
+        "directions": list(better.values()),
+        "rsd": max_rsd_percent,
+    }
+    if node is not None:
+        where = (
+            "class_fingerprint IN (SELECT DISTINCT class_fingerprint FROM "
+            f"{store.database}.bench_results WHERE node_id = {{node:String}})"
         )
-        # own history: earlier runs under the same node fingerprint (a swapped part starts anew)
-        earlier = [
-            _median(by_run[r]) for r in entry["order"][:-1] if entry["node_fp"][r] == entry["node_fp"][latest]
-        ]
-        if len(earlier) >= 2:
-            row.history_mean, row.history_sigma = statistics.mean(earlier), statistics.stdev(earlier)
-            row.history_runs = len(earlier)
-            spec = catalog.get(name)
-            better = spec.better if spec else "none"
-            delta = row.value - row.history_mean
-            worse = -delta if better == "higher" else delta if better == "lower" else abs(delta)
-            row.beyond_3_sigma = row.history_sigma > 0 and worse > 3 * row.history_sigma
-        rows.append(row)
-    _fleet(rows, catalog)
+        params["node"] = node
+    dev = _worse_sql("l.value", "f.med")
+    delta = "l.value - h.hmean"
+    worse = f"multiIf(l.better = 'higher', -({delta}), l.better = 'lower', {delta}, abs({delta}))"
+    sql = (
+        f"WITH runs AS ({runs_sql(store.database, where)}), latest AS ({LATEST}), "
+        f"history AS ({HISTORY}), fleet AS ({FLEET}) "
+        "SELECT l.node_id, l.cls, l.suite, l.metric_name, l.device, mapKeys(mapSort(l.labels)), "
+        "mapValues(mapSort(l.labels)), l.value, l.reps, round(l.rsd, 3), l.unst OR l.rsd > {rsd:Float64}, "
+        f"f.med, {_array_median_sql('arrayMap(x -> abs(x - f.med), f.vals)')}, f.fn, round({dev}, 2) AS d, "
+        "multiIf(d > 20, 'red', d >= 10, 'yellow', 'green'), "
+        "if(h.hn >= 2, h.hmean, NULL), if(h.hn >= 2, h.hsigma, NULL), if(h.hn >= 2, h.hn, 0), "
+        f"h.hn >= 2 AND h.hsigma > 0 AND {worse} > 3 * h.hsigma "
+        "FROM (SELECT *, transform(toString(metric_name), {names:Array(String)}, {directions:Array(String)}, "
+        "'none') AS better FROM latest) AS l "
+        "LEFT JOIN fleet AS f ON f.cls = l.cls AND f.suite = l.suite AND f.metric_name = l.metric_name "
+        "AND f.labels_key = l.labels_key "
+        "LEFT JOIN history AS h ON h.node_id = l.node_id AND h.suite = l.suite AND h.metric_name = "
+        "l.metric_name AND h.device = l.device AND h.labels_key = l.labels_key"
+        + (" WHERE l.node_id = {node:String}" if node is not None else "")
+    )
+    rows = [
+        Row(
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            dict(zip(r[5], r[6], strict=True)),
+            r[7],
+            int(r[8]),
+            float(r[9]),
+            bool(r[10]),
+            fleet_median=r[11],
+            fleet_mad=r[12],
+            fleet_nodes=int(r[13]),
+            deviation_percent=float(r[14]),
+            grade=r[15],
+            history_mean=r[16],
+            history_sigma=r[17],
+            history_runs=int(r[18]),
+            beyond_3_sigma=bool(r[19]),
+        )
+        for r in store.query(sql, params)
+    ]
     _ring_vs_tree(rows)
     return sorted(rows, key=lambda r: (-r.deviation_percent, r.node_id, r.suite, r.metric_name, r.label_text))
 
 
-def _fleet(rows: list[Row], catalog: Catalog) -> None:
-    groups: dict[tuple, list[Row]] = {}
-    for row in rows:
-        groups.setdefault((row.class_fingerprint, row.suite, row.metric_name, row.label_text), []).append(row)
-    for members in groups.values():
-        values = [m.value for m in members]
-        median = _median(values)
-        mad = _median([abs(v - median) for v in values])
-        for row in members:
-            spec = catalog.get(row.metric_name)
-            row.fleet_median, row.fleet_mad, row.fleet_nodes = median, mad, len(members)
-            row.deviation_percent = round(
-                worse_deviation(row.value, median, spec.better if spec else "none"), 2
+FRESH_MS = 7 * 86_400_000  # peers' results count as fresh for this long
+MIN_PEERS = 3  # other nodes of the class, the node itself excluded
+MIN_OWN_RUNS = 3  # the node's own runs before the drain
+
+
+@dataclass
+class Check:
+    suite: str
+    metric_name: str
+    device: str
+    labels: dict[str, str]
+    value: float
+    reference: str  # class | own history | none
+    reference_value: float | None
+    deviation_percent: float
+    grade: str
+    note: str = ""
+
+
+def verify(store: Store, catalog: Catalog, node: str, since_ms: int, now: int) -> dict:
+    """Is the node, after a repair, as good as a real reference? Per result of its latest run: at
+    least MIN_PEERS other nodes of its class with fresh results (a class whose median degraded
+    against its own history is reported and not used), else its own MIN_OWN_RUNS runs before the
+    drain, else no reference (it stays drained). Every suite it has results for must have run after
+    `since_ms`. One query; only this node's rows come back."""
+    better = _better_map(catalog)
+    where = (
+        "class_fingerprint IN (SELECT DISTINCT class_fingerprint FROM "
+        f"{store.database}.bench_results WHERE node_id = {{node:String}})"
+    )
+    since = "fromUnixTimestamp64Milli({since:Int64}, 'UTC')"
+    fresh = "fromUnixTimestamp64Milli({fresh:Int64}, 'UTC')"
+    key = "suite, metric_name, labels_key"
+    sql = (
+        f"WITH runs AS ({runs_sql(store.database, where)}), latest AS ({LATEST}), "
+        "mine AS (SELECT * FROM latest WHERE node_id = {node:String}), "
+        f"peers AS (SELECT cls, {key}, {_median_sql('value')} AS med, count() AS n FROM latest "
+        f"WHERE node_id != {{node:String}} AND latest_ts >= {fresh} GROUP BY cls, {key}), "
+        f"past AS (SELECT cls, {key}, {_median_sql('v')} AS hmed, count() AS hn FROM runs "
+        f"WHERE node_id != {{node:String}} AND ts < {fresh} GROUP BY cls, {key}), "
+        f"own AS (SELECT device, {key}, avg(v) AS omean, count() AS own_runs FROM runs "
+        f"WHERE node_id = {{node:String}} AND ts < {since} GROUP BY device, {key}) "
+        "SELECT transform(toString(m.metric_name), {names:Array(String)}, {directions:Array(String)}, "
+        "'none') AS better, m.suite, m.metric_name, m.device, "
+        "mapKeys(mapSort(m.labels)), mapValues(mapSort(m.labels)), "
+        "m.value, toUnixTimestamp64Milli(m.latest_ts), p.n, p.med, "
+        f"round({_worse_sql('m.value', 'p.med')}, 2), "
+        f"if(q.hn > 0, round({_worse_sql('p.med', 'q.hmed')}, 2), 0), o.own_runs, o.omean, "
+        f"round({_worse_sql('m.value', 'o.omean')}, 2) "
+        "FROM mine AS m "
+        "LEFT JOIN peers AS p ON p.cls = m.cls AND p.suite = m.suite AND p.metric_name = m.metric_name "
+        "AND p.labels_key = m.labels_key "
+        "LEFT JOIN past AS q ON q.cls = m.cls AND q.suite = m.suite AND q.metric_name = m.metric_name "
+        "AND q.labels_key = m.labels_key "
+        "LEFT JOIN own AS o ON o.device = m.device AND o.suite = m.suite AND o.metric_name = m.metric_name "
+        "AND o.labels_key = m.labels_key "
+        "ORDER BY m.suite, m.metric_name, m.device, m.labels_key"
+    )
+    params = {
+        "not_graded": list(NOT_GRADED),
+        "names": list(better),
+        "directions": list(better.values()),
+        "node": node,
+        "since": since_ms,
+        "fresh": now - FRESH_MS,
+    }
+    checks: list[Check] = []
+    reasons: list[str] = []
+    latest_per_suite: dict[str, int] = {}
+    for (
+        _better,
+        suite,
+        name,
+        device,
+        keys,
+        values,
+        value,
+        at,
+        peers,
+        med,
+        dev,
+        drop,
+        own_n,
+        own_mean,
+        own_dev,
+    ) in store.query(sql, params):
+        labels = dict(zip(keys, values, strict=True))
+        latest_per_suite[suite] = max(latest_per_suite.get(suite, 0), int(at))
+        where_ = f"{suite} {name} {device} {','.join(f'{k}={v}' for k, v in sorted(labels.items()))}"
+        if peers and peers >= MIN_PEERS and drop >= YELLOW:
+            reasons.append(
+                f"{where_}: the class median itself degraded {drop:.1f} % against its own history: "
+                "not used as a reference"
             )
-            row.grade = grade(row.deviation_percent)
+        if peers and peers >= MIN_PEERS and drop < YELLOW:
+            checks.append(Check(suite, name, device, labels, value, "class", med, dev, grade(dev)))
+        elif own_n and own_n >= MIN_OWN_RUNS:
+            note = f"{int(peers or 0)} other node(s) of its class with fresh results: own history used"
+            checks.append(
+                Check(
+                    suite, name, device, labels, value, "own history", own_mean, own_dev, grade(own_dev), note
+                )
+            )
+        else:
+            checks.append(Check(suite, name, device, labels, value, "none", None, 0.0, "none"))
+            reasons.append(
+                f"{where_}: no reference (only {int(peers or 0)} other node(s) of its class with fresh "
+                f"results, {int(own_n or 0)} run(s) of its own before the drain; {MIN_PEERS} and "
+                f"{MIN_OWN_RUNS} needed)"
+            )
+    stale = sorted(suite for suite, at in latest_per_suite.items() if at < since_ms)
+    reasons.extend(f"suite {suite} has not run since the drain" for suite in stale)
+    not_green = [c for c in checks if c.grade not in ("green",)]
+    reasons.extend(
+        f"{c.suite} {c.metric_name} {c.device}: {c.grade} ({c.deviation_percent:.1f} % against {c.reference})"
+        for c in not_green
+        if c.grade != "none"
+    )
+    return {
+        "checks": checks,
+        "stale_suites": stale,
+        "benchmarked_since": bool(latest_per_suite) and not stale,
+        "green": bool(checks) and not not_green and not stale,
+        "reasons": reasons if checks else ["no benchmark results of this node"],
+    }
 
 
 def _ring_vs_tree(rows: list[Row]) -> None:
