@@ -199,3 +199,28 @@ def test_verify_needs_every_suite_newer_than_the_drain(store):
     result = verify(store, CATALOG, "n1", drained_at_ms(store), now_ms())
     assert result["stale_suites"] == ["nccl"] and not result["green"]
     assert "suite nccl has not run since the drain" in result["reasons"]
+
+
+def checksum_rows(node, value, class_fp="c1", device="gpu3"):
+    row = bench_row(f"{node}-run", node, "bench_gemm_checksum", value, class_fp=class_fp, at=9000)
+    gemm = bench_row(f"{node}-run", node, "bench_gemm_tflops", 700.0, class_fp=class_fp, at=9000)
+    for r in (row, gemm):
+        r.update(suite="compute", device=device)
+    row["labels"] = {"dtype": "bf16", "size": "8192", "gpu": "3"}
+    gemm["labels"] = {"dtype": "bf16", "size": "8192", "gpu": "3", "mode": "burst"}
+    return [row, gemm]
+
+
+def test_checksum_quorum_across_the_class_names_the_odd_gpu_and_a_tie_is_no_verdict(store):
+    rows = []
+    for node in ("n1", "n2", "n3"):
+        rows += checksum_rows(node, 4242.0)
+    rows += checksum_rows("n4", 4243.0)  # one bit off
+    rows += checksum_rows("t1", 1.0, class_fp="c2") + checksum_rows("t2", 2.0, class_fp="c2")
+    rows += checksum_rows("t3", 1.0, class_fp="c2") + checksum_rows("t4", 2.0, class_fp="c2")  # 2 vs 2
+    store.insert_rows("bench_results", rows)
+    from stethoscope.bench.baseline import quorum_suspects
+
+    assert quorum_suspects(store) == {("n4", "gpu3"): ["bf16"]}
+    (gemm,) = [r for r in build(store, CATALOG) if r.node_id == "n4" and r.metric_name == "bench_gemm_tflops"]
+    assert any("suspect silent data corruption" in hint for hint in gemm.hints)

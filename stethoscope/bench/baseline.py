@@ -177,6 +177,7 @@ def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0, node: st
         for r in store.query(sql, params)
     ]
     _ring_vs_tree(rows)
+    _quorum_hints(rows, quorum_suspects(store, node))
     return sorted(rows, key=lambda r: (-r.deviation_percent, r.node_id, r.suite, r.metric_name, r.label_text))
 
 
@@ -323,6 +324,40 @@ def _ring_vs_tree(rows: list[Row]) -> None:
         elif ring.grade != "green" and tree.grade != "green":
             ring.hints.append("ring and tree both degraded: suspect the node's NIC")
             tree.hints.append("ring and tree both degraded: suspect the node's NIC")
+
+
+def quorum_suspects(store: Store, node: str | None = None) -> dict[tuple[str, str], list[str]]:
+    """The checksum quorum across nodes: each GPU's latest checksum of the seeded GEMM, compared
+    bit-exactly with the same GPU index (device, dtype, size) on the other nodes of its class. The
+    odd one out against a strict majority of at least 3 is a suspect; a tie is no verdict.
+    -> {(node, device): [dtype, ...]}."""
+    where = "1" if node is None else "node_id = {node:String}"
+    rows = store.query(
+        "SELECT node_id, device, groupArray(dtype) FROM ("
+        "  SELECT node_id, device, dtype, sum AS mine, cls,"
+        "    count() OVER w AS voters, max(votes) OVER w AS top, "
+        "    argMax(sum, votes) OVER w AS majority FROM ("
+        "      SELECT node_id, device, labels['dtype'] AS dtype, labels['size'] AS size, "
+        "        argMax(value, timestamp) AS sum, argMax(class_fingerprint, timestamp) AS cls, "
+        "        count() OVER (PARTITION BY cls, device, dtype, size, sum) AS votes "
+        f"      FROM {store.database}.bench_results WHERE metric_name = 'bench_gemm_checksum' "
+        "      GROUP BY node_id, device, dtype, size)"
+        "    WINDOW w AS (PARTITION BY cls, device, dtype, size))"
+        f" WHERE voters >= 3 AND top * 2 > voters AND mine != majority AND {where} "
+        "GROUP BY node_id, device ORDER BY node_id, device",
+        {"node": node} if node is not None else None,
+    )
+    return {(n, d): sorted(dtypes) for n, d, dtypes in rows}
+
+
+def _quorum_hints(rows: list[Row], suspects: dict[tuple[str, str], list[str]]) -> None:
+    for row in rows:
+        dtypes = suspects.get((row.node_id, row.device))
+        if dtypes and row.suite == "compute" and row.metric_name == "bench_gemm_tflops":
+            row.hints.append(
+                f"GEMM checksum ({', '.join(dtypes)}) differs from the same GPU on the rest of its class: "
+                "suspect silent data corruption"
+            )
 
 
 def summary_rows(rows: list[Row]) -> list[Row]:
