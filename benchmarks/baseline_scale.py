@@ -45,8 +45,8 @@ def generate(store: Store, nodes: int, runs: int) -> int:
     for suite, metric, labels, healthy in SUITES:
         worse = 0.7 if metric != "bench_fft_ms" else 1.3
         store.command(
-            f"INSERT INTO {store.database}.bench_results (run_id, node_id, suite, metric_name, device, labels, "
-            "value, unit, repetition, class_fingerprint, node_fingerprint, unstable, timestamp) "
+            f"INSERT INTO {store.database}.bench_results (run_id, node_id, suite, metric_name, device, "
+            "labels, value, unit, repetition, class_fingerprint, node_fingerprint, unstable, timestamp) "
             "SELECT concat('run', toString(r.number), '-', node_id) AS run_id, "
             "concat('node', leftPad(toString(n.number), 4, '0')) AS node_id, "
             f"'{suite}', '{metric}', 'gpu0', {labels}, "
