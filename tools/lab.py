@@ -46,6 +46,7 @@ class Profile:
     nvlink: bool = False
     aer: bool = False
     faults: tuple[str, ...] = ()
+    eight_gpus: bool = False  # an 8-GPU node, derived from the real 8-GPU captures (eight_gpu_xml)
 
 
 PROFILES = [
@@ -56,12 +57,20 @@ PROFILES = [
         ib="gpud",
         aer=True,
         faults=("driver_upgrade",),
+        eight_gpus=True,
     ),
     Profile(
         "h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, faults=("thermal_throttle", "slow_bench")
     ),
     Profile("h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, faults=("row_remap_pending",)),
-    Profile("a100", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, ib="procfs", nvlink=True, aer=True),
+    Profile(
+        "a100",
+        {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"},
+        ib="procfs",
+        nvlink=True,
+        aer=True,
+        eight_gpus=True,
+    ),
     Profile(
         "a100",
         {"sda": "sata_ssd_samsung_pm883_healthy.json"},
@@ -129,6 +138,70 @@ def thermal_throttle(xml: str, step: int) -> str:
 
 
 UPGRADED_DRIVER = "580.172.08"
+
+
+H100_TEXT = PUBLIC / "nvidia-smi" / "q_text_8xH100-80GB-HBM3_535.161.08.txt"
+A100_NVLINK = PUBLIC / "nvidia-smi" / "nvlink_status_8xA100_gpud.txt"
+_TEXT_FIELDS = {
+    "Product Name": "product_name",
+    "Serial Number": "serial",
+    "GPU UUID": "uuid",
+    "Minor Number": "minor_number",
+    "VBIOS Version": "vbios_version",
+    "Bus Id": "pci_bus_id",
+    "GPU Current Temp": "gpu_temp",
+}
+
+
+def h100_identities() -> list[dict[str, str]]:
+    """Per GPU of the real 8 x H100 `nvidia-smi -q` capture: its identity and temperature."""
+    gpus: list[dict[str, str]] = []
+    for line in H100_TEXT.read_text().splitlines():
+        if line.startswith("GPU 0000"):
+            gpus.append({})
+        elif gpus and " : " in line:
+            name, _sep, value = line.partition(" : ")
+            tag = _TEXT_FIELDS.get(name.strip())
+            if tag and tag not in gpus[-1]:
+                gpus[-1][tag] = value.strip()
+    return gpus
+
+
+def a100_identities() -> list[dict[str, str]]:
+    """Per GPU of the real 8 x A100 `nvidia-smi nvlink --status` capture: index and UUID; bus ids
+    (the HGX A100 board's order) and serials are constructed: the capture names none."""
+    buses = ["07", "0F", "47", "4E", "87", "90", "B7", "BD"]
+    gpus = []
+    for line in A100_NVLINK.read_text().splitlines():
+        match = re.match(r"GPU (\d+): .*\(UUID: (GPU-[0-9a-f-]+)\)", line)
+        if match:
+            index = int(match.group(1))
+            gpus.append(
+                {
+                    "minor_number": str(index),
+                    "uuid": match.group(2),
+                    "pci_bus_id": f"00000000:{buses[index]}:00.0",
+                    "serial": str(1650522003820 + index),  # the capture's serial, one per GPU
+                }
+            )
+    return gpus
+
+
+def eight_gpu_xml(xml: str, identities: list[dict[str, str]]) -> str:
+    """The capture's <gpu> element once per GPU of an 8-GPU capture, each with that GPU's identity
+    (and temperature where the capture has one); everything else as the real element reports it."""
+    match = re.search(r"(\s*<gpu id=\"[^\"]*\">.*?</gpu>)", xml, re.S)
+    if not match:
+        raise SystemExit("lab: no <gpu> element in the capture; cannot derive an 8-GPU node")
+    block, derived = match.group(1), []
+    for identity in identities:
+        gpu = re.sub(r'<gpu id="[^"]*">', f'<gpu id="{identity["pci_bus_id"]}">', block, count=1)
+        for tag, value in identity.items():
+            if f"<{tag}>" in gpu:
+                gpu = xml_set(gpu, tag, value)
+        derived.append(gpu)
+    xml = xml.replace(block, "".join(derived))
+    return xml_set(xml, "attached_gpus", str(len(identities)))
 
 
 def driver_upgrade(xml: str, step: int) -> str:
@@ -252,6 +325,8 @@ def dynamic_files(node: Path, profile: Profile, step: int) -> None:
     """Everything that changes with the replay step."""
     out, root = node / "outputs", node / "root"
     xml = GPU_XML[profile.gpu].read_text()
+    if profile.eight_gpus:
+        xml = eight_gpu_xml(xml, h100_identities() if profile.gpu == "h200" else a100_identities())
     if "thermal_throttle" in profile.faults:
         xml = thermal_throttle(xml, step)
     if "row_remap_pending" in profile.faults:
