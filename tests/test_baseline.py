@@ -137,6 +137,8 @@ def test_baseline_playbook_on_the_lab_grades_the_slow_node_red(tmp_path, tmp_dsn
     assert (lab_dir / "nodes/node01/outputs/SYNTHETIC_nvme0_vwc").read_text().strip() == "1"
     # no scheduler in the lab: said once, and every node ran; no fio scratch file left behind
     assert proc.stdout.count("the inventory names no scheduler") == 1
+    decided = [f"baseline preflight node0{i}: run: no scheduler configured" for i in range(1, 9)]
+    assert all(line in proc.stdout for line in decided)
     assert not list(lab_dir.glob("nodes/*/scratch.fio"))
 
 

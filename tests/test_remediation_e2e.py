@@ -52,13 +52,13 @@ def test_worn_ssd_is_drained_evidenced_ticketed_once_and_resumed_after_verificat
         capture_output=True,
     )
     subprocess.run([BIN / "stethoscope", "db", "init"], env=env, check=True, capture_output=True)
-    for _sweep in range(3):  # the lab wears the SSD down one step per sweep
-        assert play(env, inventory, "collect.yml").returncode == 0
     # node07 is the only node of its class (the lab's T4): verify has no peers to compare with, so
     # its own history before the drain is the reference; 3 storage runs of it, as a weekly baseline
     for _run in range(3):
         bench = play(env, inventory, "baseline.yml", "--limit", "node07", *STORAGE_ONLY)
         assert bench.returncode == 0, bench.stdout[-3000:]
+    for _sweep in range(3):  # the lab wears the SSD down one step per sweep
+        assert play(env, inventory, "collect.yml").returncode == 0
     evidence = tmp_path / "evidence"
     diagnose = [
         str(BIN / "stethoscope"), "diagnose", "--json", "--execute", "--inventory", str(inventory),
