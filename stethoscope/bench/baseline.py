@@ -95,25 +95,6 @@ def runs_sql(db: str, where: str) -> str:
     )
 
 
-LATEST = (
-    "SELECT node_id, suite, metric_name, device, labels_key, argMax(run_id, ts) AS run, "
-    "argMax(v, ts) AS value, argMax(reps, ts) AS reps, argMax(rsd, ts) AS rsd, argMax(unst, ts) AS unst, "
-    "argMax(cls, ts) AS cls, argMax(nfp, ts) AS nfp, argMax(labels, ts) AS labels, max(ts) AS latest_ts "
-    "FROM runs GROUP BY node_id, suite, metric_name, device, labels_key"
-)
-# earlier runs under the node fingerprint of the latest (a swapped part starts a new history)
-HISTORY = (
-    "SELECT node_id, suite, metric_name, device, labels_key, avg(r.v) AS hmean, stddevSamp(r.v) AS hsigma, "
-    "count() AS hn FROM runs AS r "
-    "INNER JOIN latest AS l USING (node_id, suite, metric_name, device, labels_key) "
-    "WHERE r.run_id != l.run AND r.nfp = l.nfp GROUP BY node_id, suite, metric_name, device, labels_key"
-)
-FLEET = (
-    f"SELECT cls, suite, metric_name, labels_key, {_median_sql('value')} AS med, count() AS fn, "
-    "groupArray(value) AS vals FROM latest GROUP BY cls, suite, metric_name, labels_key"
-)
-
-
 def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0, node: str | None = None) -> list[Row]:
     """Every node's latest run graded against its class's median (and MAD) and its own history, all
     computed by one ClickHouse query; with `node`, only that node's rows come back (its classes are
@@ -132,25 +113,40 @@ def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0, node: st
             f"{store.database}.bench_results WHERE node_id = {{node:String}})"
         )
         params["node"] = node
-    dev = _worse_sql("l.value", "f.med")
-    delta = "l.value - h.hmean"
-    worse = f"multiIf(l.better = 'higher', -({delta}), l.better = 'lower', {delta}, abs({delta}))"
+    key = "node_id, suite, metric_name, device, labels_key"
+    # per series: its runs in time order; the latest, and the earlier ones under its node fingerprint
+    per_series = (
+        f"SELECT {key}, arraySort(x -> x.1, groupArray((ts, v, nfp, cls, reps, rsd, unst))) AS rs, "
+        "rs[-1] AS last, last.2 AS value, last.4 AS klass, any(labels) AS lbl, "
+        "arrayMap(x -> x.2, arrayFilter(x -> x.3 = last.3, arrayPopBack(rs))) AS hv, length(hv) AS hn, "
+        "arrayAvg(hv) AS hmean, if(hn >= 2, sqrt(arraySum(arrayMap(x -> (x - hmean) * (x - hmean), hv)) "
+        "/ (hn - 1)), 0) AS hsigma, "
+        "transform(toString(metric_name), {names:Array(String)}, {directions:Array(String)}, 'none') "
+        f"AS better FROM ({runs_sql(store.database, where)}) GROUP BY {key}"
+    )
+    # the fleet per (class, suite, metric, labels): its members in one array, median and MAD of it,
+    # then each member back on its own row (one pass; no join, no window)
+    fleet = (
+        "SELECT klass, suite, metric_name, labels_key, groupArray((node_id, device, value, lbl, last.5, "
+        "last.6, last.7, hn, hmean, hsigma, better)) AS members, arrayMap(m -> m.3, members) AS vals, "
+        f"{_array_median_sql('vals')} AS med, length(vals) AS fn, "
+        f"{_array_median_sql('arrayMap(x -> abs(x - med), vals)')} AS mad "
+        f"FROM ({per_series}) GROUP BY klass, suite, metric_name, labels_key"
+    )
+    member = (
+        "SELECT m.1 AS node_id, klass, suite, metric_name, m.2 AS device, m.3 AS value, m.4 AS lbl, "
+        "m.5 AS reps, m.6 AS rsd, m.7 AS unst, m.8 AS hn, m.9 AS hmean, m.10 AS hsigma, m.11 AS better, "
+        f"med, fn, mad FROM ({fleet}) ARRAY JOIN members AS m"
+    )
+    delta = "value - hmean"
+    worse = f"multiIf(better = 'higher', -({delta}), better = 'lower', {delta}, abs({delta}))"
     sql = (
-        f"WITH runs AS ({runs_sql(store.database, where)}), latest AS ({LATEST}), "
-        f"history AS ({HISTORY}), fleet AS ({FLEET}) "
-        "SELECT l.node_id, l.cls, l.suite, l.metric_name, l.device, mapKeys(mapSort(l.labels)), "
-        "mapValues(mapSort(l.labels)), l.value, l.reps, round(l.rsd, 3), l.unst OR l.rsd > {rsd:Float64}, "
-        f"f.med, {_array_median_sql('arrayMap(x -> abs(x - f.med), f.vals)')}, f.fn, round({dev}, 2) AS d, "
-        "multiIf(d > 20, 'red', d >= 10, 'yellow', 'green'), "
-        "if(h.hn >= 2, h.hmean, NULL), if(h.hn >= 2, h.hsigma, NULL), if(h.hn >= 2, h.hn, 0), "
-        f"h.hn >= 2 AND h.hsigma > 0 AND {worse} > 3 * h.hsigma "
-        "FROM (SELECT *, transform(toString(metric_name), {names:Array(String)}, {directions:Array(String)}, "
-        "'none') AS better FROM latest) AS l "
-        "LEFT JOIN fleet AS f ON f.cls = l.cls AND f.suite = l.suite AND f.metric_name = l.metric_name "
-        "AND f.labels_key = l.labels_key "
-        "LEFT JOIN history AS h ON h.node_id = l.node_id AND h.suite = l.suite AND h.metric_name = "
-        "l.metric_name AND h.device = l.device AND h.labels_key = l.labels_key"
-        + (" WHERE l.node_id = {node:String}" if node is not None else "")
+        "SELECT node_id, klass, suite, metric_name, device, mapKeys(mapSort(lbl)), mapValues(mapSort(lbl)), "
+        "value, reps, round(rsd, 3), unst OR rsd > {rsd:Float64}, med, mad, fn, "
+        f"round({_worse_sql('value', 'med')}, 2) AS d, multiIf(d > 20, 'red', d >= 10, 'yellow', 'green'), "
+        "if(hn >= 2, hmean, NULL), if(hn >= 2, hsigma, NULL), if(hn >= 2, hn, 0), "
+        f"hn >= 2 AND hsigma > 0 AND {worse} > 3 * hsigma FROM ({member})"
+        + (" WHERE node_id = {node:String}" if node is not None else "")
     )
     rows = [
         Row(
@@ -211,33 +207,38 @@ def verify(store: Store, catalog: Catalog, node: str, since_ms: int, now: int) -
         "class_fingerprint IN (SELECT DISTINCT class_fingerprint FROM "
         f"{store.database}.bench_results WHERE node_id = {{node:String}})"
     )
-    since = "fromUnixTimestamp64Milli({since:Int64}, 'UTC')"
-    fresh = "fromUnixTimestamp64Milli({fresh:Int64}, 'UTC')"
-    key = "suite, metric_name, labels_key"
+    # one pass: each series of the node's classes with its runs (ts, v) in time order, the class's
+    # series of one (suite, metric, labels) in one array, then the node's own members picked out
+    series = (
+        "SELECT node_id, suite, metric_name, device, labels_key, any(labels) AS lbl, "
+        "arraySort(x -> x.1, groupArray((toUnixTimestamp64Milli(ts), v, cls))) AS rs, rs[-1] AS last "
+        f"FROM ({runs_sql(store.database, where)}) "
+        "GROUP BY node_id, suite, metric_name, device, labels_key"
+    )
+    others = "arrayFilter(s -> s.1 != {node:String}, members)"
+    fresh_values = f"arrayMap(s -> s.4.2, arrayFilter(s -> s.4.1 >= {{fresh:Int64}}, {others}))"
+    before_fresh = "arrayMap(r -> r.2, arrayFilter(r -> r.1 < {fresh:Int64}, s.5))"
+    past_values = f"arrayFlatten(arrayMap(s -> {before_fresh}, {others}))"
+    classes = (
+        "SELECT last.3 AS klass, suite, metric_name, labels_key, "
+        "groupArray((node_id, device, lbl, last, rs)) AS members, "
+        f"{fresh_values} AS fresh_values, length(fresh_values) AS peers, "
+        f"{_array_median_sql('fresh_values')} AS med, {past_values} AS past_values, "
+        f"{_array_median_sql('past_values')} AS hmed, length(past_values) AS hn "
+        f"FROM ({series}) GROUP BY klass, suite, metric_name, labels_key"
+    )
+    own = "arrayMap(r -> r.2, arrayFilter(r -> r.1 < {since:Int64}, m.5))"
     sql = (
-        f"WITH runs AS ({runs_sql(store.database, where)}), latest AS ({LATEST}), "
-        "mine AS (SELECT * FROM latest WHERE node_id = {node:String}), "
-        f"peers AS (SELECT cls, {key}, {_median_sql('value')} AS med, count() AS n FROM latest "
-        f"WHERE node_id != {{node:String}} AND latest_ts >= {fresh} GROUP BY cls, {key}), "
-        f"past AS (SELECT cls, {key}, {_median_sql('v')} AS hmed, count() AS hn FROM runs "
-        f"WHERE node_id != {{node:String}} AND ts < {fresh} GROUP BY cls, {key}), "
-        f"own AS (SELECT device, {key}, avg(v) AS omean, count() AS own_runs FROM runs "
-        f"WHERE node_id = {{node:String}} AND ts < {since} GROUP BY device, {key}) "
-        "SELECT transform(toString(m.metric_name), {names:Array(String)}, {directions:Array(String)}, "
-        "'none') AS better, m.suite, m.metric_name, m.device, "
-        "mapKeys(mapSort(m.labels)), mapValues(mapSort(m.labels)), "
-        "m.value, toUnixTimestamp64Milli(m.latest_ts), p.n, p.med, "
-        f"round({_worse_sql('m.value', 'p.med')}, 2), "
-        f"if(q.hn > 0, round({_worse_sql('p.med', 'q.hmed')}, 2), 0), o.own_runs, o.omean, "
-        f"round({_worse_sql('m.value', 'o.omean')}, 2) "
-        "FROM mine AS m "
-        "LEFT JOIN peers AS p ON p.cls = m.cls AND p.suite = m.suite AND p.metric_name = m.metric_name "
-        "AND p.labels_key = m.labels_key "
-        "LEFT JOIN past AS q ON q.cls = m.cls AND q.suite = m.suite AND q.metric_name = m.metric_name "
-        "AND q.labels_key = m.labels_key "
-        "LEFT JOIN own AS o ON o.device = m.device AND o.suite = m.suite AND o.metric_name = m.metric_name "
-        "AND o.labels_key = m.labels_key "
-        "ORDER BY m.suite, m.metric_name, m.device, m.labels_key"
+        "SELECT transform(toString(metric_name), {names:Array(String)}, {directions:Array(String)}, "
+        "'none') AS better, suite, metric_name, m.2 AS device, "
+        "mapKeys(mapSort(m.3)), mapValues(mapSort(m.3)), "
+        "m.4.2 AS value, m.4.1, peers, med, "
+        f"round({_worse_sql('value', 'med')}, 2), "
+        f"if(hn > 0, round({_worse_sql('med', 'hmed')}, 2), 0), "
+        f"length({own}), arrayAvg({own}) AS omean, "
+        f"round({_worse_sql('value', 'omean')}, 2) "
+        f"FROM ({classes}) ARRAY JOIN members AS m WHERE m.1 = {{node:String}} "
+        "ORDER BY suite, metric_name, device, labels_key"
     )
     params = {
         "not_graded": list(NOT_GRADED),
