@@ -127,15 +127,16 @@ def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0, node: st
     # the fleet per (class, suite, metric, labels): its members in one array, median and MAD of it,
     # then each member back on its own row (one pass; no join, no window)
     fleet = (
-        "SELECT klass, suite, metric_name, labels_key, groupArray((node_id, device, value, lbl, last.5, "
-        "last.6, last.7, hn, hmean, hsigma, better)) AS members, arrayMap(m -> m.3, members) AS vals, "
+        "SELECT klass, suite, metric_name, labels_key, any(lbl) AS labels, groupArray((node_id, device, "
+        "value, last.5, last.6, last.7, hn, hmean, hsigma, better)) AS members, "
+        "arrayMap(m -> m.3, members) AS vals, "
         f"{_array_median_sql('vals')} AS med, length(vals) AS fn, "
         f"{_array_median_sql('arrayMap(x -> abs(x - med), vals)')} AS mad "
         f"FROM ({per_series}) GROUP BY klass, suite, metric_name, labels_key"
     )
     member = (
-        "SELECT m.1 AS node_id, klass, suite, metric_name, m.2 AS device, m.3 AS value, m.4 AS lbl, "
-        "m.5 AS reps, m.6 AS rsd, m.7 AS unst, m.8 AS hn, m.9 AS hmean, m.10 AS hsigma, m.11 AS better, "
+        "SELECT m.1 AS node_id, klass, suite, metric_name, m.2 AS device, m.3 AS value, labels AS lbl, "
+        "m.4 AS reps, m.5 AS rsd, m.6 AS unst, m.7 AS hn, m.8 AS hmean, m.9 AS hsigma, m.10 AS better, "
         f"med, fn, mad FROM ({fleet}) ARRAY JOIN members AS m"
     )
     delta = "value - hmean"
