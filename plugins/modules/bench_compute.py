@@ -21,10 +21,10 @@ description:
     C(clocks_throttle_reasons) on drivers older than 535).
   - Each GPU's first burst product per dtype is checked against a reference computed another way
     (fp64 on the CPU) and a mismatch fails that GPU (C(bench_gemm_mismatch=1), silent data
-    corruption). Every GPU computes the same seeded GEMM: the checksums of its product are compared
+    corruption). Every GPU computes the same seeded GEMM, and the checksums of its product are compared
     bit-exactly across the node's GPUs (C(bench_gemm_quorum_suspect) for the odd one out; a tie is no
     verdict) and are stored (C(bench_gemm_checksum)) for the same comparison across the class.
-  - A GPU more than the siblings' median below its siblings reports C(bench_gemm_below_siblings_percent).
+  - Each GPU's shortfall against the median of its node's GPUs is C(bench_gemm_below_siblings_percent).
   - Without a GPU the module is skipped with the reason, unless I(allow_cpu) runs small sizes on
     I(cpu_standins) CPU worker processes of one thread each, standing in for GPUs (labelled
     C(standin=cpu), devices C(cpuN)), so the per-device concurrency, the checks and the sibling
