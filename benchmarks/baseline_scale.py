@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -79,12 +80,18 @@ def old_module():
     return module
 
 
-def timed(fn, repeat: int) -> tuple[float, object]:
-    times, result = [], None
+CPU: dict[str, float] = {}
+
+
+def timed(fn, repeat: int, label: str = "") -> tuple[float, object]:
+    """Median wall seconds; the process's CPU seconds (chdb runs in it) of the median go to CPU."""
+    times, cpus, result = [], [], None
     for _ in range(repeat):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         result = fn()
         times.append(time.perf_counter() - started)
+        cpus.append(time.process_time() - cpu)
+    CPU[label] = round(statistics.median(cpus), 3)
     return statistics.median(times), result
 
 
@@ -127,10 +134,11 @@ def main() -> int:
             )
             return [r for r in old.build(store, catalog) if r.node_id == node]
 
-        new_report_s, new_lines = timed(new_report, args.repeat)
-        new_verify_s, verdict = timed(new_verify, args.repeat)
-        old_report_s, old_lines = timed(old_report, 1)
-        old_verify_s, old_rows = timed(old_verify, 1)
+        load_before = os.getloadavg()[0]
+        new_report_s, new_lines = timed(new_report, args.repeat, "baseline_report_new")
+        new_verify_s, verdict = timed(new_verify, args.repeat, "verify_node_new")
+        old_report_s, old_lines = timed(old_report, 1, f"baseline_report_old_{OLD_COMMIT}")
+        old_verify_s, old_rows = timed(old_verify, 1, f"verify_node_old_{OLD_COMMIT}")
     assert isinstance(verdict, dict)
     report = {
         "nodes": args.nodes,
@@ -145,6 +153,9 @@ def main() -> int:
         },
         "verify_node_seconds": {"new": round(new_verify_s, 3), f"old_{OLD_COMMIT}": round(old_verify_s, 3)},
         "targets_seconds": {"baseline_report": 2.0, "verify_node": 0.5},
+        # the machine is shared (other processes run): its load and the CPU seconds this one used
+        "load_average_1m_at_start": round(load_before, 2),
+        "cpu_seconds": CPU,
         "report_lines": {"new": new_lines, f"old_{OLD_COMMIT}": old_lines},
         "verify_example": {
             "node": node,
