@@ -6,7 +6,12 @@ option) and a tool folder put first on PATH, whose nvidia-smi, smartctl, dmesg, 
 nvme and lspci replay recorded output chosen by their arguments (the process boundary).
 
 Faulted variants are derived here, from the real outputs, by the functions named in FAULTS: anyone
-can read what was changed and regenerate it. Outputs no real sample exists for (`nvidia-smi nvlink
+can read what was changed and regenerate it. Two nodes have 8 GPUs (node02: the H200 capture's
+<gpu> element once per GPU of the real 8 x H100 `nvidia-smi -q` capture, with that GPU's bus id,
+serial, UUID, VBIOS and temperature; node05: the A100 capture's, once per GPU of the real 8 x A100
+NVLink capture), and node02 gets a newer driver at step 2 (a hardware-change event).
+
+Outputs no real sample exists for (`nvidia-smi nvlink
 -e`, `-gt d`, `rdma -j res show qp`, `nvme get-feature`) are constructed in the tools' documented
 formats and carry SYNTHETIC in their file names.
 
