@@ -22,6 +22,7 @@ from conftest import TOP, ansible_env, fixture_text
 
 TXN = "bltest1"
 OURS = f"stethoscope: baseline {TXN}"
+LOCKED = "TASK [aicluster.stethoscope.env_lock : Set the environment to locked]"  # runs only if a node does
 
 
 def node(state: str, reason: str = "", name: str = "node01") -> dict:
@@ -154,6 +155,7 @@ def test_idle_node_is_drained_for_the_run_and_resumed_after_a_failed_suite(
     assert "GEMM result differs from the reference" in out  # the suite failed on node01 ...
     assert "DRAIN" not in cluster.node("node01")["state"]  # ... and always resumed it
     assert "baseline preflight node01: run: drained for this baseline" in out
+    assert LOCKED in out
     assert "baseline preflight node02: skipped: Slurm shows node02" in out
     assert "DRAIN" not in cluster.node("node02")["state"]  # never drained: it could not be checked
     assert actions(tmp_dsn) >= {
@@ -176,7 +178,7 @@ def test_a_node_with_a_running_job_is_resumed_at_once_and_skipped(lab, tmp_path,
             "baseline preflight node01: skipped: a job is still running on node01 (DRAINING)" in proc.stdout
         )
         assert cluster.node("node01")["state"] == "ALLOCATED"  # resumed, its job untouched
-        assert "TASK [Lock the environment]" not in proc.stdout  # no node ran: node02/03 never respond
+        assert LOCKED not in proc.stdout  # no node ran: node02/03 never respond
     finally:
         subprocess.run(["scancel", job], env={"SLURM_CONF": str(cluster.conf)}, check=False)
         cluster.wait_state("node01", "IDLE")
@@ -201,4 +203,4 @@ def test_slurm_configured_and_unreachable_refuses(lab, tmp_path, tmp_dsn):
 
     proc = baseline(lab, tmp_path, tmp_dsn, Gone, "-e", json.dumps({"baseline_suites": []}))
     assert proc.returncode != 0 and "Slurm does not answer: refusing to start a batch" in proc.stdout
-    assert "Lock the environment" not in proc.stdout
+    assert LOCKED not in proc.stdout
