@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stethoscope.bench.baseline import build, render_table, worse_deviation
+from stethoscope.bench.baseline import FRESH_MS, build, render_table, verify, worse_deviation
 from stethoscope.catalog import Catalog
 from stethoscope.report.baseline_html import render_html
 from stethoscope.store.client import Store
@@ -103,6 +103,8 @@ def test_baseline_playbook_on_the_lab_grades_the_slow_node_red(tmp_path, tmp_dsn
             str(Path(sys.executable).parent / "ansible-playbook"),
             str(TOP / "playbooks/baseline.yml"),
             "-e",
+            "baseline_batch=4",
+            "-e",
             "bench_nccl_repetitions=2",
             "-e",
             "bench_storage_repetitions=2",
@@ -124,8 +126,14 @@ def test_baseline_playbook_on_the_lab_grades_the_slow_node_red(tmp_path, tmp_dsn
         fingerprints = store.query("SELECT count() FROM stethoscope.fingerprints FINAL WHERE kind = 'class'")[
             0
         ][0]
-    assert suites == {"nccl": 8, "storage": 8, "network": 4} and fingerprints >= 3
-    red = {(r.node_id, r.suite) for r in rows if r.grade == "red"}
+    assert suites == {"compute": 8, "nccl": 8, "storage": 8, "network": 4} and fingerprints >= 3
+    # compute on CPU stand-ins: every node's 2 stand-in devices graded, labelled as stand-ins
+    standins = {
+        (r.node_id, r.device) for r in rows if r.suite == "compute" and r.labels.get("standin") == "cpu"
+    }
+    assert standins == {(f"node{i:02d}", f"cpu{d}") for i in range(1, 9) for d in (0, 1)}
+    # 8 nodes share this machine's 2 cores, so stand-in throughput is not graded here; the rest is
+    red = {(r.node_id, r.suite) for r in rows if r.grade == "red" and r.suite != "compute"}
     assert red == {("node03", "nccl"), ("node03", "storage")}
     (ring,) = [r for r in rows if r.node_id == "node03" and r.labels == {"algo": "ring", "size": "avg"}]
     assert ring.hints == ["ring degraded while tree is normal: suspect switch port congestion"]
@@ -141,3 +149,94 @@ def test_baseline_playbook_on_the_lab_grades_the_slow_node_red(tmp_path, tmp_dsn
     assert '"ib_active_mtu": 2048' in facts and '"port": "mlx5_1/1"' in facts
     # the environment was put back after the suites: the lab's NVMe write cache is on again
     assert (lab_dir / "nodes/node01/outputs/SYNTHETIC_nvme0_vwc").read_text().strip() == "1"
+    # no scheduler in the lab: said once, and every node ran; no fio scratch file left behind
+    assert proc.stdout.count("the inventory names no scheduler") == 1
+    decided = [f"baseline preflight node0{i}: run: no scheduler configured" for i in range(1, 9)]
+    assert all(line in proc.stdout for line in decided)
+    assert not list(lab_dir.glob("nodes/*/scratch.fio"))
+
+
+def run_rows(run, node, value, at, suite="storage", class_fp="c1", metric="bench_fio_randread_iops"):
+    rows = [bench_row(run, node, metric, value, rep, class_fp=class_fp, at=at) for rep in (1, 2, 3)]
+    for row in rows:
+        row["suite"] = suite
+    return rows
+
+
+DRAIN_AT = 5_000  # offsets inside bench_row's timeline
+
+
+def drained_at_ms(store) -> int:
+    return now_ms() - 10_000_000 + DRAIN_AT
+
+
+def test_verify_of_a_class_of_one_is_not_green_by_comparing_with_itself(store):
+    # an RMA'd GPU with another VBIOS: the node alone in a new class, benchmarked after the drain
+    store.insert_rows("bench_results", run_rows("r1", "n1", 50.0, 9000, class_fp="new-vbios"))
+    result = verify(store, CATALOG, "n1", drained_at_ms(store), now_ms())
+    assert not result["green"] and [c.reference for c in result["checks"]] == ["none"]
+    assert "no reference (only 0 other node(s) of its class" in result["reasons"][0]
+
+
+def test_verify_compares_with_three_fresh_peers_excluding_itself(store):
+    rows = run_rows("r1", "n1", 70.0, 9000)
+    for peer in ("p1", "p2", "p3"):
+        rows += run_rows(f"{peer}-r", peer, 100.0, 8000)
+    store.insert_rows("bench_results", rows)
+    (check,) = verify(store, CATALOG, "n1", drained_at_ms(store), now_ms())["checks"]
+    assert (check.reference, check.reference_value, check.grade) == ("class", 100.0, "red")
+
+
+def test_verify_falls_back_to_own_history_when_the_class_median_degraded(store):
+    rows = []
+    for i, peer in enumerate(("p1", "p2", "p3")):  # the peers were at 100, now at 60: the class degraded
+        rows += run_rows(f"{peer}-old", peer, 100.0, 0 + i)
+        rows += run_rows(f"{peer}-new", peer, 60.0, 8000 + i)
+    for i in range(3):  # n1's own runs before the drain
+        rows += run_rows(f"n1-old{i}", "n1", 99.0 + i, 1000 + i)
+    rows += run_rows("n1-new", "n1", 100.0, 9000)
+    store.insert_rows("bench_results", rows)
+    now = now_ms()
+    result = verify(store, CATALOG, "n1", drained_at_ms(store), now - 10_000_000 + 7_000 + FRESH_MS)
+    (check,) = result["checks"]
+    assert (check.reference, check.grade) == ("own history", "green") and result["green"]
+    assert "the class median itself degraded 40.0 % against its own history" in result["reasons"][0]
+
+
+def test_verify_needs_every_suite_newer_than_the_drain(store):
+    rows = run_rows("r-new", "n1", 100.0, 9000, suite="storage")
+    rows += run_rows("r-old", "n1", 100.0, 100, suite="nccl", metric="bench_allreduce_busbw_gb_per_s")
+    for peer in ("p1", "p2", "p3"):
+        rows += run_rows(f"{peer}-s", peer, 100.0, 8000, suite="storage")
+        rows += run_rows(
+            f"{peer}-n", peer, 100.0, 8000, suite="nccl", metric="bench_allreduce_busbw_gb_per_s"
+        )
+    store.insert_rows("bench_results", rows)
+    result = verify(store, CATALOG, "n1", drained_at_ms(store), now_ms())
+    assert result["stale_suites"] == ["nccl"] and not result["green"]
+    assert "suite nccl has not run since the drain" in result["reasons"]
+
+
+def checksum_rows(node, value, class_fp="c1", device="gpu3"):
+    row = bench_row(f"{node}-run", node, "bench_gemm_checksum", value, class_fp=class_fp, at=9000)
+    gemm = bench_row(f"{node}-run", node, "bench_gemm_tflops", 700.0, class_fp=class_fp, at=9000)
+    for r in (row, gemm):
+        r.update(suite="compute", device=device)
+    row["labels"] = {"dtype": "bf16", "size": "8192", "gpu": "3"}
+    gemm["labels"] = {"dtype": "bf16", "size": "8192", "gpu": "3", "mode": "burst"}
+    return [row, gemm]
+
+
+def test_checksum_quorum_across_the_class_names_the_odd_gpu_and_a_tie_is_no_verdict(store):
+    rows = []
+    for node in ("n1", "n2", "n3"):
+        rows += checksum_rows(node, 4242.0)
+    rows += checksum_rows("n4", 4243.0)  # one bit off
+    rows += checksum_rows("t1", 1.0, class_fp="c2") + checksum_rows("t2", 2.0, class_fp="c2")
+    rows += checksum_rows("t3", 1.0, class_fp="c2") + checksum_rows("t4", 2.0, class_fp="c2")  # 2 vs 2
+    store.insert_rows("bench_results", rows)
+    from stethoscope.bench.baseline import quorum_suspects
+
+    assert quorum_suspects(store) == {("n4", "gpu3"): ["bf16"]}
+    (gemm,) = [r for r in build(store, CATALOG) if r.node_id == "n4" and r.metric_name == "bench_gemm_tflops"]
+    assert any("suspect silent data corruption" in hint for hint in gemm.hints)

@@ -23,41 +23,82 @@ def real_fio(tmp_path):
     return system
 
 
-def test_compute_on_cpu_small_sizes(tmp_path):
+SMALL = {
+    "allow_cpu": True,
+    "size": 128,
+    "fp64_size": 64,
+    "iterations": 5,
+    "warmup": 1,
+    "repetitions": 3,
+    "sustained_seconds": 1,
+    "fft_points": 4096,
+    "dtypes": ["fp32", "bf16"],
+}
+
+
+def test_compute_measures_every_standin_device_at_once(tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()
     fingerprint = {"class_fingerprint": "c0ffee", "node_fingerprint": "beef", "detail": {"gpu": None}}
     result = run_module(
-        tmp_path,
-        "bench_compute",
-        {
-            "allow_cpu": True,
-            "size": 128,
-            "fp64_size": 64,
-            "iterations": 5,
-            "warmup": 1,
-            "repetitions": 3,
-            "sustained_seconds": 1,
-            "fft_points": 4096,
-            "dtypes": ["fp32", "bf16"],
-            "fingerprint": fingerprint,
-        },
-        empty,
+        tmp_path, "bench_compute", {**SMALL, "cpu_standins": 3, "fingerprint": fingerprint}, empty
     )
-    assert not result["failed"] and result["device"] == "cpu (cpu)"
+    assert not result["failed"], result.get("msg")
+    assert result["device"] == "3 x CPU stand-in"
     bench = result["stethoscope_bench"]
     assert (
         bench["suite"] == "compute" and bench["class_fingerprint"] == "c0ffee" and bench["repetitions"] == 3
     )
-    modes = {
-        (r["labels"]["dtype"], r["labels"]["mode"])
-        for r in bench["results"]
-        if r["metric_name"] == "bench_gemm_tflops"
+    gemm = [r for r in bench["results"] if r["metric_name"] == "bench_gemm_tflops"]
+    assert {r["device"] for r in gemm} == {"cpu0", "cpu1", "cpu2"}
+    assert {(r["labels"]["gpu"], r["labels"]["standin"]) for r in gemm} == {
+        ("0", "cpu"),
+        ("1", "cpu"),
+        ("2", "cpu"),
     }
+    modes = {(r["labels"]["dtype"], r["labels"]["mode"]) for r in gemm}
     assert modes == {("fp32", "burst"), ("bf16", "burst"), ("bf16", "sustained")}
-    assert all(r["value"] > 0 for r in bench["results"])
-    assert {s["metric_name"] for s in result["stability"]} == {"bench_gemm_tflops", "bench_fft_ms"}
-    assert result["sustained"]["gemms"] > 0 and result["sustained"]["clock_event_reasons"] == []
+    assert all(r["value"] > 0 for r in gemm)
+    names = {s["metric_name"] for s in result["stability"]}
+    assert {"bench_gemm_tflops", "bench_fft_ms", "bench_gemm_mismatch", "bench_gemm_checksum"} <= names
+    assert "bench_gemm_below_siblings_percent" in names  # every device against its siblings' median
+    for device in result["devices"]:
+        assert [c["ok"] for c in device["checks"]] == [True, True], device
+        assert device["quorum"] == {"fp32": "agrees", "bf16": "agrees"}
+        assert device["sustained"]["gemms"] > 0 and device["clock_event_reasons"] == []
+    checksums = {
+        (r["labels"]["dtype"], r["value"])
+        for r in bench["results"]
+        if r["metric_name"] == "bench_gemm_checksum"
+    }
+    assert len(checksums) == 2  # one per dtype: the three devices agree bit for bit
+
+
+def test_a_corrupted_product_fails_that_device_only(tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    args = {**SMALL, "repetitions": 1, "sustained_seconds": 0, "fft_points": 0, "cpu_standins": 3}
+    result = run_module(tmp_path, "bench_compute", {**args, "inject_error_device": 1}, empty)
+    assert result["failed"] and "cpu1: GEMM result differs from the reference" in result["msg"]
+    by_device = {d["device"]: d for d in result["devices"]}
+    assert [c["ok"] for c in by_device["cpu1"]["checks"]] == [False, False]
+    assert all(c["ok"] for d in ("cpu0", "cpu2") for c in by_device[d]["checks"])
+    assert by_device["cpu1"]["quorum"] == {"fp32": "odd one out", "bf16": "odd one out"}
+    assert by_device["cpu0"]["quorum"] == {"fp32": "agrees", "bf16": "agrees"}
+    flags = {
+        (r["metric_name"], r["device"]): r["value"]
+        for r in result["stethoscope_bench"]["results"]
+        if r["metric_name"] in ("bench_gemm_mismatch", "bench_gemm_quorum_suspect")
+        and r["labels"]["dtype"] == "fp32"
+    }
+    assert flags == {
+        ("bench_gemm_mismatch", "cpu0"): 0.0,
+        ("bench_gemm_mismatch", "cpu1"): 1.0,
+        ("bench_gemm_mismatch", "cpu2"): 0.0,
+        ("bench_gemm_quorum_suspect", "cpu0"): 0.0,
+        ("bench_gemm_quorum_suspect", "cpu1"): 1.0,
+        ("bench_gemm_quorum_suspect", "cpu2"): 0.0,
+    }
 
 
 def test_compute_without_gpu_is_skipped_with_the_reason(tmp_path):

@@ -74,6 +74,9 @@ def test_gpu_metric_rows_from_real_captures_are_catalogued():
 def test_names_carry_their_unit_or_are_known_exceptions():
     exceptions = {
         "gpu_pcie_link_gen",
+        "bench_gemm_mismatch",  # flags and a checksum: no unit
+        "bench_gemm_quorum_suspect",
+        "bench_gemm_checksum",
         "gpu_pcie_link_width",
         "gpu_remapped_rows_correctable",
         "gpu_remapped_rows_uncorrectable",

@@ -184,3 +184,63 @@ def test_mtu_on_a_real_veth_pair_in_a_namespace(tmp_path, netns):
     assert locked["changed"] is True and mtu() == "4092"
     assert run("locked")["changed"] is False
     assert run("restored")["changed"] is True and mtu() == "1500"
+
+
+def argv_recorder(bindir: Path, log: Path, names: list[str]) -> None:
+    """Bootloader tools at the process boundary: each call's argv, one bracketed argument at a time,
+    so `--args=a b` (one argument) and `--args=a b` split in two read differently."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        script = bindir / name
+        record = f'{{ printf "{name}"; for a in "$@"; do printf " [%s]" "$a"; done; echo; }} >> "{log}"'
+        script.write_text(f"#!/bin/sh\n{record}\n")
+        script.chmod(0o755)
+
+
+BOOTLOADER_ARGV = {
+    "grubby": (
+        ["grubby [--update-kernel=ALL] [--args=intel_idle.max_cstate=1]"],
+        ["grubby [--update-kernel=ALL] [--remove-args=intel_idle.max_cstate=1]"],
+    ),
+    "update-grub": (["update-grub"], ["update-grub"]),
+    "grub2-mkconfig": (
+        ["grub2-mkconfig [-o] [/boot/grub2/grub.cfg]"],
+        ["grub2-mkconfig [-o] [/boot/grub2/grub.cfg]"],
+    ),
+}
+
+
+@pytest.mark.parametrize("tool", sorted(BOOTLOADER_ARGV))
+def test_bootloader_restore_removes_exactly_what_lock_added(tmp_path, tool):
+    # the admin already had processor.max_cstate=1: lock adds only intel_idle's, restore removes only it
+    root, bindir, log = node_root(tmp_path), tmp_path / "bin", tmp_path / "argv.log"
+    grub = root / "etc/default/grub"
+    grub.write_text('GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet processor.max_cstate=1"\n')
+    (root / "boot/loader/entries").mkdir(parents=True)
+    before = grub.read_text()
+    argv_recorder(bindir, log, ["grubby", "update-grub", "grub2-mkconfig"])
+    args = {
+        "root": str(root),
+        "state_dir": str(tmp_path / "s"),
+        "persistent_cstates": True,
+        "hold_cpu_dma_latency": False,
+        "bootloader": tool,
+    }
+    lock_argv, restore_argv = BOOTLOADER_ARGV[tool]
+
+    locked = run_module(tmp_path, "env_lock", args, bindir)
+    assert not locked["failed"] and locked["reboot_required"]
+    assert (
+        'GRUB_CMDLINE_LINUX_DEFAULT="quiet processor.max_cstate=1 intel_idle.max_cstate=1"'
+        in grub.read_text()
+    )
+    assert log.read_text().splitlines() == lock_argv
+    again = run_module(tmp_path, "env_lock", args, bindir)
+    assert again["changed"] is False and log.read_text().splitlines() == lock_argv  # idempotent: no call
+
+    restored = run_module(tmp_path, "env_lock", {**args, "state": "restored"}, bindir)
+    assert restored["changed"] and restored["reboot_required"]
+    assert grub.read_text() == before
+    assert log.read_text().splitlines() == lock_argv + restore_argv
+    twice = run_module(tmp_path, "env_lock", {**args, "state": "restored"}, bindir)
+    assert twice["changed"] is False and log.read_text().splitlines() == lock_argv + restore_argv

@@ -304,6 +304,23 @@ CASES = {
     "allreduce_busbw_below_fleet": fleet("bench_allreduce_busbw_gb_per_s", 70, AVG),
     "gemm_below_fleet": fleet("bench_gemm_tflops", 85, {"dtype": "bf16"}, device="gpu0"),
     "fio_iops_below_fleet": fleet("bench_fio_randread_iops", 60, device="nvme0n1"),
+    # bench_compute's verdicts per GPU (cpu stand-ins are measured, the sibling rule judges GPUs only)
+    "gpu_silent_data_corruption": (
+        [S("bench_gemm_mismatch", [0, 1], "gpu3", {"dtype": "bf16"}, step_ms=HOUR)],
+        [S("bench_gemm_mismatch", [0, 0], "gpu3", {"dtype": "bf16"}, step_ms=HOUR)],
+    ),
+    "gpu_slowest_sibling": (
+        [S("bench_gemm_below_siblings_percent", [2, 19.6], "gpu3", {"mode": "burst"}, step_ms=HOUR)],
+        [
+            S("bench_gemm_below_siblings_percent", [2, 12], "gpu3", {"mode": "burst"}, step_ms=HOUR),
+            S("bench_gemm_below_siblings_percent", [40], "cpu1", {"mode": "burst"}, step_ms=HOUR),
+        ],
+    ),
+    # collect.yml's counter: 0 at the node's first reading, then one driver upgrade
+    "hardware_changed_rebaseline": (
+        [S("node_fingerprint_changes_total", [0, 0, 1])],
+        [S("node_fingerprint_changes_total", [0, 0, 0])],
+    ),
     "governor_not_performance_during_bench": (
         [S("cpu_governor_performance", [1, 0], labels={"phase": "bench"})],
         [

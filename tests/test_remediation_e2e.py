@@ -15,6 +15,7 @@ from stethoscope.store.client import Store
 
 from conftest import TOP, ansible_env
 
+STORAGE_ONLY = ("-e", '{"baseline_suites": ["storage"], "bench_storage_repetitions": 1}')
 BIN = Path(sys.executable).parent
 
 
@@ -51,6 +52,11 @@ def test_worn_ssd_is_drained_evidenced_ticketed_once_and_resumed_after_verificat
         capture_output=True,
     )
     subprocess.run([BIN / "stethoscope", "db", "init"], env=env, check=True, capture_output=True)
+    # node07 is the only node of its class (the lab's T4): verify has no peers to compare with, so
+    # its own history before the drain is the reference; 3 storage runs of it, as a weekly baseline
+    for _run in range(3):
+        bench = play(env, inventory, "baseline.yml", "--limit", "node07", *STORAGE_ONLY)
+        assert bench.returncode == 0, bench.stdout[-3000:]
     for _sweep in range(3):  # the lab wears the SSD down one step per sweep
         assert play(env, inventory, "collect.yml").returncode == 0
     evidence = tmp_path / "evidence"
@@ -134,7 +140,14 @@ def test_worn_ssd_is_drained_evidenced_ticketed_once_and_resumed_after_verificat
 
     # verify.yml: a wrong txn never resumes; the drain's txn resumes after a green re-benchmark
     wrong = play(
-        env, inventory, "remediate/verify.yml", "--limit", "node07", "-e", "stethoscope_txn_id=0123abcd"
+        env,
+        inventory,
+        "remediate/verify.yml",
+        "--limit",
+        "node07",
+        "-e",
+        "stethoscope_txn_id=0123abcd",
+        *STORAGE_ONLY,
     )
     assert wrong.returncode != 0 and "not resuming node07" in wrong.stdout
     assert "DRAIN" in slurm.node("node07")["state"]
@@ -148,6 +161,7 @@ def test_worn_ssd_is_drained_evidenced_ticketed_once_and_resumed_after_verificat
         f"stethoscope_txn_id={txn}",
         "-e",
         "stethoscope_remediate_execute=true",
+        *STORAGE_ONLY,
     )
     assert verified.returncode == 0, verified.stdout[-3000:]
     assert "DRAIN" not in slurm.node("node07")["state"] and slurm.node("node07")["reason"] == ""

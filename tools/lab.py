@@ -6,7 +6,12 @@ option) and a tool folder put first on PATH, whose nvidia-smi, smartctl, dmesg, 
 nvme and lspci replay recorded output chosen by their arguments (the process boundary).
 
 Faulted variants are derived here, from the real outputs, by the functions named in FAULTS: anyone
-can read what was changed and regenerate it. Outputs no real sample exists for (`nvidia-smi nvlink
+can read what was changed and regenerate it. Two nodes have 8 GPUs (node02: the H200 capture's
+<gpu> element once per GPU of the real 8 x H100 `nvidia-smi -q` capture, with that GPU's bus id,
+serial, UUID, VBIOS and temperature; node05: the A100 capture's, once per GPU of the real 8 x A100
+NVLink capture), and node02 gets a newer driver at step 2 (a hardware-change event).
+
+Outputs no real sample exists for (`nvidia-smi nvlink
 -e`, `-gt d`, `rdma -j res show qp`, `nvme get-feature`) are constructed in the tools' documented
 formats and carry SYNTHETIC in their file names.
 
@@ -46,16 +51,31 @@ class Profile:
     nvlink: bool = False
     aer: bool = False
     faults: tuple[str, ...] = ()
+    eight_gpus: bool = False  # an 8-GPU node, derived from the real 8-GPU captures (eight_gpu_xml)
 
 
 PROFILES = [
     Profile("h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}),
-    Profile("h200", {"nvme0n1": "nvme_corsair_mp510_healthy.json"}, ib="gpud", aer=True),
+    Profile(
+        "h200",
+        {"nvme0n1": "nvme_corsair_mp510_healthy.json"},
+        ib="gpud",
+        aer=True,
+        faults=("driver_upgrade",),
+        eight_gpus=True,
+    ),
     Profile(
         "h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, faults=("thermal_throttle", "slow_bench")
     ),
     Profile("h200", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, faults=("row_remap_pending",)),
-    Profile("a100", {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"}, ib="procfs", nvlink=True, aer=True),
+    Profile(
+        "a100",
+        {"nvme0n1": "nvme_samsung_pm9a3_healthy.json"},
+        ib="procfs",
+        nvlink=True,
+        aer=True,
+        eight_gpus=True,
+    ),
     Profile(
         "a100",
         {"sda": "sata_ssd_samsung_pm883_healthy.json"},
@@ -127,6 +147,79 @@ def thermal_throttle(xml: str, step: int) -> str:
     xml = xml_set(xml, "clocks_event_reason_sw_thermal_slowdown", "Active")
     xml = xml_set(xml, "clocks_event_reason_gpu_idle", "Not Active")
     return xml_set(xml, "sm_clock", "1095 MHz")
+
+
+UPGRADED_DRIVER = "580.172.08"
+
+
+H100_TEXT = PUBLIC / "nvidia-smi" / "q_text_8xH100-80GB-HBM3_535.161.08.txt"
+A100_NVLINK = PUBLIC / "nvidia-smi" / "nvlink_status_8xA100_gpud.txt"
+_TEXT_FIELDS = {
+    "Product Name": "product_name",
+    "Serial Number": "serial",
+    "GPU UUID": "uuid",
+    "Minor Number": "minor_number",
+    "VBIOS Version": "vbios_version",
+    "Bus Id": "pci_bus_id",
+    "GPU Current Temp": "gpu_temp",
+}
+
+
+def h100_identities() -> list[dict[str, str]]:
+    """Per GPU of the real 8 x H100 `nvidia-smi -q` capture: its identity and temperature."""
+    gpus: list[dict[str, str]] = []
+    for line in H100_TEXT.read_text().splitlines():
+        if line.startswith("GPU 0000"):
+            gpus.append({})
+        elif gpus and " : " in line:
+            name, _sep, value = line.partition(" : ")
+            tag = _TEXT_FIELDS.get(name.strip())
+            if tag and tag not in gpus[-1]:
+                gpus[-1][tag] = value.strip()
+    return gpus
+
+
+def a100_identities() -> list[dict[str, str]]:
+    """Per GPU of the real 8 x A100 `nvidia-smi nvlink --status` capture: index and UUID; bus ids
+    (the HGX A100 board's order) and serials are constructed: the capture names none."""
+    buses = ["07", "0F", "47", "4E", "87", "90", "B7", "BD"]
+    gpus = []
+    for line in A100_NVLINK.read_text().splitlines():
+        match = re.match(r"GPU (\d+): .*\(UUID: (GPU-[0-9a-f-]+)\)", line)
+        if match:
+            index = int(match.group(1))
+            gpus.append(
+                {
+                    "minor_number": str(index),
+                    "uuid": match.group(2),
+                    "pci_bus_id": f"00000000:{buses[index]}:00.0",
+                    "serial": str(1650522003820 + index),  # the capture's serial, one per GPU
+                }
+            )
+    return gpus
+
+
+def eight_gpu_xml(xml: str, identities: list[dict[str, str]]) -> str:
+    """The capture's <gpu> element once per GPU of an 8-GPU capture, each with that GPU's identity
+    (and temperature where the capture has one); everything else as the real element reports it."""
+    match = re.search(r"(\s*<gpu id=\"[^\"]*\">.*?</gpu>)", xml, re.S)
+    if not match:
+        raise SystemExit("lab: no <gpu> element in the capture; cannot derive an 8-GPU node")
+    block, derived = match.group(1), []
+    for identity in identities:
+        gpu = re.sub(r'<gpu id="[^"]*">', f'<gpu id="{identity["pci_bus_id"]}">', block, count=1)
+        for tag, value in identity.items():
+            if f"<{tag}>" in gpu:
+                gpu = xml_set(gpu, tag, value)
+        derived.append(gpu)
+    xml = xml.replace(block, "".join(derived))
+    return xml_set(xml, "attached_gpus", str(len(identities)))
+
+
+def driver_upgrade(xml: str, step: int) -> str:
+    """From step 2 on (the second collect.yml sweep), the node runs a newer driver: its
+    fingerprint changes once, which is a hardware-change event."""
+    return xml_set(xml, "driver_version", UPGRADED_DRIVER) if step >= 2 else xml
 
 
 def row_remap_pending(xml: str, step: int) -> str:
@@ -257,10 +350,14 @@ def dynamic_files(node: Path, profile: Profile, step: int) -> None:
     """Everything that changes with the replay step."""
     out, root = node / "outputs", node / "root"
     xml = GPU_XML[profile.gpu].read_text()
+    if profile.eight_gpus:
+        xml = eight_gpu_xml(xml, h100_identities() if profile.gpu == "h200" else a100_identities())
     if "thermal_throttle" in profile.faults:
         xml = thermal_throttle(xml, step)
     if "row_remap_pending" in profile.faults:
         xml = row_remap_pending(xml, step)
+    if "driver_upgrade" in profile.faults:
+        xml = driver_upgrade(xml, step)
     write(out / "nvidia-smi_-q_-x.xml", xml)
     write(out / "nvidia-smi_dmon.txt", DMON.read_text())
     dmesg = DMESG.read_text()

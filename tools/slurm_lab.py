@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A real Slurm controller for the lab: munged and slurmctld (Debian's packages) under one folder,
-with the lab's node names and no slurmd (nodes never respond, and are never marked DOWN for it:
-SlurmdTimeout=0; DRAIN flags, DOWN set by hand and reasons still work).
-The tests import it; molecule's slurm_drain scenario runs it:
+with the lab's node names. Without slurmd the nodes never respond, and are never marked DOWN for it
+(SlurmdTimeout=0; DRAIN flags, DOWN set by hand and reasons still work); `start_slurmd(name)` runs
+Debian's slurmd for one of them, so jobs (`sbatch --wrap 'sleep 300'`) give it real ALLOCATED and
+DRAINING states. The tests import it; molecule's slurm_drain scenario runs it:
 
     tools/slurm_lab.py start DIR    # writes DIR/slurm.conf, starts munged and slurmctld, waits
     tools/slurm_lab.py stop DIR
@@ -21,11 +22,12 @@ import time
 from pathlib import Path
 
 REQUIRED = ("munged", "mungekey", "slurmctld", "scontrol")
+WITH_SLURMD = ("slurmd", "sbatch")
 
 
-def missing_tools() -> list[str]:
+def missing_tools(required: tuple[str, ...] = REQUIRED) -> list[str]:
     return [
-        tool for tool in REQUIRED if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists()
+        tool for tool in required if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists()
     ]
 
 
@@ -50,21 +52,26 @@ CredType=cred/munge
 StateSaveLocation={dir}/state
 SlurmctldPidFile={dir}/slurmctld.pid
 SlurmctldLogFile={dir}/slurmctld.log
+SlurmdSpoolDir={dir}/slurmd
+SlurmdPidFile={dir}/slurmd.pid
+SlurmdLogFile={dir}/slurmd.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 ReturnToService=2
 SlurmdTimeout=0
-NodeName={nodes} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN
-PartitionName=lab Nodes=ALL Default=YES State=UP
+{node_lines}PartitionName=lab Nodes=ALL Default=YES State=UP
 """
 
 
 class SlurmCluster:
-    def __init__(self, root: Path, nodes: str = "node[01-08]"):
+    def __init__(self, root: Path, nodes: str = "node[01-08]", with_slurmd: str | None = None):
+        """`with_slurmd`: one node (not in `nodes`) whose slurmd start_slurmd runs, on a port of its
+        own, so the slurmd-less nodes still never respond."""
         self.root = root
         self.conf = root / "slurm.conf"
         self.nodes = nodes
+        self.with_slurmd = with_slurmd
         self.munged: subprocess.Popen | None = None
 
     @property
@@ -96,7 +103,7 @@ class SlurmCluster:
                 user=os.environ.get("USER") or "root",
                 socket=sock,
                 dir=self.root,
-                nodes=self.nodes,
+                node_lines=self._node_lines(),
             )
         )
         subprocess.run([_tool("slurmctld"), "-f", str(self.conf), "-i"], check=True, capture_output=True)
@@ -106,6 +113,61 @@ class SlurmCluster:
                 return self
             time.sleep(0.3)
         raise RuntimeError(f"slurmctld did not answer: {(self.root / 'slurmctld.log').read_text()[-2000:]}")
+
+    def _node_lines(self) -> str:
+        lines = [f"NodeName={self.nodes} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN"]
+        if self.with_slurmd:
+            lines.append(
+                f"NodeName={self.with_slurmd} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=1 State=UNKNOWN"
+            )
+        return "\n".join(lines) + "\n"
+
+    def start_slurmd(self, name: str) -> None:
+        """Debian's slurmd for node `name` (on 127.0.0.1), waiting until slurmctld sees it IDLE."""
+        (self.root / "slurmd").mkdir(exist_ok=True)
+        subprocess.run(
+            [_tool("slurmd"), "-f", str(self.conf), "-N", name],
+            check=True,
+            capture_output=True,
+            env={**os.environ, **self.env},
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            state = self.node(name)["state"]
+            if state.startswith(("IDLE", "ALLOCATED", "MIXED")) and "NOT_RESPONDING" not in state:
+                return
+            time.sleep(0.5)
+        log = (self.root / "slurmd.log").read_text()[-2000:] if (self.root / "slurmd.log").exists() else ""
+        raise RuntimeError(f"slurmd for {name} did not register: {self.node(name)} {log}")
+
+    def sbatch(self, name: str, command: str) -> str:
+        """Submit `command` to node `name`; its job id."""
+        proc = subprocess.run(
+            [
+                shutil.which("sbatch") or "sbatch",
+                "--parsable",
+                "-w",
+                name,
+                "-o",
+                "/dev/null",
+                "--wrap",
+                command,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **self.env},
+            check=True,
+        )
+        return proc.stdout.strip().split(";")[0]
+
+    def wait_state(self, name: str, prefix: str, seconds: float = 30) -> str:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            state = self.node(name)["state"]
+            if state.startswith(prefix):
+                return state
+            time.sleep(0.3)
+        raise RuntimeError(f"{name} never reached {prefix}: {self.node(name)}")
 
     def scontrol(self, *argv: str) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -131,7 +193,7 @@ class SlurmCluster:
                 self.scontrol("update", f"NodeName={name}", "State=RESUME")
 
     def stop(self) -> None:
-        for pid_file in ("slurmctld.pid", "munged.pid"):
+        for pid_file in ("slurmd.pid", "slurmctld.pid", "munged.pid"):
             path = self.root / pid_file
             if path.exists():
                 with contextlib.suppress(ProcessLookupError, ValueError):

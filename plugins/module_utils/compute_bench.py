@@ -2,10 +2,14 @@
 # Apache License 2.0
 """GEMM and FFT throughput with PyTorch: median of timed runs after warm-up (burst), and a sustained
 run of back-to-back GEMMs long enough for power capping to show. Timing uses device events on CUDA
-and the monotonic clock on CPU. `torch` is passed in, so this file imports without it."""
+and the monotonic clock on CPU. `torch` is passed in, so this file imports without it.
+
+Each burst's last product is checked against a reference computed another way, in fp64 on the CPU
+(`check_product`), and reduced to a checksum of its bits for the quorum across GPUs and nodes."""
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 import time
 
@@ -50,8 +54,53 @@ def _operands(torch, device, dtype_name, n):
     return a, b
 
 
-def gemm_burst(torch, device, dtype_name, n, iterations, warmup, rest_seconds=0.0):
-    """Median TFLOP/s of `iterations` single GEMMs after `warmup` untimed ones.
+# Largest error of the product, relative to the spread of its elements (sqrt(n) for N(0,1)
+# operands), that rounding explains: bf16/fp16 outputs round to 8/11 significant bits and TF32 rounds
+# the inputs to 11; fp32 and fp64 accumulate only. A wrong element (a flipped exponent bit, a stuck
+# lane) is orders of magnitude above these.
+TOLERANCE = {"bf16": 3e-2, "fp16": 1e-2, "tf32": 1e-2, "fp32": 1e-4, "fp64": 1e-10}
+CHECK_ROWS = 4
+
+
+def check_product(torch, a, b, product, dtype_name, rows=CHECK_ROWS, seed=1):
+    """Is `product` a @ b? Two references in fp64 on the CPU, neither the GEMM under test: Freivalds'
+    projection of the whole product (product @ x against a @ (b @ x) for a random +-1 vector x) and
+    `rows` sampled rows computed exactly. -> {ok, error, tolerance, reason}."""
+    big_a, big_b, got = a.double().cpu(), b.double().cpu(), product.double().cpu()
+    n = big_a.shape[1]
+    tolerance = TOLERANCE[dtype_name]
+    if not bool(torch.isfinite(got).all()):
+        return {"ok": False, "error": float("inf"), "tolerance": tolerance, "reason": "non-finite values"}
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 2, (big_b.shape[1],), generator=generator).double() * 2 - 1
+    projected = float((got @ x - big_a @ (big_b @ x)).abs().max()) / n
+    picked = torch.randint(0, big_a.shape[0], (rows,), generator=generator)
+    sampled = float((got[picked] - big_a[picked] @ big_b).abs().max()) / n**0.5
+    error = max(projected, sampled)
+    ok = error <= tolerance
+    reason = "" if ok else "differs from the fp64 reference by %.3g (tolerance %.3g)" % (error, tolerance)
+    return {"ok": ok, "error": error, "tolerance": tolerance, "reason": reason}
+
+
+def checksum(torch, product):
+    """The product's bits as an integer below 2**53 (exact in a Float64 column): equal products of
+    one seeded GEMM give equal checksums, bit for bit."""
+    raw = product.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big") & ((1 << 53) - 1)
+
+
+def corrupt(torch, product):
+    """Fault injection (tests, the lab's `sdc` node): one element made wrong, as a flipped bit would."""
+    flat = product.view(-1)
+    flat[flat.numel() // 3] += 100.0 * (float(product.abs().max()) + 1.0)
+
+
+def gemm_burst(
+    torch, device, dtype_name, n, iterations, warmup, rest_seconds=0.0, check=False, inject_error=False
+):
+    """Median TFLOP/s of `iterations` single GEMMs after `warmup` untimed ones; with `check`, the last
+    product is checked against the fp64 reference and its checksum returned (`inject_error` corrupts
+    it first, between compute and check).
 
     A burst starts from a rested GPU: back-to-back bursts heat it and pull it under its power cap
     (measured on an H200: 775, 736, 711 TFLOP/s bf16 for three bursts without rest), which is what the
@@ -69,7 +118,13 @@ def gemm_burst(torch, device, dtype_name, n, iterations, warmup, rest_seconds=0.
     samples = [timer.time_ms(lambda: torch.matmul(a, b, out=out)) for _ in range(iterations)]
     flops = 2.0 * n**3
     tflops = [flops / (ms / 1000.0) / 1e12 for ms in samples if ms > 0]
-    return {"dtype": dtype_name, "n": n, "tflops": statistics.median(tflops), "samples_tflops": tflops}
+    result = {"dtype": dtype_name, "n": n, "tflops": statistics.median(tflops), "samples_tflops": tflops}
+    if check:
+        if inject_error:
+            corrupt(torch, out)
+        result["check"] = check_product(torch, a, b, out, dtype_name)
+        result["checksum"] = checksum(torch, out)
+    return result
 
 
 def gemm_sustained(torch, device, dtype_name, n, seconds, sampler=None, sample_every=2.0):

@@ -113,7 +113,41 @@ def plan_grub(ctx):
     missing = [arg for arg in CSTATE_ARGS if arg not in current.split()]
     if not missing:
         return []
-    return [change("grub", GRUB_DEFAULT, current, " ".join(current.split() + missing), how="grub")]
+    item = change("grub", GRUB_DEFAULT, current, " ".join(current.split() + missing), how="grub")
+    item["added"] = missing  # what restore removes again, and only that
+    return [item]
+
+
+BOOTLOADERS = ("auto", "grubby", "update-grub", "grub2-mkconfig", "none")
+
+
+def bootloader_tool(ctx, choice):
+    """Which tool regenerates the boot entries. `auto`: on a node root (/), grubby on BLS systems
+    (RHEL, Rocky: /boot/loader/entries), else update-grub (Debian, Ubuntu), else grub2-mkconfig;
+    under a root prefix (the lab, tests) none: the file there is the whole state."""
+    if choice != "auto":
+        return None if choice == "none" else choice
+    if ctx.root != "/":
+        return None
+    if ctx.which("grubby") and ctx.exists("/boot/loader/entries"):
+        return "grubby"
+    for tool in ("update-grub", "grub2-mkconfig"):
+        if ctx.which(tool):
+            return tool
+    raise CollectorError(
+        "no update-grub, grub2-mkconfig or grubby: %s edited, bootloader not regenerated" % GRUB_DEFAULT
+    )
+
+
+def bootloader_argv(tool, added, restoring):
+    """The exact command: grubby edits every BLS entry itself (adding, or on restore removing, exactly
+    the arguments lock added); the GRUB tools regenerate grub.cfg from /etc/default/grub."""
+    if tool == "grubby":
+        flag = "--remove-args" if restoring else "--args"
+        return ["grubby", "--update-kernel=ALL", "%s=%s" % (flag, " ".join(added))]
+    if tool == "update-grub":
+        return ["update-grub"]
+    return ["grub2-mkconfig", "-o", "/boot/grub2/grub.cfg"]
 
 
 def ib_mtu_mismatch(ctx, mtus):
@@ -171,7 +205,7 @@ def apply(ctx, item, value_key="after"):
                 "nvme %s: volatile write cache still %s after set-feature" % (device, out.strip())
             )
     elif item["how"] == "grub":
-        _set_grub_cmdline(ctx, value)
+        _set_grub_cmdline(ctx, value, item, restoring=item.get("restoring", False))
 
 
 def _checked(ctx, argv):
@@ -182,7 +216,7 @@ def _checked(ctx, argv):
         )
 
 
-def _set_grub_cmdline(ctx, cmdline):
+def _set_grub_cmdline(ctx, cmdline, item, restoring):
     text = ctx.read(GRUB_DEFAULT) or ""
     line = 'GRUB_CMDLINE_LINUX_DEFAULT="%s"' % cmdline
     if re.search(r"^GRUB_CMDLINE_LINUX_DEFAULT=", text, re.M):
@@ -190,18 +224,9 @@ def _set_grub_cmdline(ctx, cmdline):
     else:
         text = text.rstrip("\n") + "\n" + line
     write_file(ctx, GRUB_DEFAULT, text.rstrip("\n"))
-    if ctx.root != "/":
-        return  # a root prefix: the file is the state; there is no bootloader to regenerate
-    if ctx.which("grubby") and ctx.exists("/boot/loader/entries"):  # BLS distributions
-        _checked(ctx, ["grubby", "--update-kernel=ALL", "--args=%s" % " ".join(CSTATE_ARGS)])
-    elif ctx.which("update-grub"):
-        _checked(ctx, ["update-grub"])
-    elif ctx.which("grub2-mkconfig"):
-        _checked(ctx, ["grub2-mkconfig", "-o", "/boot/grub2/grub.cfg"])
-    else:
-        raise CollectorError(
-            "no update-grub, grub2-mkconfig or grubby: %s edited, bootloader not regenerated" % GRUB_DEFAULT
-        )
+    tool = item.get("bootloader")
+    if tool:
+        _checked(ctx, bootloader_argv(tool, item.get("added") or list(CSTATE_ARGS), restoring))
 
 
 # /dev/cpu_dma_latency ---------------------------------------------------------------------------

@@ -87,3 +87,40 @@ def fingerprint(ctx, env_lock_state=None):
         "node_fingerprint": digest({"class": class_fp, "serials": serials}),
         "detail": dict(detail, serials=serials),
     }
+
+
+CHANGES_METRIC = "node_fingerprint_changes_total"
+STATE = "fingerprint"
+
+
+def count_change(ctx, result):
+    """Counts changes of the node fingerprint across sweeps (state in the collector's state file) ->
+    (metric row, change or None). The first reading on a node is not a change: the counter starts at
+    0 there, as the catalog's `events` kind expects. In check mode nothing is saved."""
+    state = ctx.load_state(STATE) or {}
+    previous = state.get("node_fingerprint")
+    count = int(state.get("changes", 0))
+    change = None
+    if previous and previous != result["node_fingerprint"]:
+        count += 1
+        change = {
+            "from": previous,
+            "to": result["node_fingerprint"],
+            "class_from": state.get("class_fingerprint"),
+            "class_to": result["class_fingerprint"],
+            "fields": sorted(
+                k for k in result["detail"] if state.get("detail", {}).get(k) != result["detail"][k]
+            ),
+        }
+    if not ctx.check_mode:
+        ctx.save_state(
+            STATE,
+            {
+                "node_fingerprint": result["node_fingerprint"],
+                "class_fingerprint": result["class_fingerprint"],
+                "detail": result["detail"],
+                "changes": count,
+            },
+        )
+    row = {"name": CHANGES_METRIC, "device": "node", "value": float(count), "labels": {}}
+    return row, change

@@ -87,9 +87,17 @@ BENCH_ARGUMENT_SPEC = {
 }
 
 
-def run_bench(module, suite, describe):
+def run_bench(module, suite, describe, tool=None):
     """suite(ctx) -> (stethoscope_bench, metric rows, stability, extra). Benchmarks change nothing
-    on the node, but they do run: in check mode only `describe` is returned."""
+    on the node, but they do run: in check mode only `describe` is returned. A suite whose `tool` is
+    not installed is skipped with the reason (the other suites of the play still run)."""
+    if tool and not module.get_bin_path(tool):
+        module.exit_json(
+            changed=False,
+            skipped=True,
+            present=False,
+            msg="%s is not installed on this node (not on PATH): suite skipped" % tool,
+        )
     if module.check_mode:
         module.exit_json(changed=False, msg="check mode: would run %s" % describe)
     ctx = make_context(module)

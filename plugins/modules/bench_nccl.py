@@ -107,6 +107,7 @@ def main():
             p["max_rsd_percent"],
         ),
         "%s %s with NCCL_ALGO in %s" % (p["binary"], " ".join(p["args"]), p["algos"]),
+        tool=(p["launcher"] or [p["binary"]])[0],
     )
 
 

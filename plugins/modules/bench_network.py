@@ -123,6 +123,7 @@ def main():
             p["max_rsd_percent"],
         ),
         "%s against %s" % (", ".join(p["tests"]), p["server"]),
+        tool=p["tests"][0] if p["tests"] else None,
     )
 
 

@@ -139,6 +139,7 @@ def main():
                 ctx, job, p["log_dir"], p["fingerprint"], label, p["jump_factor"]
             ),
             "a %ss sustained write on %s" % (p["runtime"], p["filename"]),
+            tool="fio",
         )
     run_bench(
         module,
@@ -146,6 +147,7 @@ def main():
             ctx, job, p["repetitions"], p["fingerprint"], p["max_rsd_percent"], label
         ),
         "fio randread on %s, %d x %ss" % (p["filename"], p["repetitions"], p["runtime"]),
+        tool="fio",
     )
 
 

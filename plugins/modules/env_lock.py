@@ -45,6 +45,16 @@ options:
     description: Turn the NVMe volatile write cache off on every controller that has one.
     type: bool
     default: true
+  bootloader:
+    description:
+      - Which tool regenerates the boot entries after C(/etc/default/grub) changes. C(auto) picks
+        C(grubby) on BLS systems (RHEL, Rocky), else C(update-grub), else C(grub2-mkconfig), and
+        none under a I(root) prefix. Lock adds exactly the missing C-state arguments
+        (C(grubby --update-kernel=ALL --args=...)); restore removes exactly those
+        (C(grubby --update-kernel=ALL --remove-args=...)) or regenerates from the restored file.
+    type: str
+    choices: [auto, grubby, update-grub, grub2-mkconfig, none]
+    default: auto
   persistent_cstates:
     description: Also limit C-states on the kernel command line (takes effect after a reboot the module never does).
     type: bool
@@ -115,7 +125,8 @@ def plan_lock(ctx, p):
     if p["nvme_write_cache_off"]:
         plans += env_knobs.plan_write_cache(ctx)
     if p["persistent_cstates"]:
-        plans += env_knobs.plan_grub(ctx)
+        tool = env_knobs.bootloader_tool(ctx, p["bootloader"])
+        plans += [dict(item, bootloader=tool) for item in env_knobs.plan_grub(ctx)]
     return [x for x in plans if "skipped" not in x], [x for x in plans if "skipped" in x]
 
 
@@ -160,7 +171,7 @@ def restore(module, ctx, state):
             continue
         current = _current(ctx, item)
         if current != item["before"]:
-            changes.append(dict(item, before=current, after=item["before"]))
+            changes.append(dict(item, before=current, after=item["before"], restoring=True))
     if not module.check_mode and (changes or state):
         for item in changes:
             if item["how"] == "holder":
@@ -196,6 +207,7 @@ def main():
             mtu={"type": "dict", "default": {}},
             nvme_write_cache_off={"type": "bool", "default": True},
             persistent_cstates={"type": "bool", "default": False},
+            bootloader={"type": "str", "default": "auto", "choices": list(env_knobs.BOOTLOADERS)},
         ),
         supports_check_mode=True,
     )
@@ -210,7 +222,7 @@ def main():
             changes, skipped, mismatch = restore(module, ctx, state), [], []
     except (CollectorError, OSError) as exc:
         module.fail_json(msg="env_lock (%s): %s" % (p["state"], getattr(exc, "msg", exc)))
-    reboot = any(c["knob"] == "grub" for c in changes) and p["state"] == "locked"
+    reboot = any(c["knob"] == "grub" for c in changes)  # adding or removing: effective at the next boot
     fact = {
         "state": p["state"],
         "changes": len(changes),

@@ -18,6 +18,13 @@ options:
     description: The state env_lock set (its C(stethoscope_env_lock) fact), part of the class.
     type: dict
     default: {}
+  count_changes:
+    description:
+      - Count changes of the node fingerprint across runs in I(state_dir) and return them as
+        C(node_fingerprint_changes_total) (kind events; collect.yml does, so that a driver upgrade or
+        a swapped part triggers a re-baseline). The first run on a node counts 0.
+    type: bool
+    default: false
 author:
   - stethoscope developers
 """
@@ -30,6 +37,15 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+stethoscope_metrics:
+  description: With I(count_changes), C(node_fingerprint_changes_total) (device C(node)), the changes of the node fingerprint seen across runs (0 at the first run on a node).
+  returned: when count_changes
+  type: list
+  elements: dict
+fingerprint_change:
+  description: With I(count_changes), the change this run saw (from, to, class_from, class_to, fields), or null.
+  returned: when count_changes
+  type: dict
 stethoscope_fingerprint:
   description: C(class_fingerprint), C(node_fingerprint) (16 hex digits each) and the C(detail) they hash.
   returned: always
@@ -44,7 +60,10 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import CollectorError
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.fingerprint import fingerprint
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.fingerprint import (
+    count_change,
+    fingerprint,
+)
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import (
     argument_spec,
     make_context,
@@ -53,14 +72,25 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue 
 
 def main():
     module = AnsibleModule(
-        argument_spec=argument_spec(env_lock_state={"type": "dict", "default": {}}), supports_check_mode=True
+        argument_spec=argument_spec(
+            env_lock_state={"type": "dict", "default": {}}, count_changes={"type": "bool", "default": False}
+        ),
+        supports_check_mode=True,
     )
+    ctx = make_context(module)
     try:
-        result = fingerprint(make_context(module), module.params["env_lock_state"])
+        result = fingerprint(ctx, module.params["env_lock_state"])
     except CollectorError as exc:
         module.fail_json(msg=exc.msg, cmd=exc.cmd, rc=exc.rc, stdout=exc.stdout, stderr=exc.stderr)
+    extra = {}
+    if module.params["count_changes"]:
+        row, change = count_change(ctx, result)
+        extra = {"stethoscope_metrics": [row], "fingerprint_change": change}
     module.exit_json(
-        changed=False, stethoscope_fingerprint=result, ansible_facts={"stethoscope_fingerprint": result}
+        changed=False,
+        stethoscope_fingerprint=result,
+        ansible_facts={"stethoscope_fingerprint": result},
+        **extra,
     )
 
 

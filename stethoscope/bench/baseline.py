@@ -3,10 +3,8 @@ graded in the catalog's worse direction, its own history (3σ), and the ring-vs-
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
-from stethoscope import stats
 from stethoscope.catalog import Catalog
 from stethoscope.store.client import Store
 
@@ -56,88 +54,259 @@ def grade(deviation: float) -> str:
     return "red" if deviation > RED else "yellow" if deviation >= YELLOW else "green"
 
 
-def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0) -> list[Row]:
-    raw = store.query(
-        f"SELECT run_id, node_id, class_fingerprint, node_fingerprint, suite, metric_name, device, "
-        f"mapKeys(mapSort(labels)), mapValues(mapSort(labels)), value, repetition, unstable, timestamp "
-        f"FROM {store.database}.bench_results FINAL ORDER BY timestamp"
+# Verdict metrics of bench_compute (flags, checksums) are read by rules, not graded against a median.
+NOT_GRADED = ("bench_gemm_mismatch", "bench_gemm_quorum_suspect", "bench_gemm_checksum")
+
+
+def _median_sql(x: str) -> str:
+    """The exact median (the mean of the two middle values for an even count, as statistics.median)."""
+    return f"(quantileExactLow(0.5)({x}) + quantileExactHigh(0.5)({x})) / 2"
+
+
+def _array_median_sql(arr: str) -> str:
+    return f"(arrayReduce('quantileExactLow(0.5)', {arr}) + arrayReduce('quantileExactHigh(0.5)', {arr})) / 2"
+
+
+def _worse_sql(value: str, reference: str) -> str:
+    """Percent away from the reference in the catalog's worse direction (`better` is a column)."""
+    return (
+        f"if({reference} = 0, 0, multiIf("
+        f"better = 'higher', greatest(0, ({reference} - {value}) / abs({reference}) * 100), "
+        f"better = 'lower', greatest(0, ({value} - {reference}) / abs({reference}) * 100), "
+        f"abs({value} - {reference}) / abs({reference}) * 100))"
     )
-    runs: dict[tuple, dict[str, list[float]]] = {}
-    meta: dict[tuple, dict] = {}
+
+
+def _better_map(catalog: Catalog) -> dict[str, str]:
+    return {name: spec.better for name, spec in catalog.metrics.items() if name.startswith("bench_")}
+
+
+def runs_sql(db: str, where: str) -> str:
+    """Per (node, suite, metric, device, labels, run): the median over its repetitions and their RSD."""
+    return (
+        "SELECT node_id, suite, metric_name, device, labels_key, any(labels) AS labels, run_id, "
+        "any(class_fingerprint) AS cls, any(node_fingerprint) AS nfp, max(timestamp) AS ts, "
+        f"{_median_sql('value')} AS v, count() AS reps, "
+        "if(count() < 2 OR avg(value) = 0, 0, stddevSamp(value) / abs(avg(value)) * 100) AS rsd, "
+        f"max(unstable) AS unst FROM {db}.bench_results FINAL "
+        f"WHERE metric_name NOT IN {{not_graded:Array(String)}} AND {where} "
+        "GROUP BY node_id, suite, metric_name, device, labels_key, run_id"
+    )
+
+
+def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0, node: str | None = None) -> list[Row]:
+    """Every node's latest run graded against its class's median (and MAD) and its own history, all
+    computed by one ClickHouse query; with `node`, only that node's rows come back (its classes are
+    still read whole: the fleet median needs them)."""
+    where = "1"
+    better = _better_map(catalog)
+    params: dict = {
+        "not_graded": list(NOT_GRADED),
+        "names": list(better),
+        "directions": list(better.values()),
+        "rsd": max_rsd_percent,
+    }
+    if node is not None:
+        where = (
+            "class_fingerprint IN (SELECT DISTINCT class_fingerprint FROM "
+            f"{store.database}.bench_results WHERE node_id = {{node:String}})"
+        )
+        params["node"] = node
+    key = "node_id, suite, metric_name, device, labels_key"
+    # per series: its runs in time order; the latest, and the earlier ones under its node fingerprint
+    per_series = (
+        f"SELECT {key}, arraySort(x -> x.1, groupArray((ts, v, nfp, cls, reps, rsd, unst))) AS rs, "
+        "rs[-1] AS last, last.2 AS value, last.4 AS klass, any(labels) AS lbl, "
+        "arrayMap(x -> x.2, arrayFilter(x -> x.3 = last.3, arrayPopBack(rs))) AS hv, length(hv) AS hn, "
+        "arrayAvg(hv) AS hmean, if(hn >= 2, sqrt(arraySum(arrayMap(x -> (x - hmean) * (x - hmean), hv)) "
+        "/ (hn - 1)), 0) AS hsigma, "
+        "transform(toString(metric_name), {names:Array(String)}, {directions:Array(String)}, 'none') "
+        f"AS better FROM ({runs_sql(store.database, where)}) GROUP BY {key}"
+    )
+    # the fleet per (class, suite, metric, labels): its members in one array, median and MAD of it,
+    # then each member back on its own row (one pass; no join, no window)
+    fleet = (
+        "SELECT klass, suite, metric_name, labels_key, any(lbl) AS labels, groupArray((node_id, device, "
+        "value, last.5, last.6, last.7, hn, hmean, hsigma, better)) AS members, "
+        "arrayMap(m -> m.3, members) AS vals, "
+        f"{_array_median_sql('vals')} AS med, length(vals) AS fn, "
+        f"{_array_median_sql('arrayMap(x -> abs(x - med), vals)')} AS mad "
+        f"FROM ({per_series}) GROUP BY klass, suite, metric_name, labels_key"
+    )
+    member = (
+        "SELECT m.1 AS node_id, klass, suite, metric_name, m.2 AS device, m.3 AS value, labels AS lbl, "
+        "m.4 AS reps, m.5 AS rsd, m.6 AS unst, m.7 AS hn, m.8 AS hmean, m.9 AS hsigma, m.10 AS better, "
+        f"med, fn, mad FROM ({fleet}) ARRAY JOIN members AS m"
+    )
+    delta = "value - hmean"
+    worse = f"multiIf(better = 'higher', -({delta}), better = 'lower', {delta}, abs({delta}))"
+    sql = (
+        "SELECT node_id, klass, suite, metric_name, device, mapKeys(mapSort(lbl)), mapValues(mapSort(lbl)), "
+        "value, reps, round(rsd, 3), unst OR rsd > {rsd:Float64}, med, mad, fn, "
+        f"round({_worse_sql('value', 'med')}, 2) AS d, multiIf(d > 20, 'red', d >= 10, 'yellow', 'green'), "
+        "if(hn >= 2, hmean, NULL), if(hn >= 2, hsigma, NULL), if(hn >= 2, hn, 0), "
+        f"hn >= 2 AND hsigma > 0 AND {worse} > 3 * hsigma FROM ({member})"
+        + (" WHERE node_id = {node:String}" if node is not None else "")
+    )
+    rows = [
+        Row(
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            dict(zip(r[5], r[6], strict=True)),
+            r[7],
+            int(r[8]),
+            float(r[9]),
+            bool(r[10]),
+            fleet_median=r[11],
+            fleet_mad=r[12],
+            fleet_nodes=int(r[13]),
+            deviation_percent=float(r[14]),
+            grade=r[15],
+            history_mean=r[16],
+            history_sigma=r[17],
+            history_runs=int(r[18]),
+            beyond_3_sigma=bool(r[19]),
+        )
+        for r in store.query(sql, params)
+    ]
+    _ring_vs_tree(rows)
+    _quorum_hints(rows, quorum_suspects(store, node))
+    return sorted(rows, key=lambda r: (-r.deviation_percent, r.node_id, r.suite, r.metric_name, r.label_text))
+
+
+FRESH_MS = 7 * 86_400_000  # peers' results count as fresh for this long
+MIN_PEERS = 3  # other nodes of the class, the node itself excluded
+MIN_OWN_RUNS = 3  # the node's own runs before the drain
+
+
+@dataclass
+class Check:
+    suite: str
+    metric_name: str
+    device: str
+    labels: dict[str, str]
+    value: float
+    reference: str  # class | own history | none
+    reference_value: float | None
+    deviation_percent: float
+    grade: str
+    note: str = ""
+
+
+def verify(store: Store, catalog: Catalog, node: str, since_ms: int, now: int) -> dict:
+    """Is the node, after a repair, as good as a real reference? Per result of its latest run: at
+    least MIN_PEERS other nodes of its class with fresh results (a class whose median degraded
+    against its own history is reported and not used), else its own MIN_OWN_RUNS runs before the
+    drain, else no reference (it stays drained). Every suite it has results for must have run after
+    `since_ms`. One query; only this node's rows come back."""
+    better = _better_map(catalog)
+    where = (
+        "class_fingerprint IN (SELECT DISTINCT class_fingerprint FROM "
+        f"{store.database}.bench_results WHERE node_id = {{node:String}})"
+    )
+    # one pass: each series of the node's classes with its runs (ts, v) in time order, the class's
+    # series of one (suite, metric, labels) in one array, then the node's own members picked out
+    series = (
+        "SELECT node_id, suite, metric_name, device, labels_key, any(labels) AS lbl, "
+        "arraySort(x -> x.1, groupArray((toUnixTimestamp64Milli(ts), v, cls))) AS rs, rs[-1] AS last "
+        f"FROM ({runs_sql(store.database, where)}) "
+        "GROUP BY node_id, suite, metric_name, device, labels_key"
+    )
+    others = "arrayFilter(s -> s.1 != {node:String}, members)"
+    fresh_values = f"arrayMap(s -> s.4.2, arrayFilter(s -> s.4.1 >= {{fresh:Int64}}, {others}))"
+    before_fresh = "arrayMap(r -> r.2, arrayFilter(r -> r.1 < {fresh:Int64}, s.5))"
+    past_values = f"arrayFlatten(arrayMap(s -> {before_fresh}, {others}))"
+    classes = (
+        "SELECT last.3 AS klass, suite, metric_name, labels_key, "
+        "groupArray((node_id, device, lbl, last, rs)) AS members, "
+        f"{fresh_values} AS fresh_values, length(fresh_values) AS peers, "
+        f"{_array_median_sql('fresh_values')} AS med, {past_values} AS past_values, "
+        f"{_array_median_sql('past_values')} AS hmed, length(past_values) AS hn "
+        f"FROM ({series}) GROUP BY klass, suite, metric_name, labels_key"
+    )
+    own = "arrayMap(r -> r.2, arrayFilter(r -> r.1 < {since:Int64}, m.5))"
+    sql = (
+        "SELECT transform(toString(metric_name), {names:Array(String)}, {directions:Array(String)}, "
+        "'none') AS better, suite, metric_name, m.2 AS device, "
+        "mapKeys(mapSort(m.3)), mapValues(mapSort(m.3)), "
+        "m.4.2 AS value, m.4.1, peers, med, "
+        f"round({_worse_sql('value', 'med')}, 2), "
+        f"if(hn > 0, round({_worse_sql('med', 'hmed')}, 2), 0), "
+        f"length({own}), arrayAvg({own}) AS omean, "
+        f"round({_worse_sql('value', 'omean')}, 2) "
+        f"FROM ({classes}) ARRAY JOIN members AS m WHERE m.1 = {{node:String}} "
+        "ORDER BY suite, metric_name, device, labels_key"
+    )
+    params = {
+        "not_graded": list(NOT_GRADED),
+        "names": list(better),
+        "directions": list(better.values()),
+        "node": node,
+        "since": since_ms,
+        "fresh": now - FRESH_MS,
+    }
+    checks: list[Check] = []
+    reasons: list[str] = []
+    latest_per_suite: dict[str, int] = {}
     for (
-        run_id,
-        node,
-        class_fp,
-        node_fp,
+        _better,
         suite,
         name,
         device,
         keys,
-        values_,
+        values,
         value,
-        _rep,
-        unstable,
-        _ts,
-    ) in raw:
-        labels = json.dumps(dict(zip(keys, values_, strict=True)), sort_keys=True)
-        key = (node, suite, name, device, labels)
-        runs.setdefault(key, {}).setdefault(run_id, []).append(value)
-        entry = meta.setdefault(key, {"order": [], "class": class_fp, "node_fp": {}, "unstable": {}})
-        if run_id not in entry["order"]:
-            entry["order"].append(run_id)
-        entry["class"] = class_fp
-        entry["node_fp"][run_id] = node_fp
-        entry["unstable"][run_id] = entry["unstable"].get(run_id, False) or bool(unstable)
-    rows: list[Row] = []
-    for key, by_run in runs.items():
-        node, suite, name, device, labels = key
-        entry = meta[key]
-        latest = entry["order"][-1]
-        values = by_run[latest]
-        rsd = stats.rsd_percent(values)
-        row = Row(
-            node,
-            entry["class"],
-            suite,
-            name,
-            device,
-            json.loads(labels),
-            stats.median(values),
-            len(values),
-            round(rsd, 3),
-            entry["unstable"][latest] or rsd > max_rsd_percent,
-        )
-        # own history: earlier runs under the same node fingerprint (a swapped part starts anew)
-        same_parts = [r for r in entry["order"][:-1] if entry["node_fp"][r] == entry["node_fp"][latest]]
-        earlier = [stats.median(by_run[r]) for r in same_parts]
-        if len(earlier) >= 2:
-            row.history_mean, row.history_sigma = stats.mean(earlier), stats.stdev(earlier)
-            row.history_runs = len(earlier)
-            spec = catalog.get(name)
-            better = spec.better if spec else "none"
-            delta = row.value - row.history_mean
-            worse = -delta if better == "higher" else delta if better == "lower" else abs(delta)
-            row.beyond_3_sigma = row.history_sigma > 0 and worse > 3 * row.history_sigma
-        rows.append(row)
-    _fleet(rows, catalog)
-    _ring_vs_tree(rows)
-    return sorted(rows, key=lambda r: (-r.deviation_percent, r.node_id, r.suite, r.metric_name, r.label_text))
-
-
-def _fleet(rows: list[Row], catalog: Catalog) -> None:
-    groups: dict[tuple, list[Row]] = {}
-    for row in rows:
-        groups.setdefault((row.class_fingerprint, row.suite, row.metric_name, row.label_text), []).append(row)
-    for members in groups.values():
-        values = [m.value for m in members]
-        median, mad = stats.median(values), stats.mad(values)
-        for row in members:
-            spec = catalog.get(row.metric_name)
-            row.fleet_median, row.fleet_mad, row.fleet_nodes = median, mad, len(members)
-            row.deviation_percent = round(
-                worse_deviation(row.value, median, spec.better if spec else "none"), 2
+        at,
+        peers,
+        med,
+        dev,
+        drop,
+        own_n,
+        own_mean,
+        own_dev,
+    ) in store.query(sql, params):
+        labels = dict(zip(keys, values, strict=True))
+        latest_per_suite[suite] = max(latest_per_suite.get(suite, 0), int(at))
+        where_ = f"{suite} {name} {device} {','.join(f'{k}={v}' for k, v in sorted(labels.items()))}"
+        if peers and peers >= MIN_PEERS and drop >= YELLOW:
+            reasons.append(
+                f"{where_}: the class median itself degraded {drop:.1f} % against its own history: "
+                "not used as a reference"
             )
-            row.grade = grade(row.deviation_percent)
+        if peers and peers >= MIN_PEERS and drop < YELLOW:
+            checks.append(Check(suite, name, device, labels, value, "class", med, dev, grade(dev)))
+        elif own_n and own_n >= MIN_OWN_RUNS:
+            note = f"{int(peers or 0)} other node(s) of its class with fresh results: own history used"
+            checks.append(
+                Check(
+                    suite, name, device, labels, value, "own history", own_mean, own_dev, grade(own_dev), note
+                )
+            )
+        else:
+            checks.append(Check(suite, name, device, labels, value, "none", None, 0.0, "none"))
+            reasons.append(
+                f"{where_}: no reference (only {int(peers or 0)} other node(s) of its class with fresh "
+                f"results, {int(own_n or 0)} run(s) of its own before the drain; {MIN_PEERS} and "
+                f"{MIN_OWN_RUNS} needed)"
+            )
+    stale = sorted(suite for suite, at in latest_per_suite.items() if at < since_ms)
+    reasons.extend(f"suite {suite} has not run since the drain" for suite in stale)
+    not_green = [c for c in checks if c.grade not in ("green",)]
+    reasons.extend(
+        f"{c.suite} {c.metric_name} {c.device}: {c.grade} ({c.deviation_percent:.1f} % against {c.reference})"
+        for c in not_green
+        if c.grade != "none"
+    )
+    return {
+        "checks": checks,
+        "stale_suites": stale,
+        "benchmarked_since": bool(latest_per_suite) and not stale,
+        "green": bool(checks) and not not_green and not stale,
+        "reasons": reasons if checks else ["no benchmark results of this node"],
+    }
 
 
 def _ring_vs_tree(rows: list[Row]) -> None:
@@ -156,6 +325,40 @@ def _ring_vs_tree(rows: list[Row]) -> None:
         elif ring.grade != "green" and tree.grade != "green":
             ring.hints.append("ring and tree both degraded: suspect the node's NIC")
             tree.hints.append("ring and tree both degraded: suspect the node's NIC")
+
+
+def quorum_suspects(store: Store, node: str | None = None) -> dict[tuple[str, str], list[str]]:
+    """The checksum quorum across nodes: each GPU's latest checksum of the seeded GEMM, compared
+    bit-exactly with the same GPU index (device, dtype, size) on the other nodes of its class. The
+    odd one out against a strict majority of at least 3 is a suspect; a tie is no verdict.
+    -> {(node, device): [dtype, ...]}."""
+    where = "1" if node is None else "node_id = {node:String}"
+    rows = store.query(
+        "SELECT node_id, device, groupArray(dtype) FROM ("
+        "  SELECT node_id, device, dtype, sum AS mine, cls,"
+        "    count() OVER w AS voters, max(votes) OVER w AS top, "
+        "    argMax(sum, votes) OVER w AS majority FROM ("
+        "      SELECT node_id, device, labels['dtype'] AS dtype, labels['size'] AS size, "
+        "        argMax(value, timestamp) AS sum, argMax(class_fingerprint, timestamp) AS cls, "
+        "        count() OVER (PARTITION BY cls, device, dtype, size, sum) AS votes "
+        f"      FROM {store.database}.bench_results WHERE metric_name = 'bench_gemm_checksum' "
+        "      GROUP BY node_id, device, dtype, size)"
+        "    WINDOW w AS (PARTITION BY cls, device, dtype, size))"
+        f" WHERE voters >= 3 AND top * 2 > voters AND mine != majority AND {where} "
+        "GROUP BY node_id, device ORDER BY node_id, device",
+        {"node": node} if node is not None else None,
+    )
+    return {(n, d): sorted(dtypes) for n, d, dtypes in rows}
+
+
+def _quorum_hints(rows: list[Row], suspects: dict[tuple[str, str], list[str]]) -> None:
+    for row in rows:
+        dtypes = suspects.get((row.node_id, row.device))
+        if dtypes and row.suite == "compute" and row.metric_name == "bench_gemm_tflops":
+            row.hints.append(
+                f"GEMM checksum ({', '.join(dtypes)}) differs from the same GPU on the rest of its class: "
+                "suspect silent data corruption"
+            )
 
 
 def summary_rows(rows: list[Row]) -> list[Row]:

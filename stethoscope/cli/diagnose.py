@@ -218,36 +218,32 @@ def verify_command(args: argparse.Namespace) -> int:
         rule_id = ledger.rule_of_txn(args.txn)
         # the benchmark that counts is one run after the drain (or after --since)
         since_ms = since_override if since_override is not None else (drained_at or 0)
-        latest = store.query(
-            f"SELECT toUnixTimestamp64Milli(max(timestamp)), count() FROM {store.database}.bench_results "
-            "WHERE node_id = {node:String}",
-            {"node": args.node},
-        )[0]
-        rows = [r for r in baseline.build(store, Catalog.load()) if r.node_id == args.node]
-    summary = baseline.summary_rows(rows)
-    not_green = [
-        {
-            "suite": r.suite,
-            "metric": r.metric_name,
-            "labels": r.labels,
-            "grade": r.grade,
-            "deviation": r.deviation_percent,
-        }
-        for r in summary
-        if r.grade != "green"
-    ]
-    fresh = latest[1] > 0 and latest[0] >= since_ms
-    green = fresh and bool(summary) and not not_green
+        result = baseline.verify(store, Catalog.load(), args.node, since_ms, now_ms())
     ours = drained_at is not None
     verdict = {
         "node": args.node,
         "txn_id": args.txn,
         "rule_id": rule_id,
         "drain_recorded": ours,
-        "benchmarked_since": fresh,
-        "green": green,
-        "not_green": not_green,
-        "resume": ours and green,
+        "benchmarked_since": result["benchmarked_since"],
+        "stale_suites": result["stale_suites"],
+        "green": result["green"],
+        "references": sorted({c.reference for c in result["checks"]}),
+        "not_green": [
+            {
+                "suite": c.suite,
+                "metric": c.metric_name,
+                "labels": c.labels,
+                "grade": c.grade,
+                "deviation": c.deviation_percent,
+                "reference": c.reference,
+            }
+            for c in result["checks"]
+            if c.grade != "green"
+        ],
+        "reasons": ([] if ours else [f"no drain of {args.node} recorded under {args.txn}"])
+        + result["reasons"],
+        "resume": ours and result["green"],
     }
     print(json.dumps(verdict, sort_keys=True))
     return EXIT_OK if verdict["resume"] else EXIT_FINDINGS
