@@ -38,6 +38,8 @@ def test_schema_is_idempotent(store):
         "metrics",
         "metrics_daily",
         "metrics_daily_mv",
+        "metrics_hourly",
+        "metrics_hourly_mv",
         "facts",
         "bench_results",
         "fingerprints",

@@ -12,7 +12,7 @@ from typing import Any
 
 from stethoscope.store.batch import METRIC_COLUMNS, Batch, MetricColumns
 from stethoscope.store.dsn import database_of, embedded_path, is_embedded, redact, resolve_dsn
-from stethoscope.store.schema import cluster_ddl, single_node_ddl
+from stethoscope.store.schema import cluster_ddl, hourly_backfill, single_node_ddl
 
 # clickhouse-connect logs a traceback for every failed insert; our callers report the error themselves.
 logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)
@@ -142,10 +142,20 @@ class Store:
             self.init_schema()
 
     def init_schema(self, raw_ttl_days: int = 30) -> list[str]:
+        before = self._tables()
         statements = single_node_ddl(self.database, raw_ttl_days)
         for statement in statements:
             self.command(statement)
+        if "metrics" in before and "metrics_hourly" not in before:
+            # an existing database gets the hourly rollup of what its raw rows still hold; the view
+            # exists first, so a row written meanwhile is counted twice rather than lost
+            self.command(hourly_backfill(self.database))
         return statements
+
+    def _tables(self) -> set[str]:
+        sql = "SELECT name FROM system.tables WHERE database = {db:String}"
+        rows = self.query(sql, {"db": self.database})
+        return {row[0] for row in rows}
 
     def check_cluster_ddl(self, cluster: str = "{cluster}") -> list[str]:
         """Parse the cluster variant with ClickHouse's own parser (formatQuery); nothing is created."""

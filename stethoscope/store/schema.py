@@ -24,7 +24,7 @@ class Table:
     settings: tuple[str, ...] = field(default_factory=tuple)
 
 
-def tables(raw_ttl_days: int = 30, daily_ttl_days: int = 730) -> list[Table]:
+def tables(raw_ttl_days: int = 30, daily_ttl_days: int = 730, hourly_ttl_days: int = 90) -> list[Table]:
     return [
         Table(
             "metrics",
@@ -61,6 +61,30 @@ def tables(raw_ttl_days: int = 30, daily_ttl_days: int = 730) -> list[Table]:
             "(node_id, metric_name, device, labels_key, day)",
             partition_by="toYYYYMM(day)",
             ttl=f"day + INTERVAL {int(daily_ttl_days)} DAY",
+        ),
+        Table(
+            "metrics_hourly",
+            (
+                "node_id LowCardinality(String)",
+                "metric_name LowCardinality(String)",
+                "device LowCardinality(String)",
+                "labels SimpleAggregateFunction(any, Map(String, String))",
+                "labels_key String",
+                "hour DateTime('UTC')",
+                "min_value SimpleAggregateFunction(min, Float64)",
+                "max_value SimpleAggregateFunction(max, Float64)",
+                # the time of the maximum; of equal maxima the earliest, so merges cannot change it
+                "max_at AggregateFunction(argMax, DateTime64(3, 'UTC'), Tuple(Float64, Int64))",
+                "avg_value AggregateFunction(avg, Float64)",
+                "last_value AggregateFunction(argMax, Float64, DateTime64(3, 'UTC'))",
+                "first_at SimpleAggregateFunction(min, DateTime64(3, 'UTC'))",
+                "last_at SimpleAggregateFunction(max, DateTime64(3, 'UTC'))",
+                "samples SimpleAggregateFunction(sum, UInt64)",
+            ),
+            "AggregatingMergeTree",
+            "(node_id, metric_name, device, labels_key, hour)",
+            partition_by="toYYYYMMDD(hour)",
+            ttl=f"hour + INTERVAL {int(hourly_ttl_days)} DAY",
         ),
         Table(
             "facts",
@@ -174,6 +198,29 @@ FROM {db}.{source}
 GROUP BY node_id, metric_name, device, labels_key, day"""
 
 
+HOURLY_COLUMNS = (
+    "node_id, metric_name, device, labels, labels_key, hour, min_value, max_value, max_at, avg_value, "
+    "last_value, first_at, last_at, samples"
+)
+HOURLY_SELECT = """SELECT node_id, metric_name, device, any(labels) AS labels, labels_key,
+  toStartOfHour(timestamp) AS hour, min(value) AS min_value, max(value) AS max_value,
+  argMaxState(timestamp, (value, -toUnixTimestamp64Milli(timestamp))) AS max_at,
+  avgState(value) AS avg_value, argMaxState(value, timestamp) AS last_value,
+  min(timestamp) AS first_at, max(timestamp) AS last_at, count() AS samples
+FROM {db}.{source}
+GROUP BY node_id, metric_name, device, labels_key, hour"""
+HOURLY_VIEW = (
+    "CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.metrics_hourly_mv{on_cluster} TO {db}.{target}\nAS "
+    + HOURLY_SELECT
+)
+
+
+def hourly_backfill(db: str) -> str:
+    """Fill a just-created metrics_hourly from the raw rows (FINAL: each stored row counted once)."""
+    select = HOURLY_SELECT.format(db=db, source="metrics FINAL")
+    return f"INSERT INTO {db}.metrics_hourly ({HOURLY_COLUMNS})\n{select}"
+
+
 def _table_ddl(db: str, table: Table, name: str, engine: str, on_cluster: str) -> str:
     parts = [
         f"CREATE TABLE IF NOT EXISTS {db}.{name}{on_cluster}\n(\n    "
@@ -196,6 +243,7 @@ def single_node_ddl(db: str, raw_ttl_days: int = 30) -> list[str]:
     for table in tables(raw_ttl_days):
         statements.append(_table_ddl(db, table, table.name, f"{table.engine}({table.engine_args})", ""))
     statements.append(DAILY_VIEW.format(db=db, on_cluster="", target="metrics_daily", source="metrics"))
+    statements.append(HOURLY_VIEW.format(db=db, on_cluster="", target="metrics_hourly", source="metrics"))
     return statements
 
 
@@ -216,5 +264,10 @@ def cluster_ddl(db: str, cluster: str = "{cluster}", raw_ttl_days: int = 30) -> 
         )
     statements.append(
         DAILY_VIEW.format(db=db, on_cluster=on_cluster, target="metrics_daily_local", source="metrics_local")
+    )
+    statements.append(
+        HOURLY_VIEW.format(
+            db=db, on_cluster=on_cluster, target="metrics_hourly_local", source="metrics_local"
+        )
     )
     return statements

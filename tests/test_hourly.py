@@ -1,0 +1,88 @@
+"""metrics_hourly (DESIGN.md "Storage"): per series and whole hour the min, the max with its time, the
+average, the last value and the count, fed by the raw rows as they are written and, on `db init` of a
+database from before it, backfilled from them; max, its time and last equal what the raw rows say."""
+
+from __future__ import annotations
+
+from stethoscope.store.batch import MetricColumns
+from stethoscope.store.result_rows import rows_from_result
+from stethoscope.store.writer import Writer
+from stethoscope.timeutil import now_ms
+
+HOUR = 3_600_000
+T0 = now_ms() - now_ms() % HOUR - 5 * HOUR  # a whole hour, inside the raw TTL
+
+
+def hourly(store, node: str) -> list[tuple]:
+    return store.query(
+        "SELECT metric_name, device, hour, min(min_value), max(max_value), "
+        "toUnixTimestamp64Milli(argMaxMerge(max_at)), argMaxMerge(last_value), sum(samples), "
+        "toUnixTimestamp64Milli(min(first_at)), toUnixTimestamp64Milli(max(last_at)) "
+        f"FROM {store.database}.metrics_hourly WHERE node_id = {{node:String}} "
+        "GROUP BY node_id, metric_name, device, labels_key, hour ORDER BY metric_name, device, hour",
+        {"node": node},
+    )
+
+
+def raw(store, node: str) -> list[tuple]:
+    """The same figures computed from the raw rows, each stored row once."""
+    return store.query(
+        "SELECT metric_name, device, toStartOfHour(timestamp) AS hour, min(value), max(value), "
+        "toUnixTimestamp64Milli(argMax(timestamp, (value, -toUnixTimestamp64Milli(timestamp)))), "
+        "argMax(value, timestamp), count(), toUnixTimestamp64Milli(min(timestamp)), "
+        f"toUnixTimestamp64Milli(max(timestamp)) FROM {store.database}.metrics FINAL "
+        "WHERE node_id = {node:String} GROUP BY metric_name, device, labels_key, hour "
+        "ORDER BY metric_name, device, hour",
+        {"node": node},
+    )
+
+
+def sweep(node: str, temperature: float, reallocated: float) -> dict:
+    """A task result as the collectors return it (what the callback turns into rows)."""
+    return {
+        "stethoscope_metrics": [
+            {"name": "gpu_temperature_celsius", "device": "gpu0", "value": temperature, "labels": {}},
+            {"name": "smart_reallocated_sector_ct", "device": "sda", "value": reallocated, "labels": {}},
+        ]
+    }
+
+
+def test_hourly_rows_come_from_the_writer_the_callback_uses(store, tmp_path):
+    writer = Writer(store.dsn, tmp_path / "spool")
+    store.close()  # the writer opens the embedded path itself, as the callback does
+    readings = [(61, 4), (75, 4), (75, 5), (58, 5)]  # two equal maxima: its time is the first one's
+    for minute, (temperature, reallocated) in enumerate(readings):
+        batch = rows_from_result("n1", sweep("n1", temperature, reallocated), "run", T0 + minute * 60_000)
+        assert writer.write(batch).stored == 2
+    store.open()
+    rows = hourly(store, "n1")
+    assert rows == raw(store, "n1")
+    by_metric = {row[0]: row for row in rows}
+    assert by_metric["gpu_temperature_celsius"][3:8] == (58, 75, T0 + 60_000, 58, 4)
+    assert by_metric["smart_reallocated_sector_ct"][4:8] == (5, T0 + 2 * 60_000, 5, 4)
+
+
+def test_hourly_rollup_is_backfilled_when_db_init_meets_a_database_from_before_it(store):
+    batch = MetricColumns()
+    for i in range(150):  # 150 minutes: three hours, the last two partial
+        value, at = 50 + (i * 37) % 23, T0 + 20 * 60_000 + i * 60_000
+        batch.append("n1", "gpu_temperature_celsius", "gpu0", {}, value, at)
+        batch.append("n1", "gpu_xid_errors_total", "gpu0", {"xid": "79"}, 3 + i // 100, T0 + i * 60_000)
+    store.insert_metrics(batch)
+    store.insert_metrics(batch)  # a replay: the raw table folds it, and so must the backfill
+    expected = raw(store, "n1")
+    # a database made before the rollup existed
+    store.command(f"DROP TABLE {store.database}.metrics_hourly_mv")
+    store.command(f"DROP TABLE {store.database}.metrics_hourly")
+    store.init_schema()
+    assert hourly(store, "n1") == expected
+    assert len(expected) == 6
+    store.init_schema()  # the rollup exists now: no second backfill
+    assert hourly(store, "n1") == expected
+
+
+def test_cluster_ddl_has_the_hourly_rollup_and_clickhouse_parses_it(store):
+    statements = store.check_cluster_ddl("gpu_cluster")
+    hourly_statements = [s for s in statements if "metrics_hourly" in s]
+    assert any("ReplicatedAggregatingMergeTree('/clickhouse/tables/{shard}/" in s for s in hourly_statements)
+    assert any("TO " + store.database + ".metrics_hourly_local" in s for s in hourly_statements)
