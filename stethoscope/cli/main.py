@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 
 from stethoscope.catalog import Catalog, CatalogError
+from stethoscope.cli import report as report_commands
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from stethoscope.paths import default_spool_dir
 from stethoscope.store.client import Store, StoreError
@@ -108,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     spool_commands = spool.add_subparsers(dest="spool_command", required=True)
     spool_commands.add_parser("status", help="how many rows wait in the spool")
     spool_commands.add_parser("replay", help="write the spool to the store now")
+    report_commands.register(commands)
     _share_global_options(parser)
     return parser
 
@@ -195,6 +197,8 @@ def _run(args: argparse.Namespace) -> int:
         return _baseline(args)
     if args.command == "summary":
         return _summary(args)
+    if args.command in report_commands.COMMANDS:
+        return report_commands.run(args)
     if args.spool_command == "status":
         print(f"{Spool(spool_dir).pending_rows()} rows waiting in {spool_dir}")
         return EXIT_OK

@@ -1,0 +1,268 @@
+"""`stethoscope top METRIC`: fleet-wide top-K nodes over a window (DESIGN.md "Reports and audit").
+
+Gauges rank by their worst value (the maximum, or the minimum where higher is better) with its time;
+counters and events by their increase over the window (Prometheus semantics: a drop is a reset and the
+new value counts as the increase since it) and its rate per second. Whole hours are read from
+metrics_hourly, the partial hours at both ends from the raw rows, so the answer equals the one the raw
+rows alone give (`via="raw"`, which the tests compare).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from stethoscope.catalog import Catalog
+from stethoscope.store.client import Store
+from stethoscope.timeutil import iso
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
+@dataclass(frozen=True)
+class Entry:
+    node_id: str
+    device: str
+    value: float  # the peak of a gauge, the increase of a counter
+    at: str | None  # ISO-8601 time of the peak (gauges)
+    rate_per_second: float | None = None  # counters and events
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Window:
+    start_ms: int
+    end_ms: int
+
+    @property
+    def whole_hours(self) -> tuple[int, int]:
+        """[first, last) whole hours inside the window, in milliseconds."""
+        first = -(-self.start_ms // HOUR_MS) * HOUR_MS
+        last = self.end_ms // HOUR_MS * HOUR_MS
+        return (first, max(first, last))
+
+
+def glob_to_like(pattern: str) -> str:
+    escaped = pattern.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped.replace("*", "%").replace("?", "_")
+
+
+def _filters(device: str | None, labels: dict[str, str], params: dict[str, Any]) -> str:
+    clauses = ["metric_name = {metric:String}"]
+    if device:
+        params["device"] = glob_to_like(device)
+        clauses.append("device LIKE {device:String}")
+    for i, (key, value) in enumerate(sorted(labels.items())):
+        params[f"lk{i}"], params[f"lv{i}"] = key, value
+        clauses.append(f"labels[{{lk{i}:String}}] = {{lv{i}:String}}")
+    return " AND ".join(clauses)
+
+
+def _ms(column: str) -> str:
+    return f"fromUnixTimestamp64Milli({{{column}:Int64}}, 'UTC')"
+
+
+def worse_is_lower(catalog: Catalog, metric: str) -> bool:
+    spec = catalog.get(metric)
+    return bool(spec and spec.better == "higher")
+
+
+def is_cumulative(catalog: Catalog, metric: str) -> bool:
+    spec = catalog.get(metric)
+    return bool(spec and spec.kind != "gauge")
+
+
+def top(
+    store: Store,
+    catalog: Catalog,
+    metric: str,
+    window: Window,
+    limit: int = 10,
+    device: str | None = None,
+    labels: dict[str, str] | None = None,
+    via: str = "rollup",
+) -> list[Entry]:
+    labels = labels or {}
+    if is_cumulative(catalog, metric):
+        entries = _counter_top(store, metric, window, device, labels, via)
+    else:
+        entries = _gauge_top(store, metric, window, device, labels, via, worse_is_lower(catalog, metric))
+    return entries[:limit]
+
+
+def _parts(
+    store: Store, metric: str, window: Window, device: str | None, labels: dict[str, str], via: str
+) -> tuple[dict[str, Any], str, str]:
+    """Parameters, the WHERE of the raw rows and the WHERE of the rollup for the window."""
+    params: dict[str, Any] = {"metric": metric, "start": window.start_ms, "end": window.end_ms}
+    where = _filters(device, labels, params)
+    if via == "raw":
+        raw = f"{where} AND timestamp >= {_ms('start')} AND timestamp <= {_ms('end')}"
+        return params, raw, ""
+    first, last = window.whole_hours
+    params.update(h0=first, h1=last)
+    raw = (
+        f"{where} AND ((timestamp >= {_ms('start')} AND timestamp < {_ms('h0')}) "
+        f"OR (timestamp >= {_ms('h1')} AND timestamp <= {_ms('end')}))"
+    )
+    hourly = f"{where} AND hour >= toDateTime({_ms('h0')}) AND hour < toDateTime({_ms('h1')})"
+    return params, raw, hourly
+
+
+def _gauge_top(
+    store: Store,
+    metric: str,
+    window: Window,
+    device: str | None,
+    labels: dict[str, str],
+    via: str,
+    lower_is_worse: bool,
+) -> list[Entry]:
+    params, raw_where, hourly_where = _parts(store, metric, window, device, labels, via)
+    db = store.database
+    # one row per candidate: (node, device, value, time, exact); of equal peaks the earliest wins
+    parts = [
+        f"SELECT node_id, device, value AS v, timestamp AS at, 1 AS exact FROM {db}.metrics WHERE {raw_where}"
+    ]
+    if hourly_where and lower_is_worse:
+        # the rollup keeps the time of the maximum only: a minimum's hour is found here, its time below
+        parts.append(
+            "SELECT node_id, device, min(min_value) AS v, toDateTime64(hour, 3, 'UTC') AS at, 0 AS exact "
+            f"FROM {db}.metrics_hourly WHERE {hourly_where} GROUP BY node_id, device, labels_key, hour"
+        )
+    elif hourly_where:
+        parts.append(
+            "SELECT node_id, device, max(max_value) AS v, argMaxMerge(max_at) AS at, 1 AS exact "
+            f"FROM {db}.metrics_hourly WHERE {hourly_where} GROUP BY node_id, device, labels_key"
+        )
+    pick = "argMin" if lower_is_worse else "argMax"
+    order = "(v, toUnixTimestamp64Milli(at))" if lower_is_worse else "(v, -toUnixTimestamp64Milli(at))"
+    sql = (
+        f"SELECT node_id, {pick}((device, v, toUnixTimestamp64Milli(at), exact), {order}) AS best "
+        f"FROM ({' UNION ALL '.join(parts)}) GROUP BY node_id "
+        f"ORDER BY best.2 {'ASC' if lower_is_worse else 'DESC'}, node_id"
+    )
+    entries = []
+    for node_id, (dev, value, at_ms, exact) in store.query(sql, params):
+        if not exact:
+            at_ms = _time_in_hour(store, metric, node_id, dev, value, at_ms, labels)
+        entries.append(Entry(node_id, dev, float(value), iso(at_ms)))
+    return entries
+
+
+def _time_in_hour(
+    store: Store, metric: str, node: str, dev: str, value: float, hour_ms: int, labels: dict[str, str]
+) -> int:
+    """The earliest time in the hour starting at `hour_ms` at which the series took `value`."""
+    params: dict[str, Any] = {"metric": metric, "node": node, "dev": dev, "value": value}
+    params.update(h=hour_ms, h1=hour_ms + HOUR_MS)
+    where = _filters(None, labels, params)
+    rows = store.query(
+        f"SELECT toUnixTimestamp64Milli(min(timestamp)) FROM {store.database}.metrics WHERE {where} "
+        "AND node_id = {node:String} AND device = {dev:String} AND value = {value:Float64} "
+        f"AND timestamp >= {_ms('h')} AND timestamp < {_ms('h1')}",
+        params,
+    )
+    return int(rows[0][0])
+
+
+def _counter_top(
+    store: Store, metric: str, window: Window, device: str | None, labels: dict[str, str], via: str
+) -> list[Entry]:
+    params, raw_where, hourly_where = _parts(store, metric, window, device, labels, via)
+    db = store.database
+    # (series, time, min, max, last, summary): a raw sample has min = max = last
+    sql = (
+        "SELECT node_id, device, labels_key, toUnixTimestamp64Milli(timestamp), value, value, value, 0 "
+        f"FROM {db}.metrics WHERE {raw_where}"
+    )
+    if hourly_where:
+        sql += (
+            " UNION ALL SELECT node_id, device, labels_key, toUnixTimestamp64Milli(toDateTime64(hour, 3)), "
+            "min(min_value), max(max_value), argMaxMerge(last_value), 1 "
+            f"FROM {db}.metrics_hourly WHERE {hourly_where} GROUP BY node_id, device, labels_key, hour"
+        )
+    series: dict[tuple[str, str, str], set[tuple[int, float, float, float, int]]] = defaultdict(set)
+    for node_id, dev, key, *step in store.query(sql, params):
+        series[(node_id, dev, key)].add(tuple(step))  # type: ignore[arg-type]
+    per_device: dict[tuple[str, str], float] = defaultdict(float)
+    for (node_id, dev, key), steps in series.items():
+        samples = _unfold_resets(store, metric, (node_id, dev, key), sorted(steps))
+        per_device[(node_id, dev)] += increase(samples)
+    seconds = (window.end_ms - window.start_ms) / 1000
+    best: dict[str, tuple[str, float]] = {}
+    for (node_id, dev), total in sorted(per_device.items()):
+        if node_id not in best or total > best[node_id][1]:
+            best[node_id] = (dev, total)
+    ranked = sorted(best.items(), key=lambda item: (-item[1][1], item[0]))
+    return [Entry(node, dev, total, None, total / seconds) for node, (dev, total) in ranked]
+
+
+def _unfold_resets(
+    store: Store, metric: str, series: tuple[str, str, str], steps: list[tuple[int, float, float, float, int]]
+) -> list[tuple[int, float, float, float]]:
+    """An hour whose summary shows a reset (its minimum below the value before it, or its last below
+    its maximum) is replaced by its raw samples: (min, max, last) cannot say how far it rose before."""
+    out: list[tuple[int, float, float, float]] = []
+    for at, low, high, last, summary in steps:
+        previous = out[-1][3] if out else None
+        if summary and ((previous is not None and low < previous) or last < high):
+            rows = store.query(
+                f"SELECT DISTINCT toUnixTimestamp64Milli(timestamp), value FROM {store.database}.metrics "
+                "WHERE node_id = {n:String} AND metric_name = {m:String} AND device = {d:String} "
+                f"AND labels_key = {{k:String}} AND timestamp >= {_ms('h')} AND timestamp < {_ms('h1')} "
+                "ORDER BY 1",
+                {"n": series[0], "m": metric, "d": series[1], "k": series[2], "h": at, "h1": at + HOUR_MS},
+            )
+            out.extend((t, v, v, v) for t, v in rows)
+        else:
+            out.append((at, low, high, last))
+    return out
+
+
+def increase(steps: list[tuple[int, float, float, float]]) -> float:
+    """Reset-aware increase over time-ordered (time, min, max, last) steps: raw samples and hourly
+    summaries without a reset (a counter rises through them from min to last)."""
+    total, previous = 0.0, None
+    for _, low, _, last in steps:
+        if previous is None:
+            previous = low
+        total += last - previous if last >= previous else last
+        previous = last
+    return total
+
+
+def window_of(days: float, end_ms: int) -> Window:
+    return Window(end_ms - round(days * DAY_MS), end_ms)
+
+
+def parse_labels(pairs: list[str]) -> dict[str, str]:
+    labels = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--label {pair!r}: expected KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
+def render(entries: list[Entry], metric: str, cumulative: bool) -> str:
+    if not entries:
+        return f"no {metric} samples in the window"
+    if cumulative:
+        header = f"{'#':>3}  {'node':<24} {'device':<14} {'increase':>14} {'rate/s':>12}"
+        lines = [
+            f"{i:>3}  {e.node_id:<24} {e.device:<14} {e.value:>14.6g} {e.rate_per_second or 0:>12.4g}"
+            for i, e in enumerate(entries, 1)
+        ]
+    else:
+        header = f"{'#':>3}  {'node':<24} {'device':<14} {'peak':>14}  at"
+        lines = [
+            f"{i:>3}  {e.node_id:<24} {e.device:<14} {e.value:>14.6g}  {e.at}"
+            for i, e in enumerate(entries, 1)
+        ]
+    return "\n".join([header, *lines])
