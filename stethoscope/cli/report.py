@@ -64,15 +64,15 @@ def _top(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from stethoscope.report import board
+    from stethoscope.report.board import collect, render_terminal, write
 
     if args.days <= 0:
         return _usage("report: --days must be positive")
     with Store(args.dsn, args.database) as store:
-        data = board.collect(store, Catalog.load(), args.days, now_ms())
+        data = collect(store, Catalog.load(), args.days, now_ms())
     if args.out:
-        path = board.write(data, args.out)
+        path = write(data, args.out)
         print(f"wrote {path}")
     else:
-        print(board.render_terminal(data, color=sys.stdout.isatty()))
+        print(render_terminal(data, color=sys.stdout.isatty()))
     return EXIT_OK
