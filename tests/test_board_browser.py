@@ -125,3 +125,24 @@ def test_lab_board_terminal_table_lists_worst_nodes_first_without_colour_when_pi
     rows = [line.split()[0] for line in terminal.stdout.splitlines()[1:-1]]
     critical = {f["node_id"] for f in findings if f["severity"] == "critical"}
     assert critical and set(rows[: len(critical)]) <= critical | {f["node_id"] for f in findings}
+
+
+def test_node_named_with_a_script_tag_renders_as_text_in_chromium(store, tmp_path):
+    from stethoscope.catalog import Catalog
+    from stethoscope.report.board import collect, write
+    from stethoscope.store.batch import MetricColumns
+    from stethoscope.timeutil import now_ms
+
+    name = '<script>document.title="pwned"</script>n1'
+    batch = MetricColumns()
+    batch.append(name, "gpu_temperature_celsius", "gpu0", {}, 61.0, now_ms() - 60_000)
+    store.insert_metrics(batch)
+    page = write(collect(store, Catalog.load(), 1, now_ms(), rules=[], evaluate=False), tmp_path / "out")
+    dumped = chromium(page, "--dump-dom")
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    assert console_errors(dumped.stderr) == []
+    assert "<title>stethoscope health board</title>" in dumped.stdout  # the script never ran
+    assert "&lt;script&gt;document.title" in dumped.stdout
+    parser = Cells()
+    parser.feed(dumped.stdout)
+    assert list(parser.cells) == [name]

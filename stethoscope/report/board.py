@@ -213,11 +213,20 @@ def collect(
 
 
 def _stored_findings(store: Store, start_ms: int) -> dict[str, list[tuple[Event, int, int, str]]]:
-    """Every stored version of the findings open in the window, turned into timeline events."""
+    """The findings open in the window as timeline events: opened (first_seen), escalated (the
+    executor's `escalate` action, or a stored version of higher severity not yet merged away), resolved
+    or stale (last_seen)."""
+    db = store.database
+    escalations: dict[str, list[int]] = defaultdict(list)
+    for fid, at in store.query(
+        f"SELECT finding_id, toUnixTimestamp64Milli(started_at) FROM {db}.actions FINAL "
+        "WHERE action = 'escalate' ORDER BY started_at"
+    ):
+        escalations[fid].append(int(at))
     rows = store.query(
         "SELECT finding_id, rule_id, node_id, device, severity, level, message, status, "
         "toUnixTimestamp64Milli(first_seen), toUnixTimestamp64Milli(last_seen), evidence "
-        f"FROM {store.database}.findings WHERE last_seen >= fromUnixTimestamp64Milli({{s:Int64}}, 'UTC') "
+        f"FROM {db}.findings WHERE last_seen >= fromUnixTimestamp64Milli({{s:Int64}}, 'UTC') "
         "ORDER BY finding_id, version",
         {"s": start_ms},
     )
@@ -229,7 +238,8 @@ def _stored_findings(store: Store, start_ms: int) -> dict[str, list[tuple[Event,
         kinds = []
         if before is None:
             kinds.append(("opened", first))
-        elif rank.get(severity, 0) > rank.get(before[0], 0) or level > before[1]:
+            kinds += [("escalated", at) for at in escalations.get(fid, [])]
+        elif not escalations.get(fid) and rank.get(severity, 0) > rank.get(before[0], 0):
             kinds.append(("escalated", last))
         if status in ("resolved", "stale") and (before is None or before[2] != status):
             kinds.append((status, last))
@@ -273,8 +283,9 @@ def write(board: Board, out: Path, figures_for: int = FIGURES_FOR) -> Path:
     if (out / "audit.html").exists():
         board.audit_page = "audit.html"
     for node in board.nodes[:figures_for]:
-        if node.trends:
-            node.figure = board_html.trend_svg(node.trends)
+        drawn = [trend for trend in node.trends if len(trend.values) > 1]  # a trend needs two days
+        if drawn:
+            node.figure = board_html.trend_svg(drawn)
     (out / "index.html").write_text(board_html.render_board(board), encoding="utf-8")
     for node in board.nodes:
         (out / node.page).write_text(board_html.render_node(board, node), encoding="utf-8")

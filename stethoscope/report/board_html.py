@@ -3,6 +3,7 @@ figures as inline SVG from matplotlib (nothing is fetched when the page is viewe
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import re
 
@@ -40,15 +41,16 @@ def trend_svg(trends: list[Trend]) -> Markup:
 
     plt.rcParams["svg.fonttype"] = "none"  # text stays text: no glyph paths, no fonts fetched
     figure, axes = plt.subplots(figsize=(7, 2.6))
+    origin = min(dt.date.fromisoformat(trend.days[0]) for trend in trends)
     for trend in trends:
-        days = list(range(len(trend.values)))
+        days = [(dt.date.fromisoformat(day) - origin).days for day in trend.days]
         label = f"{trend.device} {trend.metric} ({trend.growth_text}/month)"
         axes.plot(days, trend.values, marker=".", label=label)
         start = trend.values[0] or 1.0
-        alarm = [start * (1 + GROWTH_ALARM / 100) ** (d / MONTH_DAYS) for d in days]
+        alarm = [start * (1 + GROWTH_ALARM / 100) ** ((d - days[0]) / MONTH_DAYS) for d in days]
         axes.plot(days, alarm, linestyle="--", color="#e53935", linewidth=1)
     axes.plot([], [], linestyle="--", color="#e53935", label=f"> {GROWTH_ALARM:.0f} % a month")
-    axes.set_xlabel("days")
+    axes.set_xlabel(f"days since {origin.isoformat()}")
     axes.legend(fontsize=7, loc="upper left")
     figure.tight_layout()
     buffer = io.StringIO()
