@@ -96,13 +96,13 @@ def top(
 
 def _parts(
     store: Store, metric: str, window: Window, device: str | None, labels: dict[str, str], via: str
-) -> tuple[dict[str, Any], str, str]:
-    """Parameters, the WHERE of the raw rows and the WHERE of the rollup for the window."""
+) -> tuple[dict[str, Any], str, str, str]:
+    """Parameters, the series filter, the WHERE of the raw rows and of the rollup for the window."""
     params: dict[str, Any] = {"metric": metric, "start": window.start_ms, "end": window.end_ms}
     where = _filters(device, labels, params)
     if via == "raw":
         raw = f"{where} AND timestamp >= {_ms('start')} AND timestamp <= {_ms('end')}"
-        return params, raw, ""
+        return params, where, raw, ""
     first, last = window.whole_hours
     params.update(h0=first, h1=last)
     raw = (
@@ -110,7 +110,7 @@ def _parts(
         f"OR (timestamp >= {_ms('h1')} AND timestamp <= {_ms('end')}))"
     )
     hourly = f"{where} AND hour >= toDateTime({_ms('h0')}) AND hour < toDateTime({_ms('h1')})"
-    return params, raw, hourly
+    return params, where, raw, hourly
 
 
 def _gauge_top(
@@ -122,12 +122,19 @@ def _gauge_top(
     via: str,
     lower_is_worse: bool,
 ) -> list[Entry]:
-    params, raw_where, hourly_where = _parts(store, metric, window, device, labels, via)
+    params, where, raw_where, hourly_where = _parts(store, metric, window, device, labels, via)
     db = store.database
     # one row per candidate: (node, device, value, time, exact); of equal peaks the earliest wins
-    parts = [
-        f"SELECT node_id, device, value AS v, timestamp AS at, 1 AS exact FROM {db}.metrics WHERE {raw_where}"
-    ]
+    parts = []
+    candidates = _partial_candidates(store, params, where, window, lower_is_worse) if hourly_where else None
+    if candidates is None or candidates:
+        if candidates:
+            params["cand"] = candidates
+            raw_where += " AND (node_id, device, labels_key) IN {cand:Array(Tuple(String, String, String))}"
+        parts.append(
+            f"SELECT node_id, device, value AS v, timestamp AS at, 1 AS exact FROM {db}.metrics "
+            f"WHERE {raw_where}"
+        )
     if hourly_where and lower_is_worse:
         # the rollup keeps the time of the maximum only: a minimum's hour is found here, its time below
         parts.append(
@@ -154,6 +161,34 @@ def _gauge_top(
     return entries
 
 
+def _partial_candidates(
+    store: Store, params: dict[str, Any], where: str, window: Window, lower_is_worse: bool
+) -> list[tuple[str, str, str]]:
+    """The series whose raw rows in the partial hours can change a node's answer: those whose rollup
+    row for a partial hour (a bound on the part inside the window) reaches the node's whole-hours
+    peak. The others' raw rows are not read, which keeps the query off the big day partitions."""
+    first, last = window.whole_hours
+    partial = ([first - HOUR_MS] if window.start_ms < first else []) + [last]
+    pick = "min(min_value)" if lower_is_worse else "max(max_value)"
+    whole = dict(
+        store.query(
+            f"SELECT node_id, {pick} FROM {store.database}.metrics_hourly WHERE {where} "
+            f"AND hour >= toDateTime({_ms('h0')}) AND hour < toDateTime({_ms('h1')}) GROUP BY node_id",
+            params,
+        )
+    )
+    rows = store.query(
+        f"SELECT node_id, device, labels_key, {pick} FROM {store.database}.metrics_hourly WHERE {where} "
+        "AND has({partial:Array(DateTime)}, hour) GROUP BY node_id, device, labels_key",
+        {**params, "partial": [p // 1000 for p in partial]},
+    )
+    return [
+        (node, dev, key)
+        for node, dev, key, bound in rows
+        if node not in whole or (bound <= whole[node] if lower_is_worse else bound >= whole[node])
+    ]
+
+
 def _time_in_hour(
     store: Store, metric: str, node: str, dev: str, value: float, hour_ms: int, labels: dict[str, str]
 ) -> int:
@@ -173,7 +208,7 @@ def _time_in_hour(
 def _counter_top(
     store: Store, metric: str, window: Window, device: str | None, labels: dict[str, str], via: str
 ) -> list[Entry]:
-    params, raw_where, hourly_where = _parts(store, metric, window, device, labels, via)
+    params, _, raw_where, hourly_where = _parts(store, metric, window, device, labels, via)
     db = store.database
     # (series, time, min, max, last, summary): a raw sample has min = max = last
     sql = (
