@@ -32,22 +32,25 @@ pytestmark = pytest.mark.skipif(
 
 
 class Cells(HTMLParser):
-    """node -> [(layer, day, state)] from the dumped DOM's data attributes."""
+    """node -> [(layer, day, state)] from the dumped DOM's data attributes: the header's columns
+    (data-layer, data-day), each row's node (data-node) and each cell's state (data-s)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.node: str | None = None
+        self.columns: list[tuple[str, str]] = []
         self.cells: dict[str, list[tuple[str, str, str]]] = {}
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         found = dict(attrs)
-        if tag == "tr" and "data-node" in found:
+        if tag == "th" and "data-day" in found:
+            self.columns.append((found["data-layer"] or "", found["data-day"] or ""))
+        elif tag == "tr" and "data-node" in found:
             self.node = found["data-node"] or ""
             self.cells[self.node] = []
-        elif tag == "td" and "data-state" in found and self.node is not None:
-            self.cells[self.node].append(
-                (found["data-layer"] or "", found["data-day"] or "", found["data-state"] or "")
-            )
+        elif tag == "td" and "data-s" in found and self.node is not None:
+            layer, day = self.columns[len(self.cells[self.node])]
+            self.cells[self.node].append((layer, day, found["data-s"] or ""))
 
 
 def chromium(page: Path, *flags: str) -> subprocess.CompletedProcess:

@@ -1,8 +1,10 @@
 """The health board (DESIGN.md "Reports and audit"): per node x day x layer the day's worst finding or
 benchmark deviation. A cell is grey without data (no metrics_hourly samples of that layer that day) or
 under UNKNOWN, never green. Findings come from two places: the `findings` table (what `diagnose
---execute` and `watch` stored, with their first_seen..last_seen spans) and the rules evaluated at each
-day's end, as `diagnose` and `summary` do (a dry-run stores nothing, yet the board must show it).
+--execute` and `watch` stored, with their first_seen..last_seen spans: the history) and, for today's
+column, the rules evaluated now as `diagnose` and `summary` do (a dry-run stores nothing, yet the
+board must show it). Past days are not re-evaluated: seven rule cycles over a 2,000-node fleet would
+not fit the board's 10 s, and the stored findings are what the loop decided on those days.
 """
 
 from __future__ import annotations
@@ -88,6 +90,11 @@ class NodeBoard:
     trends: list[Trend] = field(default_factory=list)
     page: str = ""
     figure: str = ""  # inline SVG (worst nodes only)
+
+    def row(self, layers: tuple[str, ...], days: list[str]) -> list[tuple[str, str, str]]:
+        """(state, symbol, notes) per column, layer by layer and day by day."""
+        cells = (self.cells[(layer, day)] for layer in layers for day in days)
+        return [(c.shown, SYMBOL[c.shown], "; ".join(c.notes)) for c in cells]
 
     def count(self, state: str) -> int:
         return sum(1 for cell in self.cells.values() if cell.shown == state)
@@ -190,16 +197,14 @@ def collect(
             cell(node, LAYERS[0], labels[0])  # the node is on the board even if its spans are older
             nodes[node].events.append(event)
 
-    if evaluate:
-        for day, day_ms in zip(labels, map(_day_start_ms, day_list), strict=True):
-            at = min(day_ms + DAY_MS - 1, now_ms)
-            for finding in diagnose(store, rules, at, catalog):
-                for node in finding["nodes"] or [finding["node_id"]]:
-                    for layer in _finding_layers(finding, layers, catalog):
-                        cell(node, layer, day).mark(
-                            _state(finding["severity"], finding["rule_id"]),
-                            f"{finding['rule_id']} ({finding['severity']}): {finding['message']}",
-                        )
+    if evaluate:  # today: what `diagnose` says now, stored or not
+        for finding in diagnose(store, rules, now_ms, catalog):
+            for node in finding["nodes"] or [finding["node_id"]]:
+                for layer in _finding_layers(finding, layers, catalog):
+                    cell(node, layer, labels[-1]).mark(
+                        _state(finding["severity"], finding["rule_id"]),
+                        f"{finding['rule_id']} ({finding['severity']}): {finding['message']}",
+                    )
 
     _grades(store, catalog, labels, cell, nodes)
     for trend in smart_trends(store, now_ms):
