@@ -118,8 +118,9 @@ def test_board_page_fetches_nothing_links_the_audit_page_and_draws_figures_inlin
     out = tmp_path / "out"
     out.mkdir()
     (out / "audit.html").write_text("<!doctype html><title>audit</title>", encoding="utf-8")
+    (out / "baseline.html").write_text("<!doctype html><title>baseline</title>", encoding="utf-8")
     page = write(board(store), out).read_text(encoding="utf-8")
-    assert '<a href="audit.html">' in page
+    assert '<a href="audit.html">' in page and '<a href="baseline.html">' in page
     assert "<svg" in page and "50 % a month" in page
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # nothing fetched at view time
     assert "<link" not in page and "@import" not in page

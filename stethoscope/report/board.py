@@ -111,6 +111,7 @@ class Board:
     generated_at: str
     layers: tuple[str, ...] = LAYERS
     audit_page: str | None = None
+    baseline_page: str | None = None
 
 
 def _days(days: int, now_ms: int) -> list[dt.date]:
@@ -287,6 +288,8 @@ def write(board: Board, out: Path, figures_for: int = FIGURES_FOR) -> Path:
     (out / "nodes").mkdir(exist_ok=True)
     if (out / "audit.html").exists():
         board.audit_page = "audit.html"
+    if (out / "baseline.html").exists():  # `stethoscope baseline --out` into the same folder
+        board.baseline_page = "baseline.html"
     for node in board.nodes[:figures_for]:
         drawn = [trend for trend in node.trends if len(trend.values) > 1]  # a trend needs two days
         if drawn:
