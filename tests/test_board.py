@@ -147,3 +147,9 @@ def test_terminal_board_colours_only_when_asked(store):
     plain, coloured = render_terminal(data), render_terminal(data, color=True)
     assert "\033[" not in plain and "\033[41" in coloured
     assert plain.splitlines()[1].startswith("hot")
+
+
+def test_report_with_a_nonpositive_day_count_is_a_usage_error(tmp_dsn):
+    from stethoscope.cli.main import main
+
+    assert main(["report", "--days", "0", "--dsn", tmp_dsn]) == 2

@@ -64,12 +64,6 @@ class Cell:
     def symbol(self) -> str:
         return SYMBOL[self.shown]
 
-    @property
-    def title(self) -> str:
-        if self.notes:
-            return "; ".join(self.notes)
-        return {"grey": "no data" if not self.data else "UNKNOWN", "green": "healthy"}.get(self.shown, "")
-
 
 @dataclass
 class Event:
