@@ -90,7 +90,8 @@ def top(
     if is_cumulative(catalog, metric):
         entries = _counter_top(store, metric, window, device, labels, via)
     else:
-        entries = _gauge_top(store, metric, window, device, labels, via, worse_is_lower(catalog, metric))
+        lower = worse_is_lower(catalog, metric)
+        entries = _gauge_top(store, metric, window, device, labels, via, lower, limit)
     return entries[:limit]
 
 
@@ -121,48 +122,61 @@ def _gauge_top(
     labels: dict[str, str],
     via: str,
     lower_is_worse: bool,
+    limit: int,
 ) -> list[Entry]:
     params, where, raw_where, hourly_where = _parts(store, metric, window, device, labels, via)
     db = store.database
-    # one row per candidate: (node, device, value, time, exact); of equal peaks the earliest wins
-    parts = []
-    candidates = _partial_candidates(store, params, where, window, lower_is_worse) if hourly_where else None
-    if candidates is None or candidates:
+    # per node its worst (value, time, device, exact); of equal values the earliest, then the device
+    best: dict[str, tuple[float, int, str, bool]] = {}
+
+    def offer(node: str, dev: str, value: float, at: int, exact: bool) -> None:
+        held = best.get(node)
+        worse = (value if lower_is_worse else -value, at, dev)
+        if held is None or worse < (held[0] if lower_is_worse else -held[0], held[1], held[2]):
+            best[node] = (float(value), int(at), dev, exact)
+
+    series = "GROUP BY node_id, device, labels_key"
+    if hourly_where:
+        # the rollup keeps the time of the maximum only: a minimum's hour is found here, its time below
+        pick = (
+            "min(min_value), toUnixTimestamp64Milli(toDateTime64(argMin(hour, (min_value, hour)), 3))"
+            if lower_is_worse
+            else "max(max_value), toUnixTimestamp64Milli(argMaxMerge(max_at))"
+        )
+        sql = f"SELECT node_id, device, {pick} FROM {db}.metrics_hourly WHERE {hourly_where} {series}"
+        for node, dev, value, at in store.query(sql, params):
+            offer(node, dev, value, at, not lower_is_worse)
+        candidates = _partial_candidates(store, params, where, window, lower_is_worse, best)
         if candidates:
             params["cand"] = candidates
             raw_where += " AND (node_id, device, labels_key) IN {cand:Array(Tuple(String, String, String))}"
-        parts.append(
-            f"SELECT node_id, device, value AS v, timestamp AS at, 1 AS exact FROM {db}.metrics "
-            f"WHERE {raw_where}"
+    if not hourly_where or candidates:
+        ts = "toUnixTimestamp64Milli(timestamp)"
+        pick = (
+            f"min(value), argMin({ts}, (value, {ts}))"
+            if lower_is_worse
+            else f"max(value), argMax({ts}, (value, -{ts}))"
         )
-    if hourly_where and lower_is_worse:
-        # the rollup keeps the time of the maximum only: a minimum's hour is found here, its time below
-        parts.append(
-            "SELECT node_id, device, min(min_value) AS v, toDateTime64(hour, 3, 'UTC') AS at, 0 AS exact "
-            f"FROM {db}.metrics_hourly WHERE {hourly_where} GROUP BY node_id, device, labels_key, hour"
-        )
-    elif hourly_where:
-        parts.append(
-            "SELECT node_id, device, max(max_value) AS v, argMaxMerge(max_at) AS at, 1 AS exact "
-            f"FROM {db}.metrics_hourly WHERE {hourly_where} GROUP BY node_id, device, labels_key"
-        )
-    pick = "argMin" if lower_is_worse else "argMax"
-    order = "(v, toUnixTimestamp64Milli(at))" if lower_is_worse else "(v, -toUnixTimestamp64Milli(at))"
-    sql = (
-        f"SELECT node_id, {pick}((device, v, toUnixTimestamp64Milli(at), exact), {order}) AS best "
-        f"FROM ({' UNION ALL '.join(parts)}) GROUP BY node_id "
-        f"ORDER BY best.2 {'ASC' if lower_is_worse else 'DESC'}, node_id"
-    )
+        for node, dev, value, at in store.query(
+            f"SELECT node_id, device, {pick} FROM {db}.metrics WHERE {raw_where} {series}", params
+        ):
+            offer(node, dev, value, at, True)
+    ranked = sorted(best.items(), key=lambda item: (item[1][0] if lower_is_worse else -item[1][0], item[0]))
     entries = []
-    for node_id, (dev, value, at_ms, exact) in store.query(sql, params):
+    for node, (value, at, dev, exact) in ranked[:limit]:
         if not exact:
-            at_ms = _time_in_hour(store, metric, node_id, dev, value, at_ms, labels)
-        entries.append(Entry(node_id, dev, float(value), iso(at_ms)))
+            at, dev = _time_in_hour(store, params, where, node, value, at)
+        entries.append(Entry(node, dev, value, iso(at)))
     return entries
 
 
 def _partial_candidates(
-    store: Store, params: dict[str, Any], where: str, window: Window, lower_is_worse: bool
+    store: Store,
+    params: dict[str, Any],
+    where: str,
+    window: Window,
+    lower_is_worse: bool,
+    whole: dict[str, tuple[float, int, str, bool]],
 ) -> list[tuple[str, str, str]]:
     """The series whose raw rows in the partial hours can change a node's answer: those whose rollup
     row for a partial hour (a bound on the part inside the window) reaches the node's whole-hours
@@ -170,13 +184,6 @@ def _partial_candidates(
     first, last = window.whole_hours
     partial = ([first - HOUR_MS] if window.start_ms < first else []) + [last]
     pick = "min(min_value)" if lower_is_worse else "max(max_value)"
-    whole = dict(
-        store.query(
-            f"SELECT node_id, {pick} FROM {store.database}.metrics_hourly WHERE {where} "
-            f"AND hour >= toDateTime({_ms('h0')}) AND hour < toDateTime({_ms('h1')}) GROUP BY node_id",
-            params,
-        )
-    )
     rows = store.query(
         f"SELECT node_id, device, labels_key, {pick} FROM {store.database}.metrics_hourly WHERE {where} "
         "AND has({partial:Array(DateTime)}, hour) GROUP BY node_id, device, labels_key",
@@ -185,24 +192,22 @@ def _partial_candidates(
     return [
         (node, dev, key)
         for node, dev, key, bound in rows
-        if node not in whole or (bound <= whole[node] if lower_is_worse else bound >= whole[node])
+        if node not in whole or (bound <= whole[node][0] if lower_is_worse else bound >= whole[node][0])
     ]
 
 
 def _time_in_hour(
-    store: Store, metric: str, node: str, dev: str, value: float, hour_ms: int, labels: dict[str, str]
-) -> int:
-    """The earliest time in the hour starting at `hour_ms` at which the series took `value`."""
-    params: dict[str, Any] = {"metric": metric, "node": node, "dev": dev, "value": value}
-    params.update(h=hour_ms, h1=hour_ms + HOUR_MS)
-    where = _filters(None, labels, params)
+    store: Store, params: dict[str, Any], where: str, node: str, value: float, hour_ms: int
+) -> tuple[int, str]:
+    """The earliest time (and its device) in the hour from `hour_ms` at which the node's series
+    took `value`: of several devices with the same minimum in that hour, the earliest sample wins."""
     rows = store.query(
-        f"SELECT toUnixTimestamp64Milli(min(timestamp)) FROM {store.database}.metrics WHERE {where} "
-        "AND node_id = {node:String} AND device = {dev:String} AND value = {value:Float64} "
-        f"AND timestamp >= {_ms('h')} AND timestamp < {_ms('h1')}",
-        params,
+        f"SELECT toUnixTimestamp64Milli(timestamp) AS t, device FROM {store.database}.metrics WHERE {where} "
+        "AND node_id = {node:String} AND value = {value:Float64} "
+        f"AND timestamp >= {_ms('h')} AND timestamp < {_ms('h1')} ORDER BY t, device LIMIT 1",
+        {**params, "node": node, "value": value, "h": hour_ms, "h1": hour_ms + HOUR_MS},
     )
-    return int(rows[0][0])
+    return int(rows[0][0]), rows[0][1]
 
 
 def _counter_top(
