@@ -138,12 +138,16 @@ def _gauge_top(
     series = "GROUP BY node_id, device, labels_key"
     if hourly_where:
         # the rollup keeps the time of the maximum only: a minimum's hour is found here, its time below
-        pick = (
-            "min(min_value), toUnixTimestamp64Milli(toDateTime64(argMin(hour, (min_value, hour)), 3))"
-            if lower_is_worse
-            else "max(max_value), toUnixTimestamp64Milli(argMaxMerge(max_at))"
-        )
-        sql = f"SELECT node_id, device, {pick} FROM {db}.metrics_hourly WHERE {hourly_where} {series}"
+        if lower_is_worse:
+            pick = "min(min_value), toUnixTimestamp64Milli(toDateTime64(argMin(hour, (min_value, hour)), 3))"
+            sql = f"SELECT node_id, device, {pick} FROM {db}.metrics_hourly WHERE {hourly_where} {series}"
+        else:  # the time states are merged only in the hours that hold each series' maximum
+            sql = (
+                "SELECT node_id, device, max_value, toUnixTimestamp64Milli(argMaxMerge(max_at)) "
+                f"FROM {db}.metrics_hourly WHERE {hourly_where} AND (node_id, device, labels_key, max_value) "
+                f"IN (SELECT node_id, device, labels_key, max(max_value) FROM {db}.metrics_hourly "
+                f"WHERE {hourly_where} {series}) {series}, max_value"
+            )
         for node, dev, value, at in store.query(sql, params):
             offer(node, dev, value, at, not lower_is_worse)
         candidates = _partial_candidates(store, params, where, window, lower_is_worse, best)
