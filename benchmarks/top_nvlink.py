@@ -6,6 +6,10 @@ materialized view filling the rollup as it would from the collector). Target (is
 from the rollup on 200 nodes x 8 GPUs x 7 days of 5-second rates (about 190 M rows).
 
     .venv/bin/python benchmarks/top_nvlink.py [--nodes 200] [--gpus 8] [--days 7] [--interval 5]
+
+The rollup holds one row per series and hour whatever the interval, so `--interval 30` (32 M raw
+rows, results/top_nvlink.json) reads the same rollup as the 5-second set (results/top_nvlink_5s.json)
+and differs only in the raw rows of the partial hours and in the raw-rows time beside it.
 """
 
 from __future__ import annotations
