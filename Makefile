@@ -29,6 +29,7 @@ demo: setup
 	$(BIN)/ansible-playbook playbooks/baseline.yml
 	$(BIN)/stethoscope baseline --out .stethoscope/report
 	$(BIN)/stethoscope diagnose || test $$? -eq 1  # 1 = findings, which the lab has
+	$(BIN)/stethoscope report --out .stethoscope/report  # prints the board's path
 
 test: setup
 	$(BIN)/python -m pytest

@@ -1,0 +1,78 @@
+"""The `top` and `report` subcommands (docs/design.md "Reports and audit")."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from stethoscope.catalog import Catalog
+from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
+from stethoscope.store.client import Store
+from stethoscope.timeutil import now_ms
+
+COMMANDS = ("top", "report")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    top = commands.add_parser("top", help="fleet-wide top-K nodes of a metric over the last days")
+    top.add_argument("metric", help="a catalog metric name, e.g. nvlink_error_rate_percent")
+    top.add_argument("--days", type=float, default=7.0, help="window in days, ending now (default 7)")
+    top.add_argument("--limit", type=int, default=10, help="how many nodes (default 10)")
+    top.add_argument("--device", metavar="GLOB", help="only devices matching this glob, e.g. 'gpu*'")
+    top.add_argument(
+        "--label", action="append", default=[], metavar="K=V", help="only series with this label (repeatable)"
+    )
+    top.add_argument("--json", action="store_true", help="print the entries as JSON")
+
+    report = commands.add_parser("report", help="the health board: nodes x days x layer")
+    report.add_argument("--out", type=Path, help="write DIR/index.html (default: a terminal table)")
+    report.add_argument("--days", type=int, default=7, help="days shown, ending today (default 7)")
+
+
+def run(args: argparse.Namespace) -> int:
+    return _top(args) if args.command == "top" else _report(args)
+
+
+def _usage(message: str) -> int:
+    print(f"stethoscope: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _top(args: argparse.Namespace) -> int:
+    from stethoscope.report import top
+
+    catalog = Catalog.load()
+    if args.metric not in catalog:
+        return _usage(f"top: {args.metric!r} is not in the metric catalog (rules/metrics.yml)")
+    if args.days <= 0 or args.limit <= 0:
+        return _usage("top: --days and --limit must be positive")
+    try:
+        labels = top.parse_labels(args.label)
+    except ValueError as exc:
+        return _usage(f"top: {exc}")
+    with Store(args.dsn, args.database) as store:
+        entries = top.top(
+            store, catalog, args.metric, top.window_of(args.days, now_ms()), args.limit, args.device, labels
+        )
+    if args.json:
+        print(json.dumps([entry.as_dict() for entry in entries], indent=2))
+    else:
+        print(top.render(entries, args.metric, top.is_cumulative(catalog, args.metric)))
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace) -> int:
+    from stethoscope.report.board import collect, render_terminal, write
+
+    if args.days <= 0:
+        return _usage("report: --days must be positive")
+    with Store(args.dsn, args.database) as store:
+        data = collect(store, Catalog.load(), args.days, now_ms())
+    if args.out:
+        path = write(data, args.out)
+        print(f"wrote {path}")
+    else:
+        print(render_terminal(data, color=sys.stdout.isatty()))
+    return EXIT_OK

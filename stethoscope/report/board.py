@@ -1,0 +1,318 @@
+"""The health board (docs/design.md "Reports and audit"): per node x day x layer the day's worst finding or
+benchmark deviation. A cell is grey without data (no metrics_hourly samples of that layer that day) or
+under UNKNOWN, never green. Findings come from two places: the `findings` table (what `diagnose
+--execute` and `watch` stored, with their first_seen..last_seen spans: the history) and, for today's
+column, the rules evaluated now as `diagnose` and `summary` do (a dry-run stores nothing, yet the
+board must show it). Past days are not re-evaluated: seven rule cycles over a 2,000-node fleet would
+not fit the board's 10 s, and the stored findings are what the loop decided on those days.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stethoscope.bench import baseline
+from stethoscope.catalog import Catalog
+from stethoscope.diagnosis.diagnose import diagnose
+from stethoscope.diagnosis.engine import _metrics
+from stethoscope.diagnosis.rules import Rule, load_rules
+from stethoscope.paths import project_root
+from stethoscope.report.layers import LAYERS, layer_of
+from stethoscope.report.smart import Trend, smart_trends
+from stethoscope.store.client import Store
+from stethoscope.timeutil import iso
+
+DAY_MS = 86_400_000
+RANK = {"grey": 0, "green": 1, "yellow": 2, "red": 3}
+SYMBOL = {"red": "\u2716", "yellow": "\u25b2", "green": "\u2714", "grey": "?"}  # ✖ ▲ ✔ ?
+SEVERITY_STATE = {"critical": "red", "warning": "yellow", "info": "green"}
+FIGURES_FOR = 10  # the worst nodes get inline figures on the board itself
+
+
+@dataclass
+class Cell:
+    state: str = "grey"  # no data until samples say otherwise
+    notes: list[str] = field(default_factory=list)
+    unknown: bool = False
+    data: bool = False
+
+    def mark(self, state: str, note: str) -> None:
+        if state == "grey":
+            self.unknown = True
+        else:
+            self.data = True  # a finding or a benchmark grade is data too
+            if RANK[state] > RANK[self.state]:
+                self.state = state
+        if note and note not in self.notes:
+            self.notes.append(note)
+
+    @property
+    def shown(self) -> str:
+        """grey without data or under UNKNOWN unless a finding made it red or yellow."""
+        if self.state in ("red", "yellow"):
+            return self.state
+        return "grey" if self.unknown or not self.data else "green"
+
+    @property
+    def symbol(self) -> str:
+        return SYMBOL[self.shown]
+
+
+@dataclass
+class Event:
+    at: str
+    kind: str  # opened, escalated, resolved, stale
+    rule_id: str
+    severity: str
+    device: str
+    message: str
+
+
+@dataclass
+class NodeBoard:
+    node_id: str
+    cells: dict[tuple[str, str], Cell]
+    events: list[Event] = field(default_factory=list)
+    grades: list[baseline.Row] = field(default_factory=list)
+    trends: list[Trend] = field(default_factory=list)
+    page: str = ""
+    figure: str = ""  # inline SVG (worst nodes only)
+
+    def row(self, layers: tuple[str, ...], days: list[str]) -> list[tuple[str, str, str]]:
+        """(state, symbol, notes) per column, layer by layer and day by day."""
+        cells = (self.cells[(layer, day)] for layer in layers for day in days)
+        return [(c.shown, SYMBOL[c.shown], "; ".join(c.notes)) for c in cells]
+
+    def count(self, state: str) -> int:
+        return sum(1 for cell in self.cells.values() if cell.shown == state)
+
+    @property
+    def score(self) -> tuple[int, int, int]:
+        return (self.count("red"), self.count("yellow"), self.count("grey"))
+
+
+@dataclass
+class Board:
+    days: list[str]
+    nodes: list[NodeBoard]
+    generated_at: str
+    layers: tuple[str, ...] = LAYERS
+    audit_page: str | None = None
+    baseline_page: str | None = None
+
+
+def _days(days: int, now_ms: int) -> list[dt.date]:
+    today = dt.datetime.fromtimestamp(now_ms / 1000, tz=dt.UTC).date()
+    return [today - dt.timedelta(days=back) for back in range(days - 1, -1, -1)]
+
+
+def _day_start_ms(day: dt.date) -> int:
+    return int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp() * 1000)
+
+
+def rule_layers(rules: list[Rule], catalog: Catalog) -> dict[str, str]:
+    out = {}
+    for rule in rules:
+        metrics = _metrics(rule.when)
+        out[rule.rule_id] = layer_of(catalog, metrics[0]) if metrics else "compute"
+    return out
+
+
+def _finding_layers(finding: dict[str, Any], layers: dict[str, str], catalog: Catalog) -> list[str]:
+    if finding["rule_id"] in layers:
+        return [layers[finding["rule_id"]]]
+    try:
+        evidence = json.loads(finding.get("evidence") or "{}")
+    except ValueError:
+        evidence = {}
+    metrics = evidence.get("metrics") if isinstance(evidence, dict) else None
+    if metrics:
+        return sorted({layer_of(catalog, m) for m in metrics})
+    return list(LAYERS)  # a whole node (nothing reported, unreachable)
+
+
+def _state(severity: str, rule_id: str) -> str:
+    if severity == "unknown" or rule_id.startswith("unknown"):
+        return "grey"
+    return SEVERITY_STATE.get(severity, "yellow")
+
+
+def collect(
+    store: Store,
+    catalog: Catalog,
+    days: int,
+    now_ms: int,
+    rules: list[Rule] | None = None,
+    evaluate: bool = True,
+) -> Board:
+    if rules is None:
+        rules = load_rules(project_root() / "rules", catalog).rules
+    layers = rule_layers(rules, catalog)
+    day_list = _days(days, now_ms)
+    labels = [d.isoformat() for d in day_list]
+    start_ms = _day_start_ms(day_list[0])
+    db = store.database
+    nodes: dict[str, NodeBoard] = {}
+
+    def cell(node: str, layer: str, day: str) -> Cell:
+        board = nodes.get(node)
+        if board is None:
+            board = nodes[node] = NodeBoard(node, {(lay, d): Cell() for lay in LAYERS for d in labels})
+        return board.cells[(layer, day)]
+
+    names = [r[0] for r in store.query(f"SELECT DISTINCT metric_name FROM {db}.metrics_hourly")]
+    if names:
+        rows = store.query(
+            "SELECT node_id, transform(metric_name, {names:Array(String)}, {layers:Array(String)}, "
+            "'compute') AS layer, toString(toDate(hour)) AS day, sum(samples) "
+            f"FROM {db}.metrics_hourly WHERE hour >= toDateTime({{start:Int64}} / 1000) "
+            "GROUP BY node_id, layer, day HAVING sum(samples) > 0",
+            {"names": names, "layers": [layer_of(catalog, n) for n in names], "start": start_ms},
+        )
+        for node, layer, day, _count in rows:
+            if day in labels:
+                cell(node, layer, day).data = True
+
+    for node, events in _stored_findings(store, start_ms).items():
+        for event, first_ms, last_ms, evidence in events:
+            finding = {"rule_id": event.rule_id, "evidence": evidence}
+            for layer in _finding_layers(finding, layers, catalog):
+                for day, day_ms in zip(labels, map(_day_start_ms, day_list), strict=True):
+                    if first_ms < day_ms + DAY_MS and last_ms >= day_ms:
+                        cell(node, layer, day).mark(
+                            _state(event.severity, event.rule_id), f"{event.rule_id} ({event.severity})"
+                        )
+            cell(node, LAYERS[0], labels[0])  # the node is on the board even if its spans are older
+            nodes[node].events.append(event)
+
+    if evaluate:  # today: what `diagnose` says now, stored or not
+        for finding in diagnose(store, rules, now_ms, catalog):
+            for node in finding["nodes"] or [finding["node_id"]]:
+                for layer in _finding_layers(finding, layers, catalog):
+                    cell(node, layer, labels[-1]).mark(
+                        _state(finding["severity"], finding["rule_id"]),
+                        f"{finding['rule_id']} ({finding['severity']}): {finding['message']}",
+                    )
+
+    _grades(store, catalog, labels, cell, nodes)
+    for trend in smart_trends(store, now_ms):
+        if trend.node_id in nodes:
+            nodes[trend.node_id].trends.append(trend)
+    ordered = sorted(nodes.values(), key=lambda n: (tuple(-x for x in n.score), n.node_id))
+    for board in ordered:
+        board.events.sort(key=lambda e: e.at)
+        board.page = f"nodes/{page_name(board.node_id)}.html"
+    return Board(labels, ordered, iso(now_ms))
+
+
+def _stored_findings(store: Store, start_ms: int) -> dict[str, list[tuple[Event, int, int, str]]]:
+    """The findings open in the window as timeline events: opened (first_seen), escalated (the
+    executor's `escalate` action, or a stored version of higher severity not yet merged away), resolved
+    or stale (last_seen)."""
+    db = store.database
+    escalations: dict[str, list[int]] = defaultdict(list)
+    for fid, at in store.query(
+        f"SELECT finding_id, toUnixTimestamp64Milli(started_at) FROM {db}.actions FINAL "
+        "WHERE action = 'escalate' ORDER BY started_at"
+    ):
+        escalations[fid].append(int(at))
+    rows = store.query(
+        "SELECT finding_id, rule_id, node_id, device, severity, level, message, status, "
+        "toUnixTimestamp64Milli(first_seen), toUnixTimestamp64Milli(last_seen), evidence "
+        f"FROM {db}.findings WHERE last_seen >= fromUnixTimestamp64Milli({{s:Int64}}, 'UTC') "
+        "ORDER BY finding_id, version",
+        {"s": start_ms},
+    )
+    out: dict[str, list[tuple[Event, int, int, str]]] = defaultdict(list)
+    previous: dict[str, tuple[str, str, str]] = {}
+    rank = {"info": 0, "warning": 1, "critical": 2}
+    for fid, rule_id, node, device, severity, level, message, status, first, last, evidence in rows:
+        before = previous.get(fid)
+        kinds = []
+        if before is None:
+            kinds.append(("opened", first))
+            kinds += [("escalated", at) for at in escalations.get(fid, [])]
+        elif not escalations.get(fid) and rank.get(severity, 0) > rank.get(before[0], 0):
+            kinds.append(("escalated", last))
+        if status in ("resolved", "stale") and (before is None or before[2] != status):
+            kinds.append((status, last))
+        previous[fid] = (severity, level, status)
+        for kind, at in kinds:
+            event = Event(iso(at), kind, rule_id, severity, device, message)
+            out[node].append((event, first, last, evidence))
+    return out
+
+
+def _grades(store: Store, catalog: Catalog, labels: list[str], cell: Any, nodes: dict) -> None:
+    rows = baseline.summary_rows(baseline.build(store, catalog))
+    if not rows:
+        return
+    latest = dict(
+        store.query(
+            f"SELECT node_id, toString(toDate(max(timestamp))) FROM {store.database}.bench_results "
+            "GROUP BY node_id"
+        )
+    )
+    for row in rows:
+        day = latest.get(row.node_id)
+        if day in labels:
+            note = f"{row.metric_name} {row.deviation_percent:.1f} % off the fleet median"
+            cell(row.node_id, layer_of(catalog, row.metric_name), day).mark(row.grade, note)
+        if row.node_id in nodes:
+            nodes[row.node_id].grades.append(row)
+
+
+def page_name(node_id: str) -> str:
+    """A file name for any node name (it is data: `<script>` or `../x` included)."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", node_id).strip("._")[:40] or "node"
+    return f"{slug}-{hashlib.sha1(node_id.encode()).hexdigest()[:8]}"
+
+
+def write(board: Board, out: Path, figures_for: int = FIGURES_FOR) -> Path:
+    from stethoscope.report import board_html
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "nodes").mkdir(exist_ok=True)
+    if (out / "audit.html").exists():
+        board.audit_page = "audit.html"
+    if (out / "baseline.html").exists():  # `stethoscope baseline --out` into the same folder
+        board.baseline_page = "baseline.html"
+    for node in board.nodes[:figures_for]:
+        drawn = [trend for trend in node.trends if len(trend.values) > 1]  # a trend needs two days
+        if drawn:
+            node.figure = board_html.trend_svg(drawn)
+    (out / "index.html").write_text(board_html.render_board(board), encoding="utf-8")
+    for node in board.nodes:
+        (out / node.page).write_text(board_html.render_node(board, node), encoding="utf-8")
+    return out / "index.html"
+
+
+_COLOUR = {"red": "\033[41;97m", "yellow": "\033[43;30m", "green": "\033[42;30m", "grey": "\033[47;30m"}
+
+
+def render_terminal(board: Board, color: bool = False, limit: int | None = None) -> str:
+    if not board.nodes:
+        return "no data in the window"
+    width = max(10, *(len(n.node_id) for n in board.nodes[:limit]))
+    days = len(board.days)
+    head = " ".join(f"{layer[:days]:<{days}}" for layer in board.layers)
+    lines = [f"{'node':<{width}}  {head}   ({board.days[0]} .. {board.days[-1]}, one column a day)"]
+    for node in board.nodes[:limit]:
+        bands = []
+        for layer in board.layers:
+            cells = [node.cells[(layer, day)] for day in board.days]
+            text = "".join(f"{_COLOUR[c.shown]}{c.symbol}\033[0m" if color else c.symbol for c in cells)
+            bands.append(text)
+        lines.append(f"{node.node_id:<{width}}  {' '.join(bands)}")
+    lines.append(
+        f"legend: {SYMBOL['red']} red  {SYMBOL['yellow']} yellow  {SYMBOL['green']} green  "
+        f"{SYMBOL['grey']} no data / UNKNOWN"
+    )
+    return "\n".join(lines)
