@@ -13,9 +13,9 @@ holds, and writes (or spools) everything before the handle closes.
 
 from __future__ import annotations
 
-import html
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -30,8 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import LEVEL_ACTIONS, action_label, diagnose
 from stethoscope.diagnosis.rules import Condition, Group, Rule
-from stethoscope.report.summary import render as render_summary
-from stethoscope.report.summary import summarize
+from stethoscope.report import board
 from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
 from stethoscope.store.writer import Writer
@@ -50,7 +49,7 @@ class CycleState:
     last_at: float | None = None
     last_error: str | None = None
     findings: list[dict[str, Any]] = field(default_factory=list)
-    report: str = "<p>no cycle yet</p>"
+    report: Path | None = None  # the board's index.html, written by the last cycle
 
 
 def stream_only_metrics(sets: dict[int, MetricSet], catalog: Catalog) -> set[str]:
@@ -104,6 +103,7 @@ class Server:
     ):
         self.store = Store(dsn, database)
         self.spool_dir = spool_dir
+        self.report_dir = spool_dir.parent / "report"  # beside the spool: .stethoscope/report
         self.keyring, self.sets, self.listen, self.http_address = keyring, sets, listen, http
         self.interval, self.rules, self.catalog = interval, rules, catalog
         self.execute_with = execute_with
@@ -158,10 +158,8 @@ class Server:
 
                 context = self.execute_with(self.store.dsn, self.store.database)
                 findings = Executor(context).run(findings, rules, at_ms)
-            summary = render_summary(summarize(self.store, self.catalog, rules, at_ms))
-        except (
-            Exception
-        ) as exc:  # the database may come back, a rule may be fixed: the next cycle tries again
+            written = board.write(board.collect(self.store, self.catalog, 7, at_ms, rules), self.report_dir)
+        except Exception as exc:  # the store may come back, a rule be fixed: the next cycle tries again
             self.state.failures += 1
             self.state.last_error = f"{type(exc).__name__}: {redact(str(exc))}"
             log.warning("serve: cycle: %s", self.state.last_error)
@@ -170,9 +168,16 @@ class Server:
         self.state.last_at = time.time()
         self.state.last_error = None
         self.state.findings = findings
-        self.state.report = _board(findings, summary, at_ms)
+        self.state.report = written
 
     # HTTP -------------------------------------------------------------------------------------
+    def page(self, name: str) -> bytes | None:
+        """The last board's index.html or one of its node pages (`name` matched by NODE_PAGE)."""
+        if self.state.report is None:
+            return None
+        path = self.report_dir / name
+        return path.read_bytes() if path.is_file() else None
+
     def health(self) -> tuple[int, dict[str, Any]]:
         fresh = self.state.last_at is not None and time.time() - self.state.last_at <= 3 * self.interval + 30
         starting = self.state.last_at is None and time.time() - self.started <= 3 * self.interval + 30
@@ -247,23 +252,7 @@ class _Exposition:
         yield rows
 
 
-def _board(findings: list[dict[str, Any]], summary: str, at_ms: int) -> str:
-    rows = "".join(
-        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>".format(
-            *(
-                html.escape(str(f[k]))
-                for k in ("severity", "level", "node_id", "device", "rule_id", "message")
-            )
-        )
-        for f in findings
-    )
-    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at_ms / 1000))
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>stethoscope</title></head><body>"
-        f"<h1>stethoscope: {len(findings)} findings at {when}</h1>"
-        "<table><tr><th>severity</th><th>level</th><th>node</th><th>device</th><th>rule</th>"
-        f"<th>message</th></tr>{rows}</table><h2>store</h2><pre>{html.escape(summary)}</pre></body></html>"
-    )
+NODE_PAGE = re.compile(r"/report/nodes/[A-Za-z0-9._-]+\.html")
 
 
 def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
@@ -275,8 +264,12 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
                 self._send(status, "application/json", json.dumps(body).encode())
             elif path == "/metrics":
                 self._send(200, "text/plain; version=0.0.4; charset=utf-8", server.metrics())
-            elif path == "/report":
-                self._send(200, "text/html; charset=utf-8", server.state.report.encode())
+            elif path in ("/report", "/report/") or NODE_PAGE.fullmatch(path):
+                page = server.page(path.removeprefix("/report").strip("/") or "index.html")
+                if page is None:
+                    self._send(503, "text/plain", b"no board yet: the first cycle has not finished\n")
+                else:
+                    self._send(200, "text/html; charset=utf-8", page)
             else:
                 self._send(404, "text/plain", b"not found: /healthz, /metrics, /report\n")
 

@@ -104,7 +104,7 @@ def test_serve_stores_the_stream_serves_http_and_loses_nothing_on_sigterm(
         assert status == 200
         assert "stethoscope_cycles_total" in metrics and "stethoscope_telemetry_datagrams_total" in metrics
         status, report = _get(f"{http}/report")
-        assert status == 200 and "<h1>stethoscope:" in report
+        assert status == 200 and "<h1>Health board</h1>" in report
         metric_set = load_sets()["gpu_node"]
         import socket
 
