@@ -199,7 +199,7 @@ def test_hung_sink_costs_one_timeout_per_play_and_replay_into_stores_every_row(
     modules = {host: len(result["stethoscope_metrics"]) for host, result in results.items()}
     moved = cli("--spool-dir", str(tmp_path / "spool"), "spool", "replay", "--into", tmp_dsn)
     assert moved.returncode == 0, moved.stderr
-    assert stored_rows(tmp_dsn) == modules
+    assert stored_rows(tmp_dsn) == {node: rows + FINGERPRINT_ROWS for node, rows in modules.items()}
     assert unreachable_series(tmp_dsn) == {node: [0.0] for node in modules}
 
 

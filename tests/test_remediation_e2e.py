@@ -166,6 +166,9 @@ def test_worn_ssd_is_drained_evidenced_ticketed_once_and_resumed_after_verificat
     assert verified.returncode == 0, verified.stdout[-3000:]
     assert "DRAIN" not in slurm.node("node07")["state"] and slurm.node("node07")["reason"] == ""
     with Store(tmp_dsn) as store:  # verify's resume resolved the finding and ended the drain
-        status = store.query(f"SELECT status FROM {store.database}.findings FINAL")
+        status = store.query(  # the family's findings (early warning and hard limit) share the txn
+            f"SELECT DISTINCT status FROM {store.database}.findings FINAL WHERE txn_id = {{t:String}}",
+            {"t": txn},
+        )
         resumes = store.query(f"SELECT target FROM {store.database}.actions FINAL WHERE action = 'resume'")
     assert status == [("resolved",)] and resumes == [("node07",)]

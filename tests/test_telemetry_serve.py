@@ -298,6 +298,7 @@ def test_serve_killed_loses_at_most_its_unflushed_second_and_resends_refill_it(
         killed_at = time.time()
         first.kill()  # kill -9: whatever it had not flushed is gone with it
         first.wait(timeout=30)
+        time.sleep(period)  # down for a whole period: a sample is made while nobody listens
         second, ready_at = start()
         time.sleep(4 * period)
     finally:
