@@ -112,7 +112,7 @@ class Reporter:
         variance = statistics.pvariance(self._losses) if len(self._losses) >= 2 else math.nan
         try:
             frag = fragmentation(self.torch)
-        except Exception:
+        except Exception:  # never raise into the training loop: counted, the slot stays NaN
             self.errors += 1
             frag = math.nan
         values = {
