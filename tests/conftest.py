@@ -180,3 +180,17 @@ def http_standin():
     yield start
     for server in started:
         server.stop()
+
+
+def hot_gpu(dsn: str, node: str = "node01") -> None:
+    """A fresh database with `node`'s gpu0 at 85 C for the last two minutes (three sweeps)."""
+    from stethoscope.store.batch import MetricColumns
+    from stethoscope.store.client import Store
+    from stethoscope.timeutil import now_ms
+
+    with Store(dsn) as store:
+        store.init_schema()
+        batch = MetricColumns()
+        for ago in (120_000, 60_000, 1_000):
+            batch.append(node, "gpu_temperature_celsius", "gpu0", {}, 85.0, now_ms() - ago)
+        store.insert_metrics(batch)

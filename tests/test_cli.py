@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import TOP
+from conftest import TOP, hot_gpu
 
 
 def cli(*args, env_extra=None, cwd=TOP):
@@ -99,19 +99,6 @@ HOT_RULE = """
 """
 
 
-def _hot_store(dsn):
-    from stethoscope.store.batch import MetricColumns
-    from stethoscope.store.client import Store
-    from stethoscope.timeutil import now_ms
-
-    with Store(dsn) as store:
-        store.init_schema()
-        batch = MetricColumns()
-        for ago in (120_000, 60_000, 1_000):
-            batch.append("node01", "gpu_temperature_celsius", "gpu0", {}, 85.0, now_ms() - ago)
-        store.insert_metrics(batch)
-
-
 def _rule_path(tmp_path, case):
     folder = tmp_path / "rules"
     folder.mkdir()
@@ -132,7 +119,7 @@ def test_rules_check_on_a_folder_without_rules_is_a_config_error(tmp_path):
 @pytest.mark.parametrize("command", ["diagnose", "watch"])
 @pytest.mark.parametrize("case", ["broken", "missing", "empty"])
 def test_rules_that_do_not_load_are_a_config_error_not_healthy(tmp_path, tmp_dsn, command, case):
-    _hot_store(tmp_dsn)
+    hot_gpu(tmp_dsn)
     path = _rule_path(tmp_path, case)
     extra = ["--fail-on", "critical"] if command == "diagnose" else ["--interval", "0.1", "--cycles", "1"]
     result = cli("--dsn", tmp_dsn, command, "--rules", str(path), *extra)
@@ -196,7 +183,7 @@ def test_verify_refuses_a_node_that_is_not_a_valid_host_of_the_inventory(tmp_pat
 
 
 def test_watch_with_another_inventory_does_not_evaluate_the_lab_nodes(tmp_path, tmp_dsn):
-    _hot_store(tmp_dsn)  # node01 (a lab name) is hot
+    hot_gpu(tmp_dsn)  # node01 (a lab name) is hot
     (tmp_path / "rules").mkdir()
     (tmp_path / "rules" / "hot.yml").write_text(HOT_RULE)
     inventory = tmp_path / "hosts.yml"

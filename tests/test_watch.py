@@ -10,11 +10,8 @@ import time
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.ruleset import RuleSet
-from stethoscope.store.batch import MetricColumns
-from stethoscope.store.client import Store
-from stethoscope.timeutil import now_ms
 
-from conftest import TOP
+from conftest import TOP, hot_gpu
 
 RULE = """
 - rule_id: hot
@@ -53,12 +50,7 @@ def test_watch_runs_cycles_against_the_store(tmp_path, tmp_dsn):
     folder = tmp_path / "rules"
     folder.mkdir()
     write(folder / "hot.yml", 80)
-    with Store(tmp_dsn) as store:
-        store.init_schema()
-        batch = MetricColumns()
-        for ago in (120_000, 60_000, 1_000):
-            batch.append("node01", "gpu_temperature_celsius", "gpu0", {}, 85.0, now_ms() - ago)
-        store.insert_metrics(batch)
+    hot_gpu(tmp_dsn)
     command = [
         sys.executable, "-m", "stethoscope.cli", "--dsn", tmp_dsn, "watch", "--rules", str(folder),
         "--interval", "0.2", "--cycles", "2",
@@ -75,12 +67,7 @@ def test_watch_survives_a_cycle_that_fails_outside_the_store_and_keeps_cycling(t
     folder = tmp_path / "rules"
     folder.mkdir()
     write(folder / "hot.yml", 80)
-    with Store(tmp_dsn) as store:
-        store.init_schema()
-        batch = MetricColumns()
-        for ago in (120_000, 60_000, 1_000):
-            batch.append("node01", "gpu_temperature_celsius", "gpu0", {}, 85.0, now_ms() - ago)
-        store.insert_metrics(batch)
+    hot_gpu(tmp_dsn)
     not_a_folder = tmp_path / "state"
     not_a_folder.write_text("a file where the state folder should be\n")  # the disk, not the store
     command = [
