@@ -196,3 +196,13 @@ def test_values_float32_cannot_hold_become_missing() -> None:
     sample = wire.decode(_encode(fields, [1e300, 2.5]), keys_of, NOW)
     assert math.isnan(sample.values[0]) and sample.values[1] == 2.5
     assert struct.calcsize("!2sBBHHIIQIHBB") == wire.HEADER_BYTES == 32
+
+
+def test_float32_extremes_travel_and_only_overflow_becomes_missing() -> None:
+    # float32's largest value once became NaN: the bound was 3.4e38, not FLT_MAX.
+    flt_max = struct.unpack("!f", b"\x7f\x7f\xff\xff")[0]
+    fields = {"set_id": 1, "node_key": 7, "part": 0, "boot_epoch": 1, "seq": 1, "ts_ms": NOW}
+    sample = wire.decode(_encode(fields, [flt_max, -flt_max, 1e39, 3.4000001549684603e38]), keys_of, NOW)
+    assert list(sample.values[:2]) == [flt_max, -flt_max]
+    assert math.isnan(sample.values[2])
+    assert sample.values[3] == 3.4000001549684603e38

@@ -87,6 +87,9 @@ def job_field(job_id: str) -> tuple[int, int]:
     return zlib.crc32(text.encode("utf-8")), 0
 
 
+_FLOAT32 = struct.Struct("!f")
+
+
 def job_label(job: int, flags: int) -> str:
     return str(job) if flags & JOB_NUMERIC else "crc32:%08x" % job
 
@@ -111,7 +114,9 @@ def encode(
     floats = []
     for value in values:
         number = math.nan if value is None else float(value)
-        if math.isfinite(number) and abs(number) > 3.4e38:
+        try:
+            _FLOAT32.pack(number)
+        except OverflowError:
             number = math.nan
         floats.append(number)
     body = _HEADER.pack(
