@@ -240,3 +240,15 @@ def test_checksum_quorum_across_the_class_names_the_odd_gpu_and_a_tie_is_no_verd
     assert quorum_suspects(store) == {("n4", "gpu3"): ["bf16"]}
     (gemm,) = [r for r in build(store, CATALOG) if r.node_id == "n4" and r.metric_name == "bench_gemm_tflops"]
     assert any("suspect silent data corruption" in hint for hint in gemm.hints)
+
+
+def test_below_siblings_percent_is_not_fleet_graded(store):
+    # a node-internal comparison (a rule judges it): against the fleet's median of ~0 % it read RED
+    rows = [
+        bench_row("r1", node, "bench_gemm_below_siblings_percent", value, at=10)
+        for node, value in (("n1", 0.0), ("n2", 0.5), ("n3", 0.2), ("n4", 3.0))
+    ]
+    rows += [bench_row("r1", n, "bench_fio_randread_iops", 100.0, at=10) for n in ("n1", "n2", "n3")]
+    store.insert_rows("bench_results", rows)
+    graded = {r.metric_name for r in build(store, CATALOG)}
+    assert graded == {"bench_fio_randread_iops"}

@@ -54,8 +54,14 @@ def grade(deviation: float) -> str:
     return "red" if deviation > RED else "yellow" if deviation >= YELLOW else "green"
 
 
-# Verdict metrics of bench_compute (flags, checksums) are read by rules, not graded against a median.
-NOT_GRADED = ("bench_gemm_mismatch", "bench_gemm_quorum_suspect", "bench_gemm_checksum")
+# bench_compute's verdicts (flags, checksums) and its node-internal comparison with sibling GPUs are
+# read by rules, not graded against the fleet's median.
+NOT_GRADED = (
+    "bench_gemm_mismatch",
+    "bench_gemm_quorum_suspect",
+    "bench_gemm_checksum",
+    "bench_gemm_below_siblings_percent",
+)
 
 
 def _median_sql(x: str) -> str:
