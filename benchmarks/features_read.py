@@ -147,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
         swept = int(args.nodes * args.swept_share)
         stored = fill(store, args.nodes, end_ms, not args.no_gpu_parts, swept)
         fill_s = time.perf_counter() - began
-        store.command("OPTIMIZE TABLE bench.metrics FINAL")
         totals = []
         for _ in range(args.repeat):
             began = time.perf_counter()
