@@ -140,5 +140,5 @@ def test_a_missing_or_damaged_capture_is_named_not_a_traceback(tmp_path):
         episodes.Capture.read(tmp_path / "absent.csv")
     bad = tmp_path / "bad.csv"
     bad.write_text("index, timestamp\n0, 2026/11/29, x\n")
-    with pytest.raises(episodes.EpisodesError, match="bad.csv:2: not a --query-gpu row"):
+    with pytest.raises(episodes.EpisodesError, match=r"bad\.csv:2: not a --query-gpu row"):
         episodes.Capture.read(bad)
