@@ -73,12 +73,14 @@ class Graphs:
 
 
 def job_phase(mask: np.ndarray) -> list[str]:
-    """Per episode: whether a job runs at the window's start and at its end (a job's ranks start and
-    stop together, so peers share both)."""
+    """Per episode: when within the window a job ran, to the half minute (the first and last step
+    with a step time). A job's ranks start and stop together, so peers share it; "none" without a
+    job."""
     step = [f.metric for f in FEATURES].index("train_step_time_ms")
-    start = mask[:, :12, step].mean(axis=1) > 0.5
-    end = mask[:, -12:, step].mean(axis=1) > 0.5
-    return [f"{int(a)}{int(b)}" for a, b in zip(start, end, strict=True)]
+    seen = mask[:, :, step] > 0
+    first = seen.argmax(axis=1) // 6
+    last = (mask.shape[1] - 1 - seen[:, ::-1].argmax(axis=1)) // 6
+    return [f"{a}-{b}" if any_ else "none" for a, b, any_ in zip(first, last, seen.any(axis=1), strict=True)]
 
 
 def peer_windows(

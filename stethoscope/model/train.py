@@ -61,6 +61,7 @@ class TrainResult:
     meta: ModelMeta
     seconds: float
     parity: float
+    classifier: Any = None  # the trained torch network (nets.Classifier), in eval mode
 
 
 def deterministic(seed: int, threads: int) -> Any:
@@ -288,7 +289,7 @@ def train(
     seconds = time.perf_counter() - started
     meta.history.append(history_entry("train", episodes, meta, seconds))
     meta.save(out_dir / f"{name}.json")
-    return TrainResult(meta, seconds, diff)
+    return TrainResult(meta, seconds, diff, net)
 
 
 def score_split(graphs: evaluate.Graphs, episodes: Any, split: str, seed: int) -> dict[str, Any]:
