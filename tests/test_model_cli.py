@@ -162,3 +162,10 @@ def test_finetune_with_too_few_fault_episodes_exits_2(tmp_path, small_episodes, 
     ]
     assert main(argv) == 2
     assert "needs 500 fault episodes" in capsys.readouterr().err
+
+
+def test_train_with_a_bad_episode_count_exits_2_not_3(tmp_path, capsys):
+    pytest.importorskip("torch", reason="training needs the train extra (pip install '.[train]')")
+    assert main(["model", "train", "--per-family", "0", "--out", str(tmp_path)]) == 2
+    assert "per_family" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

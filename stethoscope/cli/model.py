@@ -160,6 +160,8 @@ def _finetune(args: argparse.Namespace) -> int:
     from stethoscope.model.train import require_torch
 
     require_torch()
+    if args.faults < 1:
+        raise ModelError(f"--faults {args.faults}: must be 1 or more")
     meta = model_meta(args.model)
     if not args.episodes.is_dir():
         raise ModelError(f"--episodes {args.episodes}: no such folder")

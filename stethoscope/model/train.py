@@ -183,6 +183,7 @@ def export(
         # "batch_size other than 1 with GRU": the graph has no initial state input, so the GRU's
         # zero state follows the batch size (evaluation and a test run it at other batch sizes)
         warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the GRU's shape checks, constant here
         torch.onnx.export(
             net,
             inputs,
