@@ -84,7 +84,8 @@ def transformed(x: np.ndarray) -> np.ndarray:
 
 def _stats(x: np.ndarray, mask: np.ndarray) -> Normalisation:
     values = np.where(mask > 0, transformed(x), np.nan).reshape(-1, x.shape[-1])
-    with np.errstate(all="ignore"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a feature the episodes never observed
         mean = np.nan_to_num(np.nanmean(values, axis=0), nan=0.0)
         std = np.nan_to_num(np.nanstd(values, axis=0), nan=1.0)
     return Normalisation([round(float(m), 6) for m in mean], [round(float(max(s, MIN_STD)), 6) for s in std])
@@ -105,7 +106,8 @@ def baselines(xn: np.ndarray, mask: np.ndarray, onset: np.ndarray) -> np.ndarray
     whole window for a healthy episode)."""
     steps = np.arange(xn.shape[1])[None, :, None]
     before = (steps < np.where(onset < 1, xn.shape[1], onset)[:, None, None]) & (mask > 0)
-    with np.errstate(all="ignore"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a feature never observed before the onset
         median = np.nanmedian(np.where(before, xn, np.nan), axis=1)
     return np.nan_to_num(median, nan=0.0).astype(np.float32)
 
