@@ -186,6 +186,8 @@ def export(
         # zero state follows the batch size (evaluation and a test run it at other batch sizes)
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the GRU's shape checks, constant here
+        # the TorchScript exporter (dynamo=False) is deprecated but exports nn.GRU as one ONNX GRU
+        warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(
             net,
             inputs,
