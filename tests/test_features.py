@@ -24,9 +24,9 @@ class CountingStore(Store):
 
     metric_queries = 0
 
-    def query_arrow(self, sql, parameters=None):
+    def query_arrow(self, sql, parameters=None, settings=None):
         self.metric_queries += 1
-        return super().query_arrow(sql, parameters)
+        return super().query_arrow(sql, parameters, settings)
 
 
 @pytest.fixture(scope="module")
