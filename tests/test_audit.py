@@ -271,3 +271,36 @@ def test_db_init_adds_the_fault_tables_to_a_database_from_before_them(store, cap
         assert "toIntervalDay(730)" in created["fault_windows"] or "730 DAY" in created["fault_windows"]
         statements = again.check_cluster_ddl("gpu_cluster")  # ClickHouse's own parser reads them
         assert any("fault_windows_local" in s for s in statements)
+
+
+def test_a_fault_older_than_the_raw_ttl_replays_from_its_kept_window(store, capsys):
+    # a quarter ago: the raw rows are long gone; fault_windows kept them (as `fault add` copied then)
+    from stethoscope.store.batch import METRIC_COLUMNS
+    from stethoscope.store.faults import Fault
+
+    shift = 90 * 86_400_000
+    _history(store)
+    db = store.database
+    old = store.query(
+        f"SELECT node_id, metric_name, device, labels, value, toUnixTimestamp64Milli(timestamp) "
+        f"FROM {db}.metrics WHERE node_id = 'node08'"
+    )
+    kept = MetricColumns()
+    for node, metric, device, labels, value, at in old:
+        kept.append(node, metric, device, dict(labels), value, at - shift)
+    store._insert("fault_windows", kept.columns(), METRIC_COLUMNS)
+    store.command(f"ALTER TABLE {db}.metrics DELETE WHERE node_id = 'node08' SETTINGS mutations_sync = 1")
+    node, device, layer, lead, _series = FAULTS["qp_error"]
+    fault = Fault(node, "qp_error", layer, IMPACT - shift, device)
+    store.insert_rows("faults", [{**_fault_row(fault)}])
+    store.close()
+    code, audit = _audit(capsys, store, "--lead-target", "30m")
+    (result,) = audit["faults"]
+    assert result["source"] == "fault_windows" and lead - 15 <= result["lead_minutes"] <= lead
+    assert code == 0
+
+
+def _fault_row(fault) -> dict:
+    moment = dt.datetime.fromtimestamp(fault.impact_ms / 1000, tz=dt.UTC)
+    row = {k: v for k, v in fault.as_dict().items() if k not in ("impact_ms", "impact_at")}
+    return {**row, "impact_at": moment, "recorded_at": moment}

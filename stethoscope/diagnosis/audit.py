@@ -40,6 +40,7 @@ from stethoscope.store.faults import (
 from stethoscope.store.schema import single_node_ddl
 
 STEP_MS = 5 * 60 * 1000
+SCRATCH_TTL_DAYS = 3650
 MODEL_LAYERS = {
     "model.communication": ("communication", "network"),
     "model.storage": ("storage",),
@@ -152,7 +153,8 @@ def _scratch(store: Store) -> Store:
     scratch = copy.copy(store)
     scratch.database = f"{store.database}_audit_scratch"
     store.command(f"DROP DATABASE IF EXISTS {scratch.database}")
-    for statement in single_node_ddl(scratch.database):
+    # a kept window may be older than the raw TTL: the scratch copy must not expire it on the next merge
+    for statement in single_node_ddl(scratch.database, raw_ttl_days=SCRATCH_TTL_DAYS):
         store.command(statement)
     return scratch
 
