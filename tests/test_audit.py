@@ -304,3 +304,41 @@ def _fault_row(fault) -> dict:
     moment = dt.datetime.fromtimestamp(fault.impact_ms / 1000, tz=dt.UTC)
     row = {k: v for k, v in fault.as_dict().items() if k not in ("impact_ms", "impact_at")}
     return {**row, "impact_at": moment, "recorded_at": moment}
+
+
+@pytest.mark.parametrize(
+    "finding, layer, device, warned",
+    [
+        # the model's communication class covers the catalog layers communication and network
+        ({"rule_id": "model.communication"}, "network", "mlx5_1/1", True),
+        ({"rule_id": "model.communication"}, "communication", "gpu0/link3", True),
+        ({"rule_id": "model.storage"}, "network", "", False),
+        ({"rule_id": "model.compute"}, "compute", "gpu0", True),
+        # the outlier detector: the layer of its largest deviation's feature
+        ({"rule_id": "model.outlier", "explanation": {"rdma_qps_dropped_per_second": 70,
+                                                  "ib_port_xmit_wait_per_second": 3}},
+         "network", "", True),
+        ({"rule_id": "model.outlier", "explanation": {"disk_temperature_celsius": 60, "gpu_power_watts": 40}},
+         "compute", "", False),
+        ({"rule_id": "model.storage", "node_id": "node07"}, "storage", "sda", False),  # another node
+    ],
+)  # fmt: skip
+def test_model_findings_count_for_the_layer_the_docs_give_them(finding, layer, device, warned):
+    from stethoscope.catalog import Catalog
+    from stethoscope.diagnosis.audit import warns
+    from stethoscope.store.faults import Fault
+
+    finding = {"node_id": "node08", "device": "", **finding}
+    assert warns(Fault("node08", "k", layer, IMPACT, device), finding, Catalog.load()) is warned
+
+
+def test_a_rule_finding_counts_on_the_enclosing_device_and_only_for_its_layers():
+    from stethoscope.catalog import Catalog
+    from stethoscope.diagnosis.audit import warns
+    from stethoscope.store.faults import Fault
+
+    catalog = Catalog.load()
+    link = {"node_id": "node06", "device": "gpu0/link3", "rule_id": "r", "_layers": {"communication"}}
+    assert warns(Fault("node06", "k", "communication", IMPACT, "gpu0"), link, catalog)
+    assert not warns(Fault("node06", "k", "communication", IMPACT, "gpu1"), link, catalog)
+    assert not warns(Fault("node06", "k", "compute", IMPACT, "gpu0"), link, catalog)

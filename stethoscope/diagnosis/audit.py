@@ -255,11 +255,11 @@ def render(audit: Audit) -> str:
         verdict = "UNDER TARGET" if k.under_target else ("no data" if k.median_lead_minutes is None else "ok")
         lines.append(f"{k.kind:<24}{k.faults:>7}{k.replayed:>9}{k.missed:>7}{median:>13}  {verdict}")
     lines.append("")
-    lines.append(f"{'node':<14}{'device':<14}{'kind':<24}{'impact':<26}{'lead':>9}  first warning")
+    lines.append(f"{'node':<14}{'device':<14}{'kind':<24}{'impact':<31}{'lead':>15}  first warning")
     for r in audit.faults:
         lead = r.outcome if r.lead_minutes is None else f"{r.lead_minutes:.0f} min"
         said = f"{r.rule_id}: {r.message}" if r.rule_id else f"({r.source or 'no rows left'})"
         impact = r.fault.as_dict()["impact_at"]
         where = f"{r.fault.node_id:<14}{r.fault.device or '-':<14}{r.fault.kind:<24}"
-        lines.append(f"{where}{impact:<26}{lead:>9}  {said}")
+        lines.append(f"{where}{impact:<31}{lead:>15}  {said}")
     return "\n".join(lines)
