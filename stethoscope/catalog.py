@@ -24,6 +24,24 @@ AGGREGATES = {
     "events": _CUMULATIVE,
 }
 SWEEP_INTERVAL = 60  # what the catalog assumes for metrics the Ansible sweeps report
+# A metric without a declared layer gets one from its name's prefix, so that every metric has one.
+_LAYER_PREFIXES = (
+    ("nvlink_", "communication"),
+    ("bench_allreduce", "communication"),
+    ("nccl_", "communication"),
+    ("smart_", "storage"),
+    ("nvme_", "storage"),
+    ("disk_", "storage"),
+    ("bench_fio", "storage"),
+    ("ib_", "network"),
+    ("rdma_", "network"),
+    ("net_", "network"),
+    ("bench_rdma", "network"),
+    ("ansible_host_unreachable", "network"),
+    ("telemetry_", "network"),
+    ("train_", "job"),
+    ("cuda_memory", "job"),
+)
 
 
 @dataclass(frozen=True)
@@ -201,3 +219,16 @@ def default_path() -> Path:
 @lru_cache(maxsize=1)
 def default_catalog() -> Catalog:
     return Catalog.load()
+
+
+def layer_of(catalog: Catalog, metric: str) -> str:
+    """The catalog layer of a metric (compute, communication, storage, network, job): the entry's own
+    `layer` where it has one, else from the name's prefix."""
+    spec = catalog.get(metric)
+    declared = getattr(spec, "layer", "") if spec else ""
+    if declared in LAYERS:
+        return declared
+    for prefix, layer in _LAYER_PREFIXES:
+        if metric.startswith(prefix):
+            return layer
+    return "compute"  # gpu_, pcie_, cpu_, numa_, bench_gemm, bench_fft, node_fingerprint

@@ -67,6 +67,17 @@ ROW_TABLES: dict[str, tuple[str, ...]] = {
         "version",
     ),
     "executors": ("host", "pid", "started_at", "beat_at", "version"),
+    "faults": (
+        "fault_id",
+        "node_id",
+        "device",
+        "kind",
+        "layer",
+        "impact_at",
+        "source",
+        "note",
+        "recorded_at",
+    ),
 }
 
 

@@ -24,23 +24,55 @@ class Table:
     settings: tuple[str, ...] = field(default_factory=tuple)
 
 
-def tables(raw_ttl_days: int = 30, daily_ttl_days: int = 730, hourly_ttl_days: int = 90) -> list[Table]:
+METRIC_COLUMNS = (
+    "node_id LowCardinality(String)",
+    "metric_name LowCardinality(String)",
+    "device LowCardinality(String)",
+    "labels Map(String, String)",
+    "value Float64",
+    "timestamp DateTime64(3, 'UTC')",
+    LABELS_KEY,
+)
+METRIC_ORDER = "(node_id, metric_name, device, labels_key, timestamp)"
+
+
+def tables(
+    raw_ttl_days: int = 30, daily_ttl_days: int = 730, hourly_ttl_days: int = 90, fault_ttl_days: int = 730
+) -> list[Table]:
     return [
         Table(
             "metrics",
-            (
-                "node_id LowCardinality(String)",
-                "metric_name LowCardinality(String)",
-                "device LowCardinality(String)",
-                "labels Map(String, String)",
-                "value Float64",
-                "timestamp DateTime64(3, 'UTC')",
-                LABELS_KEY,
-            ),
+            METRIC_COLUMNS,
             "ReplacingMergeTree",
-            "(node_id, metric_name, device, labels_key, timestamp)",
+            METRIC_ORDER,
             partition_by="toYYYYMMDD(timestamp)",
             ttl=f"toDateTime(timestamp) + INTERVAL {int(raw_ttl_days)} DAY",
+        ),
+        # the raw rows of a fault's node before its impact, kept for the audit after the raw TTL
+        Table(
+            "fault_windows",
+            METRIC_COLUMNS,
+            "ReplacingMergeTree",
+            METRIC_ORDER,
+            partition_by="toYYYYMM(timestamp)",
+            ttl=f"toDateTime(timestamp) + INTERVAL {int(fault_ttl_days)} DAY",
+        ),
+        Table(  # the ground truth of the audit: one row per fault, the same fault imported twice is one
+            "faults",
+            (
+                "fault_id String",
+                "node_id String",
+                "device String",
+                "kind LowCardinality(String)",
+                "layer LowCardinality(String)",
+                "impact_at DateTime64(3, 'UTC')",
+                "source LowCardinality(String)",
+                "note String",
+                "recorded_at DateTime64(3, 'UTC')",
+            ),
+            "ReplacingMergeTree",
+            "fault_id",
+            engine_args="recorded_at",
         ),
         Table(
             "metrics_daily",

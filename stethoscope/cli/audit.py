@@ -1,0 +1,70 @@
+"""`stethoscope audit [--faults FILE] [--lead-target 30m] [--out DIR] [--json]`: exit 1 when a fault
+kind's median lead is under the target."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+from stethoscope.cli.exit_codes import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+from stethoscope.store.client import Store
+from stethoscope.store.dsn import redact
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)\s*$")
+_MINUTES = {"s": 1 / 60, "m": 1.0, "h": 60.0}
+
+
+def lead_minutes(text: str) -> float | None:
+    """'30m', '1h', '90s' -> minutes; None when it is not one of those."""
+    match = _DURATION.match(text)
+    return float(match.group(1)) * _MINUTES[match.group(2)] if match else None
+
+
+def _say(message: str) -> None:
+    print(f"stethoscope: audit: {message}", file=sys.stderr)
+
+
+def audit_command(args: argparse.Namespace) -> int:
+    from stethoscope.cli.diagnose import catalog_for, checked_rules, inventory_of
+    from stethoscope.diagnosis.audit import render, run_audit
+    from stethoscope.store import fault_file
+    from stethoscope.store.faults import known_nodes, latest_sample_ms, list_faults, record
+
+    target = lead_minutes(args.lead_target)
+    if target is None:
+        _say(f"--lead-target {args.lead_target!r}: expected a duration like 30m, 1h or 90s")
+        return EXIT_USAGE
+    if args.faults is not None and not args.faults.is_file():
+        _say(f"--faults {args.faults}: no such file")
+        return EXIT_USAGE
+    catalog = catalog_for(inventory_of(args))
+    rules = checked_rules(args.rules, catalog, "audit").rules
+    with Store(args.dsn, args.database) as store:
+        store.ensure_schema()
+        if args.faults is not None:
+            parsed = fault_file.parse(args.faults, known_nodes(store), latest_sample_ms(store))
+            for error in parsed.errors:
+                _say(error)
+            if parsed.errors:
+                _say(f"{len(parsed.errors)} problems in {args.faults}; nothing imported")
+                return EXIT_USAGE
+            for fault in parsed.faults:
+                record(store, fault)
+            print(f"imported {len(parsed.faults)} faults from {args.faults}", file=sys.stderr)
+        faults = list_faults(store)
+        if args.faults is not None:  # the file's faults are the ones audited
+            wanted = {f.fault_id for f in parsed.faults}
+            faults = [f for f in faults if f.fault_id in wanted]
+        audit = run_audit(store, faults, rules, catalog, target)
+    if args.out:
+        from stethoscope.report.audit_html import write
+
+        page = write(audit, args.out, redact(store.dsn))
+        print(f"wrote {page}", file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(audit.as_dict(), indent=2))
+    elif not args.out:
+        print(render(audit))
+    return EXIT_FINDINGS if audit.under_target else EXIT_OK

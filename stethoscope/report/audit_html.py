@@ -1,0 +1,34 @@
+"""The audit page (`stethoscope audit --out DIR`): DIR/audit.html beside the board, through Jinja2 with
+autoescape on (node names, kinds and messages are data); nothing is fetched when it is viewed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from stethoscope.diagnosis.audit import Audit
+from stethoscope.report.board import SYMBOL
+from stethoscope.timeutil import iso, now_ms
+
+_ENV = Environment(
+    loader=PackageLoader("stethoscope.report", "templates"),
+    autoescape=True,
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def render_audit(audit: Audit, store_name: str = "", board_page: str = "") -> str:
+    return _ENV.get_template("audit.html.j2").render(
+        audit=audit, symbol=SYMBOL, generated_at=iso(now_ms()), store_name=store_name, board_page=board_page
+    )
+
+
+def write(audit: Audit, out: Path, store_name: str = "") -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    page = out / "audit.html"
+    board = "index.html" if (out / "index.html").exists() else ""  # `stethoscope report --out DIR`
+    page.write_text(render_audit(audit, store_name, board), encoding="utf-8")
+    return page

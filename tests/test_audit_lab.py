@@ -1,0 +1,52 @@
+"""The lab's fault history (inventories/lab/faults.yml) audited after real `collect.yml` sweeps: every
+fault the lab injects is warned of by a finding of its layer on its node and device, except the MTU
+mismatch, whose only rule compares the node with the fleet (the audit replays the node alone, as its
+fault window holds only the node: docs/audit.md). The lab injects
+its faults from the first sweep, so no lead can exceed the minute its sweeps span: every kind's median
+lead is 0, under the default 30-minute target (exit 1), and meets a target of 0 (exit 0)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from conftest import TOP, ansible_env
+
+BIN = Path(sys.executable).parent
+FAULTS = TOP / "inventories/lab/faults.yml"
+
+
+def test_every_lab_fault_is_warned_of_on_its_node_and_device_and_leads_are_judged(tmp_path, tmp_dsn):
+    env = ansible_env(tmp_path, tmp_dsn, STETHOSCOPE_LAB_DIR=str(tmp_path / "lab"))
+    build = [sys.executable, str(TOP / "tools/lab.py"), "build"]
+    subprocess.run(build, env=env, check=True, capture_output=True)
+    cli = [sys.executable, "-m", "stethoscope.cli"]
+    subprocess.run([*cli, "db", "init"], env=env, cwd=TOP, check=True, capture_output=True)
+    for _sweep in range(3):  # as `make demo`: three sweeps, so that rules needing 3 samples can fire
+        play = subprocess.run(
+            [str(BIN / "ansible-playbook"), str(TOP / "playbooks/collect.yml")],
+            env=env, cwd=TOP, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert play.returncode == 0, play.stdout[-3000:]
+    audit = [*cli, "audit", "--faults", str(FAULTS), "--json"]
+    judged = subprocess.run(audit, env=env, cwd=TOP, capture_output=True, text=True, check=False)
+    assert judged.returncode == 1, judged.stderr
+    result = json.loads(judged.stdout)
+    injected = yaml.safe_load(FAULTS.read_text())["faults"]
+    assert len(result["faults"]) == len(injected)
+    for fault in result["faults"]:
+        assert fault["source"] == "metrics"
+        if fault["kind"] == "mtu_mismatch":
+            assert fault["outcome"] == "missed", fault
+            continue
+        assert fault["outcome"] == "warned", fault
+        assert fault["lead_minutes"] == 0
+    assert {k["kind"] for k in result["kinds"]} == {f["kind"] for f in injected}
+    assert all(k["under_target"] and k["median_lead_minutes"] == 0 for k in result["kinds"])
+    again = subprocess.run([*audit, "--lead-target", "0m"], env=env, cwd=TOP, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert len(json.loads(again.stdout)["faults"]) == len(injected)  # re-imported: the same faults
