@@ -8,7 +8,9 @@ windows longer than the raw TTL read the `metrics_daily` rollup (one sample a da
 Samples are read once per (series, timestamp), however often a row was replayed. Increases (delta,
 rate) run from the last sample at or before the window's start (2 days of raw rows, then the daily
 rollup; else the first sample inside, or 0 for an `events` metric: its first event is news) to the
-last sample inside, a drop counting as a counter reset. A baseline condition compares the window's
+last sample inside, a drop counting as a counter reset; whole hours come from metrics_hourly where it
+gives the raw rows' own answer (`hourly_increase`). Of the conditions `all` joins, the costliest is read
+last, only if the others match. A baseline condition compares the window's
 aggregate with the node's own earlier history (its median for a percent deviation, its mean and σ
 for sigma) or with the fleet's median, and its value is the
 deviation in the direction the catalog calls worse. A rule with `correlate` also returns, per match,
@@ -364,16 +366,27 @@ class _Builder:
                 f"SELECT node_id, key, min(dev) AS dev, maxMap(values) AS values, max(v) AS v "
                 f"FROM ({union}) GROUP BY node_id, key"
             )
-        query = f"({parts[0]}) AS t0"
-        for index, part in enumerate(parts[1:], start=1):
-            on = f"t0.node_id = t{index}.node_id AND t0.key = t{index}.key"
-            query += f" INNER JOIN ({part}) AS t{index} ON {on}"
+        # the costliest condition streams on the left; the others are built first, and an empty one
+        # ends the query before the costly one is read (most conditions match nothing most of the time)
+        order = sorted(range(len(parts)), key=lambda i: -_reach(group.items[i]))
+        left = order[0]
+        query = f"({parts[left]}) AS t{left}"
+        for index in order[1:]:
+            on = f"t{left}.node_id = t{index}.node_id AND t{left}.key = t{index}.key"
+            query += f" INNER JOIN ({parts[index]}) AS t{index} ON {on}"
         values = "mapConcat(" + ", ".join(f"t{i}.values" for i in range(len(parts))) + ")"
         columns = f"t0.node_id AS node_id, t0.key AS key, t0.dev AS dev, {values} AS values, t0.v AS v"
         return f"SELECT {columns} FROM {query}"
 
     def node(self, item: Condition | Group, enclosing: str | None) -> str:
         return self.leaf(item, enclosing) if isinstance(item, Condition) else self.group(item, enclosing)
+
+
+def _reach(item: Condition | Group) -> int:
+    """Seconds of rows a condition reads: how costly it is, roughly."""
+    if isinstance(item, Group):
+        return sum(_reach(child) for child in item.items)
+    return item.window_seconds + item.history_seconds * (item.baseline == "node")
 
 
 def _metrics(item: Condition | Group) -> list[str]:
