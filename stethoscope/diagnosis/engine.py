@@ -256,12 +256,19 @@ class _Builder:
             f"WHERE {' AND '.join([*self.filters(condition), hours(i0, i1)])} "
             f"GROUP BY {series}, hour HAVING min(min_value) < max(max_value)"
         )
-        stretches = [hours(lo, hi, "timestamp") for lo, hi in reach.raw if lo < hi]
-        stretches.append(
-            f"{hours(i0, i1, 'timestamp')} AND ({series}, toStartOfHour(timestamp)) IN ({moving})"
-        )
-        raw = f"SELECT {series}, value, timestamp FROM {db}.metrics WHERE " + " AND ".join(
-            [*self.filters(condition), "(" + " OR ".join(f"({s})" for s in stretches) + ")"]
+        stretches = " OR ".join(f"({hours(lo, hi, 'timestamp')})" for lo, hi in reach.raw if lo < hi)
+        # apart: the moving hours' set then selects their granules alone, and the partial hours'
+        # rows (of every series) are not each looked up in it
+        raw = " UNION ALL ".join(
+            f"SELECT {series}, value, timestamp FROM {db}.metrics WHERE {' AND '.join(where)}"
+            for where in (
+                [*self.filters(condition), f"({stretches or 'false'})"],
+                [
+                    *self.filters(condition),
+                    hours(i0, i1, "timestamp"),
+                    f"({series}, toStartOfHour(timestamp)) IN ({moving})",
+                ],
+            )
         )
         # an hour before the window stands for its last sample, a still hour inside for its value
         rolled = (
