@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -210,6 +211,7 @@ def main() -> None:
         "--out", type=Path, default=Path(__file__).parent / "results" / "diagnosis_cycle.json"
     )
     args = parser.parse_args()
+    load = [round(x, 2) for x in os.getloadavg()]  # on a shared machine, what else was running
     results = []
     for nodes in args.nodes:
         result = one_size(nodes, args.repeat, args.data)
@@ -224,6 +226,7 @@ def main() -> None:
     report = {
         "target": "200 nodes x 24 h x 20 metrics at 5 s (~70M rows) in <= 5 s on 2 cores",
         "budget_seconds": BUDGET_SECONDS,
+        "load_average_at_start_and_end": [load, [round(x, 2) for x in os.getloadavg()]],
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
