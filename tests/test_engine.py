@@ -149,6 +149,32 @@ def test_any_of_all_nesting_and_node_level_join(tmp_path, store):
     assert set(fired(store, nested)) == {("n1", "nvme0n1"), ("n2", "node")}
 
 
+def test_the_first_condition_speaks_for_the_match_though_the_costliest_is_read_first(tmp_path, store):
+    # the 6-hour one is the costliest: it streams on the left of the join, the 5-minute one is built
+    slowdown = rule(
+        tmp_path,
+        """
+        rule_id: slow_and_noisy
+        description: test
+        severity: warning
+        trigger:
+          - {metric: train_loss_variance, operator: ">", threshold: 0.05, window: 5m}
+          - {metric: train_step_time_ms, operator: ">", threshold: 20, window: 5m, baseline: node,
+             history: 6h}
+        """,
+    )
+    series(store, "n1", "train_step_time_ms", "node", [120] * 60 + [180] * 5)
+    series(store, "n1", "train_loss_variance", "node", [0.2] * 5)
+    series(store, "n2", "train_step_time_ms", "node", [120] * 60 + [180] * 5)  # steady loss: no match
+    series(store, "n2", "train_loss_variance", "node", [0.01] * 5)
+    (match,) = evaluate(store, slowdown, AT)
+    assert (match.node_id, match.value) == ("n1", pytest.approx(0.2))
+    assert match.values == {
+        "train_loss_variance": pytest.approx(0.2),
+        "train_step_time_ms": pytest.approx(50.0),
+    }
+
+
 def bench(store, node, metric, values, labels=None, cls="classA", step_ms=4 * 3_600_000):
     """One benchmark run per value, the newest at AT."""
     rows = [

@@ -8,7 +8,9 @@ windows longer than the raw TTL read the `metrics_daily` rollup (one sample a da
 Samples are read once per (series, timestamp), however often a row was replayed. Increases (delta,
 rate) run from the last sample at or before the window's start (2 days of raw rows, then the daily
 rollup; else the first sample inside, or 0 for an `events` metric: its first event is news) to the
-last sample inside, a drop counting as a counter reset. A baseline condition compares the window's
+last sample inside, a drop counting as a counter reset; whole hours come from metrics_hourly where it
+gives the raw rows' own answer (`hourly_increase`). Of the conditions `all` joins, the costliest is read
+last, only if the others match. A baseline condition compares the window's
 aggregate with the node's own earlier history (its median for a percent deviation, its mean and σ
 for sigma) or with the fleet's median, and its value is the
 deviation in the direction the catalog calls worse. A rule with `correlate` also returns, per match,
@@ -18,12 +20,14 @@ finding about the switch.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from stethoscope.catalog import Catalog, default_catalog
 from stethoscope.diagnosis.rules import Condition, Group, Rule
+from stethoscope.diagnosis.spans import spans
 from stethoscope.store.client import Store
 
 _OPERATORS = {">": ">", ">=": ">=", "<": "<", "<=": "<=", "==": "=", "!=": "!="}
@@ -58,9 +62,17 @@ class _Builder:
     # cheaper while parts await their merge (benchmarks/dedup_reads.py measures both).
     dedup = "group_by"  # group_by | final
 
-    def __init__(self, database: str, at_ms: int, raw_ttl_seconds: int, nodes: Sequence[str] | None = None):
+    def __init__(
+        self,
+        database: str,
+        at_ms: int,
+        raw_ttl_seconds: int,
+        nodes: Sequence[str] | None = None,
+        rollup: bool = True,
+    ):
         self.database = database
         self.raw_ttl_seconds = raw_ttl_seconds
+        self.rollup = rollup  # whether metrics_hourly may stand in for whole hours of raw rows
         self.params: dict[str, Any] = {"at": at_ms}
         self.count = 0
         self.nodes = nodes is not None
@@ -149,6 +161,8 @@ class _Builder:
         filters = self.filters(condition)
         near = max(condition.window_seconds, NEAR_LOOKBACK_SECONDS)
         deep = max(near, LOOKBACK_SECONDS)
+        if self.hourly_reads(condition, deep):
+            return self.hourly_increase(condition, deep)
         if self.daily(condition):
             rows = self.source(condition, f"{start} - toIntervalSecond({near})", end)
         else:  # a replayed row adds a step of 0 here, so the raw rows need no FINAL
@@ -184,9 +198,18 @@ class _Builder:
             f"FROM {self.database}.metrics_daily WHERE {' AND '.join(daily_where)} "
             "GROUP BY node_id, device, labels_key"
         )
-        # a series with no earlier sample starts from its first one, or from 0 for events (news)
+        joins = (
+            f"LEFT JOIN ({older}) AS o USING (node_id, device, labels_key) "
+            f"LEFT JOIN ({daily}) AS d USING (node_id, device, labels_key)"
+        )
+        fallback = "if(o.found = 1, o.last, if(d.found = 1, d.last, {fresh}))"
+        return self.folded(condition, samples, fallback, joins)
+
+    def folded(self, condition: Condition, samples: str, fallback: str, joins: str) -> str:
+        """The increase over each series' `samples` row, from the sample before the window (else
+        `fallback`, where `{fresh}` stands for the series' first value, or 0 for events: news)."""
         fresh = "0" if condition.kind == "events" else "s.inside[1]"
-        base = f"if(s.has_before, s.before, if(o.found = 1, o.last, if(d.found = 1, d.last, {fresh})))"
+        base = f"if(s.has_before, s.before, {fallback.format(fresh=fresh)})"
         steps = f"arrayPushFront(s.inside, {base})"
         pairs = f"arrayPopBack({steps}), arrayPopFront({steps})"
         increase = f"arraySum(arrayMap((a, b) -> if(b >= a, b - a, b), {pairs}))"
@@ -194,10 +217,81 @@ class _Builder:
             increase = f"{increase} / {self.param(condition.window_seconds, 'UInt32')}"
         return (
             "SELECT s.node_id AS node_id, s.device AS device, s.labels_key AS labels_key, '' AS cls, "
-            f"{increase} AS cur, s.n AS n FROM ({samples}) AS s "
-            f"LEFT JOIN ({older}) AS o USING (node_id, device, labels_key) "
-            f"LEFT JOIN ({daily}) AS d USING (node_id, device, labels_key)"
+            f"{increase} AS cur, s.n AS n FROM ({samples}) AS s {joins}"
         )
+
+    def hourly_reads(self, condition: Condition, deep: int) -> bool:
+        """Whether the increase may read whole hours from metrics_hourly: its reach stays within the
+        raw TTL (else the raw rows would have expired where the rollup still answers), and it counts
+        samples only to see that there are some (the rollup may count a replayed row twice)."""
+        reach = condition.window_seconds + deep
+        return (
+            self.rollup
+            and not self.daily(condition)
+            and not condition.metric.startswith("bench_")
+            and condition.min_samples <= 1
+            and reach <= self.raw_ttl_seconds
+        )
+
+    def hourly_increase(self, condition: Condition, deep: int) -> str:
+        """The increase as `increase` computes it from the raw rows, with the whole hours read from
+        metrics_hourly: before the window the last sample of each (all the start of an increase
+        needs), inside it one sample for an hour that holds one value (its steps are 0), and the raw
+        rows of an hour that moves (a reset inside it cannot be told from its min, max and last). The
+        raw rows of the partial hours complete it, so the answer equals the raw rows' own."""
+        at = self.params["at"]
+        start = at - condition.window_seconds * 1000
+        reach = spans(start - deep * 1000, start, at)
+        db, series = self.database, "node_id, device, labels_key"
+
+        def ms(t: int) -> str:
+            return f"fromUnixTimestamp64Milli({self.param(t, 'Int64')}, 'UTC')"
+
+        def hours(first: int, last: int, column: str = "hour") -> str:
+            return f"{column} >= {ms(first)} AND {column} < {ms(last)}"
+
+        (b0, b1), (i0, i1) = reach.before, reach.inside
+        moving = (
+            f"SELECT {series}, hour FROM {db}.metrics_hourly "
+            f"WHERE {' AND '.join([*self.filters(condition), hours(i0, i1)])} "
+            f"GROUP BY {series}, hour HAVING min(min_value) < max(max_value)"
+        )
+        stretches = " OR ".join(f"({hours(lo, hi, 'timestamp')})" for lo, hi in reach.raw if lo < hi)
+        # apart: the moving hours' set then selects their granules alone, and the partial hours'
+        # rows (of every series) are not each looked up in it
+        raw = " UNION ALL ".join(
+            f"SELECT {series}, value, timestamp FROM {db}.metrics WHERE {' AND '.join(where)}"
+            for where in (
+                [*self.filters(condition), f"({stretches or 'false'})"],
+                [
+                    *self.filters(condition),
+                    hours(i0, i1, "timestamp"),
+                    f"({series}, toStartOfHour(timestamp)) IN ({moving})",
+                ],
+            )
+        )
+        # an hour before the window stands for its last sample, a still hour inside for its value
+        rolled = (
+            f"SELECT {series}, if(hour < {ms(b1)}, argMaxMerge(last_value), min(min_value)) AS value, "
+            f"max(last_at) AS timestamp FROM {db}.metrics_hourly "
+            f"WHERE {' AND '.join([*self.filters(condition), f'(({hours(b0, b1)}) OR ({hours(i0, i1)}))'])} "
+            f"GROUP BY {series}, hour HAVING hour < {ms(b1)} OR min(min_value) = max(max_value)"
+        )
+        inside = f"timestamp > {ms(start)}"
+        samples = (
+            f"SELECT {series}, "
+            f"arrayMap(t -> t.2, arraySort(groupArrayIf((timestamp, value), {inside}))) AS inside, "
+            f"countIf({inside}) AS n, argMaxIf(value, timestamp, NOT ({inside})) AS before, "
+            f"countIf(NOT ({inside})) > 0 AS has_before "
+            f"FROM ({raw} UNION ALL {rolled}) GROUP BY {series} HAVING n > 0"
+        )
+        daily_where = [*self.filters(condition), f"day <= toDate({ms(reach.lookback)})"]
+        daily = (
+            f"SELECT {series}, argMaxMerge(last_value) AS last, 1 AS found "
+            f"FROM {db}.metrics_daily WHERE {' AND '.join(daily_where)} GROUP BY {series}"
+        )
+        joins = f"LEFT JOIN ({daily}) AS d USING ({series})"
+        return self.folded(condition, samples, "if(d.found = 1, d.last, {fresh})", joins)
 
     def window(self, condition: Condition) -> tuple[str, str]:
         end = "fromUnixTimestamp64Milli({at:Int64}, 'UTC')"
@@ -279,16 +373,27 @@ class _Builder:
                 f"SELECT node_id, key, min(dev) AS dev, maxMap(values) AS values, max(v) AS v "
                 f"FROM ({union}) GROUP BY node_id, key"
             )
-        query = f"({parts[0]}) AS t0"
-        for index, part in enumerate(parts[1:], start=1):
-            on = f"t0.node_id = t{index}.node_id AND t0.key = t{index}.key"
-            query += f" INNER JOIN ({part}) AS t{index} ON {on}"
+        # the costliest condition streams on the left; the others are built first, and an empty one
+        # ends the query before the costly one is read (most conditions match nothing most of the time)
+        order = sorted(range(len(parts)), key=lambda i: -_reach(group.items[i]))
+        left = order[0]
+        query = f"({parts[left]}) AS t{left}"
+        for index in order[1:]:
+            on = f"t{left}.node_id = t{index}.node_id AND t{left}.key = t{index}.key"
+            query += f" INNER JOIN ({parts[index]}) AS t{index} ON {on}"
         values = "mapConcat(" + ", ".join(f"t{i}.values" for i in range(len(parts))) + ")"
         columns = f"t0.node_id AS node_id, t0.key AS key, t0.dev AS dev, {values} AS values, t0.v AS v"
         return f"SELECT {columns} FROM {query}"
 
     def node(self, item: Condition | Group, enclosing: str | None) -> str:
         return self.leaf(item, enclosing) if isinstance(item, Condition) else self.group(item, enclosing)
+
+
+def _reach(item: Condition | Group) -> int:
+    """Seconds of rows a condition reads: how costly it is, roughly."""
+    if isinstance(item, Group):
+        return sum(_reach(child) for child in item.items)
+    return item.window_seconds + item.history_seconds * (item.baseline == "node")
 
 
 def _metrics(item: Condition | Group) -> list[str]:
@@ -304,12 +409,14 @@ def rule_query(
     raw_ttl_seconds: int = RAW_TTL_SECONDS,
     catalog: Catalog | None = None,
     nodes: Sequence[str] | None = None,
+    via: str = "rollup",
 ) -> tuple[str, dict[str, Any]]:
-    """The one query that evaluates `rule` at `at_ms` over every node (or only `nodes`)."""
+    """The one query that evaluates `rule` at `at_ms` over every node (or only `nodes`); `via="raw"`
+    reads no rollup where the raw rows can answer (the answer is the same: the tests compare them)."""
     catalog = catalog or default_catalog()
     kinds = {catalog.enclosing(metric) for metric in _metrics(rule.when)}
     (outer,) = kinds if len(kinds) == 1 else (None,)
-    builder = _Builder(database, at_ms, raw_ttl_seconds, nodes)
+    builder = _Builder(database, at_ms, raw_ttl_seconds, nodes, rollup=via == "rollup")
     body = builder.node(rule.when, outer.pattern if outer else None)
     # one match per node (and enclosing device): the first condition's value, every condition's values
     sql = (
@@ -328,6 +435,22 @@ def rule_query(
     return f"{sql} ORDER BY node_id, device", builder.params
 
 
+# stores already seen with metrics_hourly (the database each had then): once there, it stays
+_WITH_ROLLUP: weakref.WeakKeyDictionary[Store, str] = weakref.WeakKeyDictionary()
+
+
+def has_hourly_rollup(store: Store) -> bool:
+    if _WITH_ROLLUP.get(store) != store.database:
+        rows = store.query(
+            "SELECT count() FROM system.tables WHERE database = {db:String} AND name = 'metrics_hourly'",
+            {"db": store.database},
+        )
+        if not rows or not rows[0][0]:
+            return False
+        _WITH_ROLLUP[store] = store.database
+    return True
+
+
 def evaluate(
     store: Store,
     rule: Rule,
@@ -335,8 +458,11 @@ def evaluate(
     raw_ttl_seconds: int = RAW_TTL_SECONDS,
     catalog: Catalog | None = None,
     nodes: Sequence[str] | None = None,
+    via: str = "rollup",
 ) -> list[Match]:
-    sql, params = rule_query(rule, store.database, at_ms, raw_ttl_seconds, catalog, nodes)
+    if via == "rollup" and not has_hourly_rollup(store):
+        via = "raw"  # a database from before metrics_hourly, until `db init` adds it
+    sql, params = rule_query(rule, store.database, at_ms, raw_ttl_seconds, catalog, nodes, via)
     matches: list[Match] = []
     groups: dict[str, Match] = {}
     for node, device, value, values, group, peers in store.query(sql, params):

@@ -47,6 +47,10 @@ def tables(
             METRIC_ORDER,
             partition_by="toYYYYMMDD(timestamp)",
             ttl=f"toDateTime(timestamp) + INTERVAL {int(raw_ttl_days)} DAY",
+            # a series holds ~17k rows a day at 5 s: with 8192-row granules and 64 KiB blocks a rule's
+            # 5-minute window of one metric decompresses whole days of it on every node; small ones
+            # halve the rules' cost at 200 nodes (benchmarks/diagnosis_cycle.py). New tables only.
+            settings=("index_granularity = 1024", "min_compress_block_size = 8192"),
         ),
         # the raw rows of a fault's node before its impact, kept for the audit after the raw TTL
         Table(
