@@ -83,6 +83,20 @@ def test_counter_increase_counts_a_reset_as_new_increase():
     assert increase([raw[0], (1, 12.0, 20.0, 20.0)]) == 10.0
 
 
+def test_a_reset_inside_an_hour_whose_last_value_is_its_maximum_counts_both_climbs(store):
+    # 0, 3, 0, 4 inside one whole hour: its min, max and last (0, 4, 4) look like one climb of 4
+    hour = WINDOW.start_ms // HOUR_MS * HOUR_MS + 3 * HOUR_MS
+    batch = MetricColumns()
+    for i, value in enumerate([0.0, 0.0, 3.0, 0.0, 4.0, 4.0]):
+        batch.append("n1", "nvlink_crc_errors_total", "gpu0/link0", {}, value, hour - MINUTE + i * 10 * MINUTE)
+    store.insert_metrics(batch)
+    catalog = Catalog.load()
+    (from_raw,) = top(store, catalog, "nvlink_crc_errors_total", WINDOW, via="raw")
+    (from_rollup,) = top(store, catalog, "nvlink_crc_errors_total", WINDOW)
+    assert from_raw.value == 7.0
+    assert from_rollup == from_raw
+
+
 def test_top_cli_json_with_device_glob_and_label_filter(store, tmp_dsn, capsys):
     store.insert_metrics(fleet())
     store.close()

@@ -234,8 +234,8 @@ def _counter_top(
     for node_id, dev, key, *step in store.query(sql, params):
         series[(node_id, dev, key)].add(tuple(step))  # type: ignore[arg-type]
     per_device: dict[tuple[str, str], float] = defaultdict(float)
-    for (node_id, dev, key), steps in series.items():
-        samples = _unfold_resets(store, metric, (node_id, dev, key), sorted(steps))
+    unfolded = _unfold_resets(store, metric, {key: sorted(steps) for key, steps in series.items()})
+    for (node_id, dev, _key), samples in unfolded.items():
         per_device[(node_id, dev)] += increase(samples)
     seconds = (window.end_ms - window.start_ms) / 1000
     best: dict[str, tuple[str, float]] = {}
@@ -247,24 +247,37 @@ def _counter_top(
 
 
 def _unfold_resets(
-    store: Store, metric: str, series: tuple[str, str, str], steps: list[tuple[int, float, float, float, int]]
-) -> list[tuple[int, float, float, float]]:
-    """An hour whose summary shows a reset (its minimum below the value before it, or its last below
-    its maximum) is replaced by its raw samples: (min, max, last) cannot say how far it rose before."""
-    out: list[tuple[int, float, float, float]] = []
-    for at, low, high, last, summary in steps:
-        previous = out[-1][3] if out else None
-        if summary and ((previous is not None and low < previous) or last < high):
-            rows = store.query(
-                f"SELECT DISTINCT toUnixTimestamp64Milli(timestamp), value FROM {store.database}.metrics "
-                "WHERE node_id = {n:String} AND metric_name = {m:String} AND device = {d:String} "
-                f"AND labels_key = {{k:String}} AND timestamp >= {_ms('h')} AND timestamp < {_ms('h1')} "
-                "ORDER BY 1",
-                {"n": series[0], "m": metric, "d": series[1], "k": series[2], "h": at, "h1": at + HOUR_MS},
-            )
-            out.extend((t, v, v, v) for t, v in rows)
-        else:
-            out.append((at, low, high, last))
+    store: Store, metric: str, series: dict[tuple[str, str, str], list[tuple[int, float, float, float, int]]]
+) -> dict[tuple[str, str, str], list[tuple[int, float, float, float]]]:
+    """Every hourly summary whose value moved is replaced by its raw samples, all read in one query:
+    (min, max, last) cannot tell a climb from a reset and a climb (0, 3, 0, 4 reads as 0..4). A still
+    hour is exact from its summary; so is a reset at the hour's start followed by a climb."""
+    moving = [
+        (*key, at // 1000)
+        for key, steps in series.items()
+        for at, low, high, _, s in steps
+        if s and low < high
+    ]
+    raw: dict[tuple[str, str, str, int], list[tuple[int, float, float, float]]] = defaultdict(list)
+    if moving:
+        rows = store.query(
+            "SELECT DISTINCT node_id, device, labels_key, toUnixTimestamp64Milli(timestamp) AS t, value "
+            f"FROM {store.database}.metrics WHERE metric_name = {{m:String}} AND "
+            "(node_id, device, labels_key, "
+            "toStartOfHour(timestamp)) IN {moving:Array(Tuple(String, String, String, DateTime))} ORDER BY t",
+            {"m": metric, "moving": moving},
+        )
+        for node, dev, key, t, v in rows:
+            raw[(node, dev, key, t // HOUR_MS * HOUR_MS)].append((t, v, v, v))
+    out: dict[tuple[str, str, str], list[tuple[int, float, float, float]]] = {}
+    for key, steps in series.items():
+        unfolded: list[tuple[int, float, float, float]] = []
+        for at, low, high, last, summary in steps:
+            if summary and low < high:
+                unfolded.extend(raw[(*key, at)])
+            else:
+                unfolded.append((at, low, high, last))
+        out[key] = unfolded
     return out
 
 
