@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             began = time.perf_counter()
             windows = features.read_windows(store, end_ms)
             totals.append(time.perf_counter() - began)
+    shutil.rmtree(work, ignore_errors=True)
     streaming = args.nodes - swept
     observed = float(windows.mask[:streaming].mean())
     observed_swept = float(windows.mask[streaming:].mean()) if swept else None

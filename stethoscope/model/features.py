@@ -146,7 +146,8 @@ def read_windows(
     sql = SQL.replace("{db}", store.database) % {"nodes": where}
     table = store.query_arrow(sql, params, settings=ARROW_SETTINGS).unify_dictionaries()
     node_codes, node_names = _codes(table.column("node_id"))
-    present = sorted({node_names[c] for c in np.unique(node_codes)})
+    used = np.bincount(node_codes, minlength=len(node_names)) > 0
+    present = sorted(name for name, seen in zip(node_names, used, strict=True) if seen)
     node_ids = present if nodes is None else list(nodes)
     position = {node: i for i, node in enumerate(node_ids)}
     node_index = np.array([position.get(name, -1) for name in node_names] + [-1], dtype=np.int64)
@@ -218,43 +219,33 @@ def _resample(rows: _Rows, metric_names: list[str], plan: _Plan, n: int, at_ms: 
     feature_of = {f.metric: i for i, f in enumerate(plan.features)}
     metric_feature = np.array([feature_of.get(m, plan.counters.get(m, -1)) for m in metric_names] + [-1])
     metric_counter = np.array([m in plan.counters for m in metric_names] + [False])
-    wanted = (rows.node >= 0) & (metric_feature[rows.metric] >= 0)
-    if not wanted.all():
-        rows = rows.take(wanted)
     feature = metric_feature[rows.metric]
+    keep = (rows.node >= 0) & (feature >= 0)
+    pair = rows.node * width + feature
     # each (node, feature) is read from its best source: the stream, else the sweep's own name,
     # else the rate of the sweep's counter
-    pair = rows.node * width + feature
     best = np.full(n * width, 3)
     swept = rows.part == SWEEP
     if swept.any():
         rank = np.where(metric_counter[rows.metric[swept]], 2, 1)
-        np.minimum.at(best, pair[swept], rank)
-    best[pair[~swept]] = 0
-    if swept.any():
-        keep = ~swept
-        keep[swept] = rank == best[pair[swept]]
-        rows, feature = rows.take(keep), feature[keep]
-    step_ms = STEP_SECONDS * 1000
-
-    def cells(r: _Rows, f: np.ndarray) -> np.ndarray:
-        k = STEPS - 1 - (at_ms - r.ts) // step_ms
-        return (r.node * width + f) * (STEPS + 1) + np.where(k < 0, 0, k + 1)
-
+        np.minimum.at(best, pair[swept & keep], rank[keep[swept]])
+        keep[swept] &= rank == best[pair[swept]]
+    best[pair[~swept & keep]] = 0
+    # bucket 0: before the window (carried into it); 1..STEPS: the steps
+    step = STEPS - 1 - (at_ms - rows.ts) // (STEP_SECONDS * 1000)
+    cell = pair * (STEPS + 1) + np.maximum(step + 1, 0)
     grid = _Grid(n, width)
-    stream = rows.part == NODE
-    if stream.any():  # one series per cell: its newest sample wins
-        r, f = rows.take(stream), feature[stream]
-        c = cells(r, f)
+    alone = keep & (rows.part == NODE)
+    if alone.any():  # the node part: one series per cell, its newest sample wins
+        c, ts, value = cell[alone], rows.ts[alone], rows.value[alone]
         newest = np.full(n * width * (STEPS + 1), np.iinfo(np.int64).min)
-        np.maximum.at(newest, c, r.ts)
-        last = r.ts == newest[c]
-        grid.assign(c[last], r.value[last], r.ts[last])
+        np.maximum.at(newest, c, ts)
+        last = ts == newest[c]
+        grid.assign(c[last], value[last], ts[last])
     for part in (JOB, SWEEP):
-        chosen = rows.part == part
+        chosen = keep & (rows.part == part)
         if chosen.any():
-            r, f = rows.take(chosen), feature[chosen]
-            c = cells(r, f)
+            r, c = rows.take(chosen), cell[chosen]
             value, ts, ok = _series_last(r, metric_counter[r.metric], c)
             grid.put(c[ok], value[ok], ts[ok])
     return _carry(grid, plan, best.reshape(n, width), at_ms)
