@@ -24,7 +24,6 @@ from stethoscope.store.client import Store
 
 STREAM_HOLD_MS = 15_000
 SWEEP_HOLD_FACTOR = 1.5
-STREAM_DEVICES = ("node", "job")
 
 
 @dataclass
