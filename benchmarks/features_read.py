@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "observed_share_swept": round(observed_swept, 3) if observed_swept is not None else None,
         "hw_classes": sorted(set(windows.hw_class)),
         "target_s": 1.2,
+        "load_average_after": [round(v, 2) for v in os.getloadavg()],  # the machine is shared
     }
     print(json.dumps(result, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
