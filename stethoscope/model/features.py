@@ -180,37 +180,39 @@ class _Rows:
 
 class _Grid:
     """Per (node, feature, bucket) the aggregate of the values put in it, and its newest time.
-    Bucket 0 holds what came before the window (carried into it), 1..STEPS the steps."""
+    Bucket 0 holds what came before the window (carried into it), 1..STEPS the steps. A (node,
+    feature) takes its values from one source only, so the parts never share a cell."""
 
-    def __init__(self, n: int, width: int):
-        shape = (n, width, STEPS + 1)
-        self.total, self.count = np.zeros(shape), np.zeros(shape)
-        self.low, self.high = np.full(shape, np.inf), np.full(shape, -np.inf)
-        self.newest = np.full(shape, np.iinfo(np.int64).min)
+    def __init__(self, n: int, width: int, aggs: np.ndarray):
+        self.aggs = aggs
+        self.value = np.full((n, width, STEPS + 1), np.nan)
+        self.newest = np.full((n, width, STEPS + 1), np.iinfo(np.int64).min)
 
-    def put(self, cells: np.ndarray, value: np.ndarray, ts: np.ndarray) -> None:
-        for grid, op, values in (
-            (self.total, np.add, value),
-            (self.count, np.add, 1),
-            (self.low, np.minimum, value),
-            (self.high, np.maximum, value),
-            (self.newest, np.maximum, ts),
-        ):
-            op.at(grid.reshape(-1), cells, values)
+    @property
+    def seen(self) -> np.ndarray:
+        return self.newest > np.iinfo(np.int64).min
 
     def assign(self, cells: np.ndarray, value: np.ndarray, ts: np.ndarray) -> None:
-        """For cells that get one value each (a series alone in its cell): cheaper than put."""
-        for grid, values in ((self.total, value), (self.count, 1), (self.low, value), (self.high, value)):
-            grid.reshape(-1)[cells] = values
+        """For cells that get one value each (a series alone in its cell)."""
+        self.value.reshape(-1)[cells] = value
         self.newest.reshape(-1)[cells] = ts
 
-    def values(self, aggs: np.ndarray) -> np.ndarray:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            by_agg = {"sum": self.total, "avg": self.total / self.count, "min": self.low, "max": self.high}
-        out = np.full(self.total.shape, np.nan)
-        for agg, grid in by_agg.items():
-            out[:, aggs == agg] = grid[:, aggs == agg]
-        return out
+    def put(self, cells: np.ndarray, feature: np.ndarray, value: np.ndarray, ts: np.ndarray) -> None:
+        """Several values per cell (devices, ranks), aggregated as their feature says."""
+        flat = self.value.reshape(-1)
+        np.maximum.at(self.newest.reshape(-1), cells, ts)
+        agg = self.aggs[feature]
+        for name in np.unique(agg):
+            chosen = agg == name
+            c, v = cells[chosen], value[chosen]
+            if name == "max":
+                np.fmax.at(flat, c, v)
+            elif name == "min":
+                np.fmin.at(flat, c, v)
+            else:  # sum, avg
+                unique, inverse = np.unique(c, return_inverse=True)
+                total = np.bincount(inverse, weights=v)
+                flat[unique] = total / np.bincount(inverse) if name == "avg" else total
 
 
 def _resample(rows: _Rows, metric_names: list[str], plan: _Plan, n: int, at_ms: int):
@@ -233,7 +235,7 @@ def _resample(rows: _Rows, metric_names: list[str], plan: _Plan, n: int, at_ms: 
     # bucket 0: before the window (carried into it); 1..STEPS: the steps
     step = STEPS - 1 - (at_ms - rows.ts) // (STEP_SECONDS * 1000)
     cell = pair * (STEPS + 1) + np.maximum(step + 1, 0)
-    grid = _Grid(n, width)
+    grid = _Grid(n, width, np.array([f.agg for f in plan.features]))
     alone = keep & (rows.part == NODE)
     if alone.any():  # the node part: one series per cell, its newest sample wins
         c, ts, value = cell[alone], rows.ts[alone], rows.value[alone]
@@ -244,9 +246,9 @@ def _resample(rows: _Rows, metric_names: list[str], plan: _Plan, n: int, at_ms: 
     for part in (JOB, SWEEP):
         chosen = keep & (rows.part == part)
         if chosen.any():
-            r, c = rows.take(chosen), cell[chosen]
+            r, c, f = rows.take(chosen), cell[chosen], feature[chosen]
             value, ts, ok = _series_last(r, metric_counter[r.metric], c)
-            grid.put(c[ok], value[ok], ts[ok])
+            grid.put(c[ok], f[ok], value[ok], ts[ok])
     return _carry(grid, plan, best.reshape(n, width), at_ms)
 
 
@@ -254,13 +256,13 @@ def _series_last(r: _Rows, is_counter: np.ndarray, cell: np.ndarray):
     """For the rows of several series per cell (ranks, devices): counters turned into rates since the
     series' previous sample (none for a first sample or a reset), then each series' newest row per
     cell. Returns (value, ts, which rows to keep)."""
-    order = np.lexsort((r.ts, r.series, r.metric, r.node))
+    key = (r.node * (int(r.metric.max()) + 1) + r.metric) * (int(r.series.max()) + 1) + r.series
+    order = np.lexsort((r.ts, key))
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
-    node, metric, series, ts = r.node[order], r.metric[order], r.series[order], r.ts[order]
-    value = r.value[order].astype(float)
+    key, ts, value = key[order], r.ts[order], r.value[order].astype(float)
     same = np.zeros(len(order), dtype=bool)
-    same[1:] = (node[1:] == node[:-1]) & (metric[1:] == metric[:-1]) & (series[1:] == series[:-1])
+    same[1:] = key[1:] == key[:-1]
     ok = np.ones(len(order), dtype=bool)
     counter = is_counter[order]
     if counter.any():
@@ -278,9 +280,7 @@ def _series_last(r: _Rows, is_counter: np.ndarray, cell: np.ndarray):
 
 
 def _carry(grid: _Grid, plan: _Plan, source: np.ndarray, at_ms: int):
-    aggs = np.array([f.agg for f in plan.features])
-    value_grid = grid.values(aggs)
-    seen = grid.count > 0
+    value_grid, seen = grid.value, grid.seen
     hold = _holds(plan, source)  # [n, width]
     ends = at_ms - (STEPS - 1 - np.arange(STEPS)) * STEP_SECONDS * 1000
     t = np.arange(STEPS + 1)
