@@ -24,7 +24,6 @@ from stethoscope.store.client import Store
 
 STREAM_HOLD_MS = 15_000
 SWEEP_HOLD_FACTOR = 1.5
-STREAM_DEVICES = ("node", "job")
 
 
 @dataclass
@@ -146,7 +145,8 @@ def read_windows(
     sql = SQL.replace("{db}", store.database) % {"nodes": where}
     table = store.query_arrow(sql, params, settings=ARROW_SETTINGS).unify_dictionaries()
     node_codes, node_names = _codes(table.column("node_id"))
-    present = sorted({node_names[c] for c in np.unique(node_codes)})
+    used = np.bincount(node_codes, minlength=len(node_names)) > 0
+    present = sorted(name for name, seen in zip(node_names, used, strict=True) if seen)
     node_ids = present if nodes is None else list(nodes)
     position = {node: i for i, node in enumerate(node_ids)}
     node_index = np.array([position.get(name, -1) for name in node_names] + [-1], dtype=np.int64)
@@ -180,37 +180,39 @@ class _Rows:
 
 class _Grid:
     """Per (node, feature, bucket) the aggregate of the values put in it, and its newest time.
-    Bucket 0 holds what came before the window (carried into it), 1..STEPS the steps."""
+    Bucket 0 holds what came before the window (carried into it), 1..STEPS the steps. A (node,
+    feature) takes its values from one source only, so the parts never share a cell."""
 
-    def __init__(self, n: int, width: int):
-        shape = (n, width, STEPS + 1)
-        self.total, self.count = np.zeros(shape), np.zeros(shape)
-        self.low, self.high = np.full(shape, np.inf), np.full(shape, -np.inf)
-        self.newest = np.full(shape, np.iinfo(np.int64).min)
+    def __init__(self, n: int, width: int, aggs: np.ndarray):
+        self.aggs = aggs
+        self.value = np.full((n, width, STEPS + 1), np.nan)
+        self.newest = np.full((n, width, STEPS + 1), np.iinfo(np.int64).min)
 
-    def put(self, cells: np.ndarray, value: np.ndarray, ts: np.ndarray) -> None:
-        for grid, op, values in (
-            (self.total, np.add, value),
-            (self.count, np.add, 1),
-            (self.low, np.minimum, value),
-            (self.high, np.maximum, value),
-            (self.newest, np.maximum, ts),
-        ):
-            op.at(grid.reshape(-1), cells, values)
+    @property
+    def seen(self) -> np.ndarray:
+        return self.newest > np.iinfo(np.int64).min
 
     def assign(self, cells: np.ndarray, value: np.ndarray, ts: np.ndarray) -> None:
-        """For cells that get one value each (a series alone in its cell): cheaper than put."""
-        for grid, values in ((self.total, value), (self.count, 1), (self.low, value), (self.high, value)):
-            grid.reshape(-1)[cells] = values
+        """For cells that get one value each (a series alone in its cell)."""
+        self.value.reshape(-1)[cells] = value
         self.newest.reshape(-1)[cells] = ts
 
-    def values(self, aggs: np.ndarray) -> np.ndarray:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            by_agg = {"sum": self.total, "avg": self.total / self.count, "min": self.low, "max": self.high}
-        out = np.full(self.total.shape, np.nan)
-        for agg, grid in by_agg.items():
-            out[:, aggs == agg] = grid[:, aggs == agg]
-        return out
+    def put(self, cells: np.ndarray, feature: np.ndarray, value: np.ndarray, ts: np.ndarray) -> None:
+        """Several values per cell (devices, ranks), aggregated as their feature says."""
+        flat = self.value.reshape(-1)
+        np.maximum.at(self.newest.reshape(-1), cells, ts)
+        agg = self.aggs[feature]
+        for name in np.unique(agg):
+            chosen = agg == name
+            c, v = cells[chosen], value[chosen]
+            if name == "max":
+                np.fmax.at(flat, c, v)
+            elif name == "min":
+                np.fmin.at(flat, c, v)
+            else:  # sum, avg
+                unique, inverse = np.unique(c, return_inverse=True)
+                total = np.bincount(inverse, weights=v)
+                flat[unique] = total / np.bincount(inverse) if name == "avg" else total
 
 
 def _resample(rows: _Rows, metric_names: list[str], plan: _Plan, n: int, at_ms: int):
@@ -218,45 +220,35 @@ def _resample(rows: _Rows, metric_names: list[str], plan: _Plan, n: int, at_ms: 
     feature_of = {f.metric: i for i, f in enumerate(plan.features)}
     metric_feature = np.array([feature_of.get(m, plan.counters.get(m, -1)) for m in metric_names] + [-1])
     metric_counter = np.array([m in plan.counters for m in metric_names] + [False])
-    wanted = (rows.node >= 0) & (metric_feature[rows.metric] >= 0)
-    if not wanted.all():
-        rows = rows.take(wanted)
     feature = metric_feature[rows.metric]
+    keep = (rows.node >= 0) & (feature >= 0)
+    pair = rows.node * width + feature
     # each (node, feature) is read from its best source: the stream, else the sweep's own name,
     # else the rate of the sweep's counter
-    pair = rows.node * width + feature
     best = np.full(n * width, 3)
     swept = rows.part == SWEEP
     if swept.any():
         rank = np.where(metric_counter[rows.metric[swept]], 2, 1)
-        np.minimum.at(best, pair[swept], rank)
-    best[pair[~swept]] = 0
-    if swept.any():
-        keep = ~swept
-        keep[swept] = rank == best[pair[swept]]
-        rows, feature = rows.take(keep), feature[keep]
-    step_ms = STEP_SECONDS * 1000
-
-    def cells(r: _Rows, f: np.ndarray) -> np.ndarray:
-        k = STEPS - 1 - (at_ms - r.ts) // step_ms
-        return (r.node * width + f) * (STEPS + 1) + np.where(k < 0, 0, k + 1)
-
-    grid = _Grid(n, width)
-    stream = rows.part == NODE
-    if stream.any():  # one series per cell: its newest sample wins
-        r, f = rows.take(stream), feature[stream]
-        c = cells(r, f)
+        np.minimum.at(best, pair[swept & keep], rank[keep[swept]])
+        keep[swept] &= rank == best[pair[swept]]
+    best[pair[~swept & keep]] = 0
+    # bucket 0: before the window (carried into it); 1..STEPS: the steps
+    step = STEPS - 1 - (at_ms - rows.ts) // (STEP_SECONDS * 1000)
+    cell = pair * (STEPS + 1) + np.maximum(step + 1, 0)
+    grid = _Grid(n, width, np.array([f.agg for f in plan.features]))
+    alone = keep & (rows.part == NODE)
+    if alone.any():  # the node part: one series per cell, its newest sample wins
+        c, ts, value = cell[alone], rows.ts[alone], rows.value[alone]
         newest = np.full(n * width * (STEPS + 1), np.iinfo(np.int64).min)
-        np.maximum.at(newest, c, r.ts)
-        last = r.ts == newest[c]
-        grid.assign(c[last], r.value[last], r.ts[last])
+        np.maximum.at(newest, c, ts)
+        last = ts == newest[c]
+        grid.assign(c[last], value[last], ts[last])
     for part in (JOB, SWEEP):
-        chosen = rows.part == part
+        chosen = keep & (rows.part == part)
         if chosen.any():
-            r, f = rows.take(chosen), feature[chosen]
-            c = cells(r, f)
+            r, c, f = rows.take(chosen), cell[chosen], feature[chosen]
             value, ts, ok = _series_last(r, metric_counter[r.metric], c)
-            grid.put(c[ok], value[ok], ts[ok])
+            grid.put(c[ok], f[ok], value[ok], ts[ok])
     return _carry(grid, plan, best.reshape(n, width), at_ms)
 
 
@@ -264,13 +256,13 @@ def _series_last(r: _Rows, is_counter: np.ndarray, cell: np.ndarray):
     """For the rows of several series per cell (ranks, devices): counters turned into rates since the
     series' previous sample (none for a first sample or a reset), then each series' newest row per
     cell. Returns (value, ts, which rows to keep)."""
-    order = np.lexsort((r.ts, r.series, r.metric, r.node))
+    key = (r.node * (int(r.metric.max()) + 1) + r.metric) * (int(r.series.max()) + 1) + r.series
+    order = np.lexsort((r.ts, key))
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
-    node, metric, series, ts = r.node[order], r.metric[order], r.series[order], r.ts[order]
-    value = r.value[order].astype(float)
+    key, ts, value = key[order], r.ts[order], r.value[order].astype(float)
     same = np.zeros(len(order), dtype=bool)
-    same[1:] = (node[1:] == node[:-1]) & (metric[1:] == metric[:-1]) & (series[1:] == series[:-1])
+    same[1:] = key[1:] == key[:-1]
     ok = np.ones(len(order), dtype=bool)
     counter = is_counter[order]
     if counter.any():
@@ -288,9 +280,7 @@ def _series_last(r: _Rows, is_counter: np.ndarray, cell: np.ndarray):
 
 
 def _carry(grid: _Grid, plan: _Plan, source: np.ndarray, at_ms: int):
-    aggs = np.array([f.agg for f in plan.features])
-    value_grid = grid.values(aggs)
-    seen = grid.count > 0
+    value_grid, seen = grid.value, grid.seen
     hold = _holds(plan, source)  # [n, width]
     ends = at_ms - (STEPS - 1 - np.arange(STEPS)) * STEP_SECONDS * 1000
     t = np.arange(STEPS + 1)
