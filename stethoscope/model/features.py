@@ -74,7 +74,10 @@ def _plan(features: tuple[Feature, ...]) -> _Plan:
 # One query, three parts. The stream's node part (device "node": one series per node and metric) and
 # job part (device "job": a series per rank) are read without touching the labels map, the costly
 # column; the sweep's rows only for nodes that do not stream (no node part in the window), so the
-# GPU parts' rows (the bulk) and a streaming node's sweeps are dropped before a label is read.
+# GPU parts' rows (the bulk) and a streaming node's sweeps are dropped before a label is read. Which
+# nodes do not stream is asked twice: of metrics_hourly, whose positive IN prunes the streaming nodes'
+# granules by the primary key (a node with a node-part sample in the window has an hour whose last_at
+# lies in it, so no swept node is lost), then exactly, of the raw rows, by NOT IN.
 # ts is ms after {start}.
 SQL = """SELECT node_id, metric_name, 0 AS part, toLowCardinality('') AS series, value,
   toInt32(toUnixTimestamp64Milli(timestamp) - {start:Int64}) AS ts
@@ -98,6 +101,14 @@ PREWHERE metric_name IN {names:Array(String)}
   AND timestamp > fromUnixTimestamp64Milli({start:Int64}, 'UTC')
   AND timestamp <= fromUnixTimestamp64Milli({at:Int64}, 'UTC') %(nodes)s
   AND device NOT IN ('node', 'job')
+  AND node_id IN (
+    SELECT node_id FROM {db}.metrics_hourly
+    WHERE metric_name IN {names:Array(String)}
+      AND hour >= toStartOfHour(fromUnixTimestamp64Milli({start:Int64}, 'UTC'))
+      AND hour <= toStartOfHour(fromUnixTimestamp64Milli({at:Int64}, 'UTC')) %(nodes)s
+    GROUP BY node_id
+    HAVING countIf(device = 'node' AND last_at > fromUnixTimestamp64Milli({stream_start:Int64}, 'UTC')
+      AND last_at <= fromUnixTimestamp64Milli({at:Int64}, 'UTC')) = 0)
   AND node_id NOT IN (
     SELECT DISTINCT node_id FROM {db}.metrics
     WHERE device = 'node' AND metric_name IN {node_names:Array(String)}
