@@ -20,6 +20,8 @@ nodes grow, so rates and trends are real across several sweeps.
 
     python tools/lab.py build [--nodes N] [--inventory PATH]   # (re)build .lab at step 0
     python tools/lab.py advance                                # next step (builds first if needed)
+    python tools/lab.py episodes --out DIR [--seed 7] [--per-family N] [--hw-class h200|shifted]
+                                   # the learned diagnosis's training data (stethoscope.model.episodes)
 """
 
 from __future__ import annotations
@@ -641,6 +643,24 @@ def advance() -> int:
     return step
 
 
+def write_episodes(out: Path, seed: int, per_family: int, hw_class: str) -> int:
+    sys.path.insert(0, str(TOP))
+    from stethoscope.model import episodes
+
+    try:
+        data = episodes.generate(seed, per_family, hw_class)
+        episodes.save(data, out)
+    except episodes.EpisodesError as exc:
+        print(f"lab episodes: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"lab episodes: {out}: {exc}", file=sys.stderr)
+        return 3
+    splits = {s: int((data.split == s).sum()) for s in ("train", "validation", "test")}
+    print(f"lab episodes: {len(data)} episodes ({splits}) in {out}, data hash {data.info['data_hash'][:16]}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -655,7 +675,16 @@ def main(argv: list[str] | None = None) -> int:
         "the other nodes are built healthy",
     )
     commands.add_parser("advance", help="advance the replay one step")
+    episodes_cmd = commands.add_parser("episodes", help="write labelled episodes for the learned diagnosis")
+    episodes_cmd.add_argument("--out", type=Path, required=True)
+    episodes_cmd.add_argument("--seed", type=int, default=7)
+    episodes_cmd.add_argument("--per-family", type=int, default=200)
+    episodes_cmd.add_argument("--hw-class", choices=("h200", "shifted"), default="h200")
     args = parser.parse_args(argv)
+    if args.command == "episodes":
+        if args.per_family < 1:
+            parser.error("--per-family must be at least 1")
+        return write_episodes(args.out, args.seed, args.per_family, args.hw_class)
     if args.command == "build":
         if args.nodes < 1:
             parser.error("--nodes must be at least 1")

@@ -1,0 +1,135 @@
+"""The learned diagnosis's training data: format, determinism, held-out families, calibration."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stethoscope.model import episodes
+from stethoscope.model.metadata import CLASSES, FEATURES, STEPS
+
+TOP = Path(__file__).resolve().parent.parent
+F = {f.metric: i for i, f in enumerate(FEATURES)}
+
+
+@pytest.fixture(scope="module")
+def data() -> episodes.Episodes:
+    return episodes.generate(seed=7, per_family=30)
+
+
+def test_arrays_have_the_contracts_shapes_and_types(data):
+    n = len(episodes.FAMILIES) * 30 + len(episodes.REPLAYED) * 30
+    assert data.x.shape == data.mask.shape == (n, STEPS, len(FEATURES))
+    assert data.x.dtype == data.mask.dtype == np.float32
+    assert data.label.dtype == data.onset.dtype == np.int64
+    assert data.severity.dtype == np.float32
+    assert data.family.dtype == np.dtype("<U64") and data.split.dtype == np.dtype("<U16")
+    assert data.hw_class.dtype == np.dtype("<U32")
+    assert set(data.split) == {"train", "validation", "test"}
+    assert set(data.label) == set(range(len(CLASSES)))
+
+
+def test_gaps_are_nan_and_masked_never_zero_filled(data):
+    assert np.array_equal(np.isnan(data.x), data.mask == 0)
+    idle = data.family == "healthy.idle"
+    assert (data.mask[idle][:, :, F["train_step_time_ms"]] == 0).all()  # no job, no job metrics
+
+
+def test_same_seed_gives_identical_arrays_and_hash_other_seed_does_not(data):
+    again = episodes.generate(seed=7, per_family=30)
+    for name in episodes.ARRAYS:
+        a, b = getattr(again, name), getattr(data, name)
+        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), name
+    assert again.data_hash() == data.data_hash() == data.info["data_hash"]
+    assert episodes.generate(seed=8, per_family=30).data_hash() != data.data_hash()
+
+
+def test_held_out_families_never_reach_train_or_validation(data):
+    test_families = set(data.family[data.split == "test"])
+    seen = set(data.family[data.split != "test"])
+    assert not test_families & seen
+    for cls in CLASSES[1:]:
+        assert any(f.startswith(cls + ".") for f in episodes.HELD_OUT)
+        assert any(f.startswith(cls + ".") for f in test_families)
+    assert set(episodes.REPLAYED) <= test_families
+    assert data.info["families_per_split"]["test"] == sorted(test_families)
+
+
+def test_faults_rules_miss_are_there_and_look_normal_on_the_node(data):
+    healthy = data.family == "healthy.training"
+    centre = data.family == "communication.allreduce_centre"
+    late = slice(STEPS - 10, STEPS)
+    for name in ("pcie_aer_correctable_errors_per_second", "rdma_qps_dropped_per_second"):
+        assert np.nanmax(data.x[centre][:, late, F[name]]) <= 0.4  # no error storm on its own node
+    ratio = np.nanmedian(data.x[centre][:, late, F["train_allreduce_latency_ms"]]) / np.nanmedian(
+        data.x[healthy][:, late, F["train_allreduce_latency_ms"]]
+    )
+    assert ratio > 1.5
+    nvme = data.family == "storage.slow_nvme_clean_smart"
+    assert np.nanmedian(data.x[nvme][:, late, F["train_data_wait_ms"]]) > 5 * np.nanmedian(
+        data.x[healthy][:, late, F["train_data_wait_ms"]]
+    )
+    straggler = data.family == "compute.straggler_gpu"
+    assert np.nanmedian(data.x[straggler][:, late, F["gpu_sm_clock_mhz"]]) < np.nanmedian(
+        data.x[healthy][:, late, F["gpu_sm_clock_mhz"]]
+    )
+
+
+def test_healthy_load_is_calibrated_on_the_real_capture_power_cap_included(data):
+    capture = episodes.Capture.read()
+    h200 = capture.h200()
+    assert 680 < h200.cap_power < 700 and 1400 < h200.load_clock < 1500 and 75 < h200.idle_power < 85
+    load = data.family == "healthy.training"
+    per_gpu = np.nanmedian(data.x[load][:, :, F["gpu_power_watts"]]) / episodes.GPUS
+    assert abs(per_gpu - h200.cap_power) < 10
+    replay = data.family == "healthy.replay_load"
+    clocks = set(np.unique(data.x[replay][:, :, F["gpu_sm_clock_mhz"]][data.mask[replay][:, :, 2] > 0]))
+    assert clocks <= set(capture.load[:, 2])  # the minimum of the capture's own samples
+
+
+def test_shifted_class_has_its_own_ranges():
+    shifted = episodes.generate(seed=7, per_family=10, hw_class="shifted")
+    load = shifted.family == "healthy.training"
+    assert set(shifted.hw_class) == {"synthetic next-gen"}
+    assert np.nanmedian(shifted.x[load][:, :, F["gpu_power_watts"]]) / episodes.GPUS > 950
+
+
+def test_saved_episodes_load_back_and_a_damaged_file_is_refused(data, tmp_path):
+    episodes.save(data, tmp_path)
+    back = episodes.load(tmp_path)
+    assert back.data_hash() == data.data_hash()
+    with np.load(tmp_path / "episodes.npz") as npz:
+        arrays = {k: npz[k] for k in episodes.ARRAYS}
+    arrays["label"] = arrays["label"][::-1].copy()
+    np.savez_compressed(tmp_path / "episodes.npz", **arrays)
+    with pytest.raises(episodes.EpisodesError, match="data hash"):
+        episodes.load(tmp_path)
+    with pytest.raises(episodes.EpisodesError, match="no such file"):
+        episodes.load(tmp_path / "absent")
+
+
+def test_lab_episodes_command_writes_npz_and_json(tmp_path):
+    out = tmp_path / "ep"
+    done = subprocess.run(
+        [sys.executable, str(TOP / "tools/lab.py"), "episodes", "--out", str(out), "--per-family", "5"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    info = json.loads((out / "episodes.json").read_text())
+    assert info["seed"] == 7 and info["generator_version"] == episodes.GENERATOR_VERSION
+    assert set(info["per_family"]) == {*episodes.FAMILIES, *episodes.REPLAYED}
+    assert episodes.load(out).data_hash() == info["data_hash"]
+    bad = subprocess.run(
+        [sys.executable, str(TOP / "tools/lab.py"), "episodes", "--out", str(out), "--hw-class", "b300"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 2 and "hw-class" in bad.stderr
