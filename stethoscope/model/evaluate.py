@@ -1,0 +1,282 @@
+"""How good a shipped model is on labelled episodes (onnxruntime and numpy only: no torch): per-class
+precision, recall and F1, macro-F1, the confusion matrix, false findings on healthy episodes and
+whether the fault families the rules miss are found. Training uses the same decision rule and
+scores, so what `model train` writes and what `model evaluate` prints are one computation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stethoscope.model.metadata import CLASSES, FEATURES, ModelError, ModelMeta
+
+# The generator's families that the shipped rules do not catch (issue 10 "Training data"): the
+# model must find them. Matched by prefix, so that variants of a family count too.
+RULES_MISS = ("communication.allreduce_centre", "compute.straggler_gpu", "storage.slow_nvme_clean_smart")
+PEERS = 4  # healthy episodes whose median stands in for a node's peers
+BATCH = 1024
+
+
+@dataclass
+class Graphs:
+    """Both ONNX graphs of one model, loaded once, run in batches on the CPU provider."""
+
+    meta: ModelMeta
+
+    def __post_init__(self) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 2
+        options.inter_op_num_threads = 1
+        self.sessions = {}
+        for role in ("classifier", "detector"):
+            path = self.meta.graph_path(role)
+            try:
+                self.sessions[role] = ort.InferenceSession(
+                    str(path), options, providers=["CPUExecutionProvider"]
+                )
+            except Exception as exc:  # onnxruntime raises its own types for a damaged file
+                raise ModelError(f"{path}: not a loadable ONNX graph: {exc}") from None
+
+    def classify(self, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        session = self.sessions["classifier"]
+        parts = [
+            session.run(["probs"], {"x": x[i : i + BATCH], "mask": mask[i : i + BATCH]})[0]
+            for i in range(0, len(x), BATCH)
+        ]
+        return np.concatenate(parts) if parts else np.zeros((0, len(self.meta.classes)), np.float32)
+
+    def detect(
+        self, x: np.ndarray, mask: np.ndarray, peer: np.ndarray, peer_mask: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        session = self.sessions["detector"]
+        scores, deviations = [], []
+        for i in range(0, len(x), BATCH):
+            feed = {
+                "x": x[i : i + BATCH],
+                "mask": mask[i : i + BATCH],
+                "peer": peer[i : i + BATCH],
+                "peer_mask": peer_mask[i : i + BATCH],
+            }
+            score, deviation = session.run(["score", "deviation"], feed)
+            scores.append(score)
+            deviations.append(deviation)
+        if not scores:
+            return np.zeros(0, np.float32), np.zeros((0, x.shape[2]), np.float32)
+        return np.concatenate(scores), np.concatenate(deviations)
+
+
+def runs_job(mask: np.ndarray) -> np.ndarray:
+    """Per episode: does the node run a job (its step time observed most of the window)?"""
+    step = [f.metric for f in FEATURES].index("train_step_time_ms")
+    return mask[:, :, step].mean(axis=1) > 0.5
+
+
+def peer_windows(
+    xn: np.ndarray,
+    mask: np.ndarray,
+    groups: Sequence[str],
+    healthy: np.ndarray,
+    seed: int,
+    k: int = PEERS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Stand-in peers for single-node episodes: the elementwise median of k healthy episodes of the
+    same group (split, hardware class and whether a job runs), never the episode itself."""
+    rng = np.random.default_rng(seed)
+    group = np.asarray(groups)
+    peer = np.zeros_like(xn)
+    peer_mask = np.zeros_like(mask)
+    for value in np.unique(group):
+        pool = np.flatnonzero((group == value) & healthy)
+        for i in np.flatnonzero(group == value):
+            choices = pool[pool != i]
+            if len(choices) < k:
+                continue  # a group under k healthy peers gets no outlier score (peer_mask 0)
+            chosen = rng.choice(choices, size=k, replace=False)
+            values = np.where(mask[chosen] > 0, xn[chosen], np.nan)
+            with np.errstate(all="ignore"):
+                median = np.nanmedian(values, axis=0)
+            seen = ~np.isnan(median)
+            peer[i] = np.where(seen, median, 0.0)
+            peer_mask[i] = seen
+    return peer.astype(np.float32), peer_mask.astype(np.float32)
+
+
+def decide(probs: np.ndarray, thresholds: dict[str, float], classes: Sequence[str] = CLASSES) -> np.ndarray:
+    """The class a finding would name: the most probable class, when it is a fault class whose
+    probability reaches its threshold; else healthy (index 0)."""
+    best = probs.argmax(axis=1)
+    needed = np.array([0.0, *(thresholds[name] for name in classes[1:])], dtype=np.float32)
+    reached = probs[np.arange(len(best)), best] >= needed[best]
+    return np.where(reached, best, 0)
+
+
+def choose_thresholds(
+    probs: np.ndarray, labels: np.ndarray, classes: Sequence[str] = CLASSES, precision: float = 0.95
+) -> dict[str, float]:
+    """Per fault class, on validation episodes: the threshold with the best F1 among those whose
+    precision reaches `precision` (else the one with the best precision)."""
+    chosen = {}
+    grid = np.unique(np.concatenate([np.linspace(0.4, 0.995, 120)]))
+    for j, name in enumerate(classes[1:], start=1):
+        said = probs.argmax(axis=1) == j
+        best: tuple[float, float, float] = (-1.0, -1.0, 0.5)  # (meets, f1 or precision, threshold)
+        for t in grid:
+            hit = said & (probs[:, j] >= t)
+            tp = float(np.sum(hit & (labels == j)))
+            p = tp / max(1.0, float(hit.sum()))
+            r = tp / max(1.0, float(np.sum(labels == j)))
+            f1 = 2 * p * r / (p + r) if p + r else 0.0
+            key = (1.0, f1, float(t)) if p >= precision else (0.0, p, float(t))
+            if key[:2] > best[:2]:
+                best = key
+        chosen[name] = round(best[2], 4)
+    return chosen
+
+
+def choose_outlier_threshold(scores: np.ndarray, healthy: np.ndarray, false_rate: float = 0.005) -> float:
+    """The outlier score that at most `false_rate` of healthy validation episodes reach, with a
+    margin (the replayed real healthy windows of the test split are not the generator's)."""
+    valid = scores[healthy & np.isfinite(scores)]
+    if not len(valid):
+        return 1.0
+    return round(float(np.quantile(valid, 1 - false_rate)) * 1.25 + 0.05, 4)
+
+
+def class_scores(labels: np.ndarray, pred: np.ndarray, classes: Sequence[str] = CLASSES) -> dict[str, Any]:
+    n = len(classes)
+    confusion = np.zeros((n, n), dtype=int)
+    np.add.at(confusion, (labels, pred), 1)
+    per_class = {}
+    for j, name in enumerate(classes):
+        tp = confusion[j, j]
+        p = tp / max(1, confusion[:, j].sum())
+        r = tp / max(1, confusion[j, :].sum())
+        f1 = 2 * p * r / (p + r) if p + r else 0.0
+        per_class[name] = {
+            "precision": round(float(p), 4),
+            "recall": round(float(r), 4),
+            "f1": round(float(f1), 4),
+            "support": int(confusion[j, :].sum()),
+        }
+    present = [c for c in classes if per_class[c]["support"]]
+    return {
+        "per_class": per_class,
+        "macro_f1": round(float(np.mean([per_class[c]["f1"] for c in present])) if present else 0.0, 4),
+        "accuracy": round(float(np.trace(confusion) / max(1, len(labels))), 4),
+        "confusion": confusion.tolist(),
+        "episodes": len(labels),
+    }
+
+
+@dataclass
+class Outputs:
+    """The graphs' outputs on a set of episodes and the findings they make."""
+
+    probs: np.ndarray
+    pred: np.ndarray
+    score: np.ndarray
+    deviation: np.ndarray
+    outlier: np.ndarray  # bool: the detector fires
+    outlier_layer: np.ndarray  # the layer of the largest deviation's feature (class index)
+
+
+def run_graphs(graphs: Graphs, episodes: Any, index: np.ndarray, seed: int) -> Outputs:
+    from stethoscope.model.features import normalise
+
+    meta = graphs.meta
+    x, mask = episodes.x[index], episodes.mask[index]
+    xn = normalise(x, mask, meta, list(episodes.hw_class[index]))
+    probs = graphs.classify(xn, mask)
+    groups = [
+        f"{s}|{h}|{j}"
+        for s, h, j in zip(episodes.split[index], episodes.hw_class[index], runs_job(mask), strict=True)
+    ]
+    peer, peer_mask = peer_windows(xn, mask, groups, episodes.label[index] == 0, seed)
+    score, deviation = graphs.detect(xn, mask, peer, peer_mask)
+    score = np.where(peer_mask.reshape(len(index), -1).any(axis=1), score, np.nan)
+    layers = [meta.classes.index(f.layer) for f in meta.features]
+    return Outputs(
+        probs=probs,
+        pred=decide(probs, meta.thresholds, meta.classes),
+        score=score,
+        deviation=deviation,
+        outlier=np.nan_to_num(score, nan=-1.0) >= meta.thresholds["outlier"],
+        outlier_layer=np.asarray(layers)[deviation.argmax(axis=1)] if len(index) else np.zeros(0, int),
+    )
+
+
+def score_outputs(out: Outputs, labels: np.ndarray, families: np.ndarray) -> dict[str, Any]:
+    scores = class_scores(labels, out.pred)
+    healthy = labels == 0
+    false_any = (out.pred != 0) | out.outlier
+    scores["healthy_false_findings_percent"] = round(
+        100.0 * float(np.sum(false_any & healthy)) / max(1, int(healthy.sum())), 3
+    )
+    scores["healthy_false_classifier_percent"] = round(
+        100.0 * float(np.sum((out.pred != 0) & healthy)) / max(1, int(healthy.sum())), 3
+    )
+    faults = ~healthy
+    fired = out.outlier & faults
+    scores["outlier"] = {
+        "recall": round(float(fired.sum()) / max(1, int(faults.sum())), 4),
+        "precision": round(float(fired.sum()) / max(1, int(out.outlier.sum())), 4),
+        "scored": int(np.isfinite(out.score).sum()),
+    }
+    found = (out.pred == labels) | (out.outlier & (out.outlier_layer == labels))
+    misses = {}
+    for family in RULES_MISS:
+        members = np.array([f.startswith(family) for f in families], dtype=bool)
+        if members.any():
+            misses[family] = {
+                "episodes": int(members.sum()),
+                "recall": round(float(found[members].mean()), 4),
+                "classifier_recall": round(float((out.pred == labels)[members].mean()), 4),
+            }
+    scores["rules_miss"] = misses
+    return scores
+
+
+def evaluate(meta: ModelMeta, episodes: Any, split: str = "test", seed: int | None = None) -> dict[str, Any]:
+    """Scores of the shipped graphs on one split of the episodes."""
+    index = np.flatnonzero(episodes.split == split)
+    if not len(index):
+        raise ValueError(f"no {split} episodes")
+    out = run_graphs(Graphs(meta), episodes, index, meta.seed if seed is None else seed)
+    return score_outputs(out, episodes.label[index], episodes.family[index])
+
+
+def render(scores: dict[str, Any], title: str = "model") -> str:
+    classes = list(scores["per_class"])
+    lines = [
+        f"{title}: {scores['episodes']} episodes, macro-F1 {scores['macro_f1']:.3f}, "
+        f"accuracy {scores['accuracy']:.3f}"
+    ]
+    lines.append(f"  {'class':<14} {'precision':>9} {'recall':>7} {'F1':>6} {'episodes':>8}")
+    for name in classes:
+        c = scores["per_class"][name]
+        lines.append(
+            f"  {name:<14} {c['precision']:>9.3f} {c['recall']:>7.3f} {c['f1']:>6.3f} {c['support']:>8}"
+        )
+    lines.append("  confusion (rows: true, columns: said): " + " ".join(c[:5] for c in classes))
+    for name, row in zip(classes, scores["confusion"], strict=True):
+        lines.append(f"    {name:<14} " + " ".join(f"{v:>5}" for v in row))
+    if "healthy_false_findings_percent" in scores:
+        lines.append(
+            f"  false findings on healthy episodes: {scores['healthy_false_findings_percent']:.2f} % "
+            f"(classifier alone {scores['healthy_false_classifier_percent']:.2f} %)"
+        )
+        o = scores["outlier"]
+        lines.append(
+            f"  outlier detector: recall {o['recall']:.3f} of fault episodes, precision {o['precision']:.3f}"
+        )
+    for family, m in scores.get("rules_miss", {}).items():
+        lines.append(
+            f"  rules miss {family}: found {m['recall']:.3f} of {m['episodes']} "
+            f"(classifier {m['classifier_recall']:.3f})"
+        )
+    return "\n".join(lines)
