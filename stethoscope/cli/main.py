@@ -80,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
         help="exit 1 when a finding is at or above this severity (default critical)",
     )
     _execution_options(diagnose)
+    model_options(diagnose)
 
     watch = commands.add_parser("watch", help="diagnose periodically, re-reading changed rule files")
     watch.add_argument("--interval", type=float, default=60.0, help="seconds between cycles (default 60)")
@@ -89,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
         "--cycles", type=int, default=0, help="stop after N cycles (default: run until stopped)"
     )
     _execution_options(watch)
+    model_options(watch)
 
     verify = commands.add_parser(
         "verify", help="after a repair: is the node's drain ours, and is its new benchmark green?"
@@ -136,6 +138,18 @@ def _share_global_options(parser: argparse.ArgumentParser) -> None:
             for subparser in action.choices.values():
                 _global_options(subparser, argparse.SUPPRESS)
                 _share_global_options(subparser)
+
+
+def model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        type=Path,
+        metavar="JSON",
+        help="the learned model's metadata, its graphs beside it (default rules/models/core12.json)",
+    )
+    parser.add_argument(
+        "--no-model", action="store_true", help="rules only: without the learned model's findings"
+    )
 
 
 def _execution_options(parser: argparse.ArgumentParser) -> None:

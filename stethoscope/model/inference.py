@@ -8,6 +8,7 @@ or two others there is no "usual" to stand out from."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,14 +41,19 @@ class Graphs:
         options.log_severity_level = 3  # onnxruntime's warnings are not the user's business
         self.meta = meta
         self.sessions = {}
+        digest = hashlib.sha256()
         for role in ("classifier", "detector"):
             path = meta.graph_path(role)
             try:
+                digest.update(path.read_bytes())
                 self.sessions[role] = ort.InferenceSession(
                     str(path), sess_options=options, providers=["CPUExecutionProvider"]
                 )
             except Exception as exc:  # onnxruntime raises its own types for a damaged or foreign graph
                 raise ModelError(f"{path}: onnxruntime cannot load the {role}: {exc}") from None
+        if meta.path is not None:
+            digest.update(meta.path.read_bytes())
+        self.version = digest.hexdigest()[:12]  # what exactly ran: both graphs and their metadata
         self._check()
 
     def _check(self) -> None:
