@@ -65,7 +65,12 @@ def _export(module: torch.nn.Module, inputs: tuple, names: list[str], outputs: l
     )
 
 
-def write_model(directory: Path, name: str = "core12", thresholds: dict[str, float] | None = None) -> Path:
+def write_model(
+    directory: Path,
+    name: str = "core12",
+    thresholds: dict[str, float] | None = None,
+    normalisation: Normalisation | None = None,
+) -> Path:
     """The two graphs and their metadata in `directory`; -> the metadata's path."""
     directory.mkdir(parents=True, exist_ok=True)
     x = torch.zeros(2, 120, len(FEATURES))
@@ -81,7 +86,7 @@ def write_model(directory: Path, name: str = "core12", thresholds: dict[str, flo
     meta = ModelMeta(
         name=name,
         features=list(FEATURES),
-        normalisation={"default": Normalisation(list(MEAN), list(STD))},
+        normalisation={"default": normalisation or Normalisation(list(MEAN), list(STD))},
         thresholds=thresholds or {"communication": 0.5, "storage": 0.5, "compute": 0.5, "outlier": 3.0},
         data="synthetic",
         data_hash="test",
