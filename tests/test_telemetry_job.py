@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from stethoscope.store.client import Store
 from stethoscope.store.writer import Writer
 from stethoscope.telemetry import wire
 from stethoscope.telemetry.collector import Collector
-from stethoscope.telemetry.job import READS, Reporter
+from stethoscope.telemetry.job import READS, SET_ID, Reporter
 from stethoscope.telemetry.keyring import Keyring
 from stethoscope.telemetry.metric_set import load_sets
 
@@ -37,7 +38,9 @@ def _run_steps(reporter: Reporter, steps: int, losses=None) -> None:
 
 
 def test_job_part_slots_are_the_metric_sets() -> None:
-    assert tuple(slot.read for slot in load_sets()["gpu_node"].parts["job"]) == READS
+    metric_set = load_sets()["gpu_node"]
+    assert tuple(slot.read for slot in metric_set.parts["job"]) == READS
+    assert len(READS) == 6 and metric_set.id == SET_ID  # the reporter's default set is the shipped one
 
 
 def test_reporter_with_no_torch_installed_sends_its_part(tmp_path: Path) -> None:
@@ -60,12 +63,12 @@ def test_reporter_with_no_torch_installed_sends_its_part(tmp_path: Path) -> None
     assert run.returncode == 0, run.stderr
     sent, dropped, errors = map(int, run.stdout.split())
     assert sent > 0 and dropped == 0 and errors == 0
-    sample = wire.decode(receiver.recv(2048), lambda _k: [b"k" * 32], int(__import__("time").time() * 1000))
+    sample = wire.decode(receiver.recv(2048), lambda _k: [b"k" * 32], int(time.time() * 1000))
     assert isinstance(sample, wire.Sample)
     assert (sample.header.part, sample.header.job, sample.header.rank) == (wire.JOB_PART, 4242, 3)
-    step_ms, throughput, _variance, frag = sample.values
+    step_ms, throughput, _variance, frag, comm_ms, data_ms = sample.values
     assert step_ms == pytest.approx(100.0) and throughput > 0
-    assert math.isnan(frag)
+    assert math.isnan(frag) and math.isnan(comm_ms) and math.isnan(data_ms)  # not measured: absent
 
 
 def test_reporter_with_torch_on_cpu_leaves_fragmentation_absent_not_zero() -> None:
@@ -110,6 +113,48 @@ def test_bad_loss_values_never_raise_into_the_training_loop() -> None:
     assert reporter.errors == 2
 
 
+def _stream_job_rows(tmp_path: Path, steps) -> tuple[list, Collector]:
+    """Run a reporter against a real collector on loopback writing into a real store; its rows."""
+    metric_set = load_sets()["gpu_node"]
+    keyring = Keyring({9: "node09"}, [SECRET])
+    database = f"t_{uuid.uuid4().hex[:8]}"
+    dsn = f"chdb://{tmp_path / 'db'}?database={database}"
+    collector = Collector(keyring, {metric_set.id: metric_set}, Writer(dsn, tmp_path / "spool").write)
+    collector.start()
+    node_key, key = keyring.key_for("node09")
+    host, port = collector.address
+    reporter = Reporter(
+        job_id="778", rank=1, collector=f"{host}:{port}", node_key=node_key, key=key, period=0
+    )
+    for step in steps:
+        reporter.step(samples=16, loss=1.0, **step)
+        time.sleep(0.005)  # one report per step, each at its own millisecond (rows differ by time)
+    deadline = time.time() + 10
+    while collector.stats.received["node09"] < len(steps) and time.time() < deadline:
+        time.sleep(0.05)
+    collector.stop()
+    with Store(dsn) as store:
+        rows = store.query(
+            f"SELECT metric_name, device, labels, value FROM {database}.metrics WHERE node_id = 'node09' "
+            "AND labels['source'] = 'stream' ORDER BY metric_name, timestamp"
+        )
+    return rows, collector
+
+
+@pytest.mark.slow
+def test_allreduce_and_data_wait_travel_from_the_reporter_to_the_store_in_ms(tmp_path: Path) -> None:
+    steps = [{"step_time": 0.4, "comm_time": 0.1 + n * 0.01, "data_time": 0.02} for n in range(4)]
+    rows, collector = _stream_job_rows(tmp_path, steps)
+    assert collector.stats.rejected == {}  # the reporter's default set is the collector's
+    by_name: dict[str, list[float]] = {}
+    for name, device, labels, value in rows:
+        assert device == "job" and labels["job"] == "778" and labels["rank"] == "1"
+        by_name.setdefault(name, []).append(value)
+    assert by_name["train_allreduce_latency_ms"] == pytest.approx([100.0, 110.0, 120.0, 130.0], rel=1e-5)
+    assert by_name["train_data_wait_ms"] == pytest.approx([20.0] * 4, rel=1e-5)
+    assert by_name["train_step_time_ms"] == pytest.approx([400.0] * 4, rel=1e-5)
+
+
 @pytest.mark.slow
 def test_job_rows_reach_the_store_with_job_and_rank_labels(tmp_path: Path) -> None:
     metric_set = load_sets()["gpu_node"]
@@ -124,8 +169,6 @@ def test_job_rows_reach_the_store_with_job_and_rank_labels(tmp_path: Path) -> No
         job_id="777", rank=2, collector=f"{host}:{port}", node_key=node_key, key=key, period=0
     )
     _run_steps(reporter, 6)
-    import time
-
     deadline = time.time() + 10
     while collector.stats.received["node09"] < 6 and time.time() < deadline:
         time.sleep(0.05)

@@ -6,6 +6,7 @@ rolling window and, with CUDA, memory fragmentation, sent as the stream's job pa
     for batch in data:
         loss = train_step(batch)
         reporter.step(samples=len(batch), loss=float(loss))
+        # or, where the script times them: reporter.step(..., comm_time=t_allreduce, data_time=t_load)
 
 Standard library only; torch is read only when the script has imported it. `step()` never blocks and
 never raises into the training loop: a full socket buffer drops the sample (counted), any error is
@@ -31,7 +32,15 @@ except ImportError:  # copied beside wire.py
     import wire  # type: ignore[no-redef]
 
 # the job part's slots as rules/telemetry.yml orders them (a test checks they agree)
-READS = ("job.step_time", "job.throughput", "job.loss_variance", "job.fragmentation")
+READS = (
+    "job.step_time",
+    "job.throughput",
+    "job.loss_variance",
+    "job.fragmentation",
+    "job.allreduce_time",
+    "job.data_wait",
+)
+SET_ID = 2  # rules/telemetry.yml's gpu_node set (a test checks they agree); the agent's config wins
 AGENT_CONFIG = "/etc/stethoscope/agent.json"
 
 
@@ -55,7 +64,7 @@ class Reporter:
         collector: str | None = None,
         node_key: int | None = None,
         key: bytes | None = None,
-        set_id: int = 1,
+        set_id: int | None = None,
         period: float = 5.0,
         window: int = 100,
         sock: Any = None,
@@ -68,7 +77,7 @@ class Reporter:
         self.key = key if key is not None else _read_key(config)
         self.job, self.flags = wire.job_field(str(job_id))
         self.rank = int(rank)
-        self.set_id = set_id
+        self.set_id = int(set_id or (config.get("set") or {}).get("id") or SET_ID)
         self.period = period
         self.torch = torch_module
         self.boot_epoch = int(time.time())
@@ -83,10 +92,20 @@ class Reporter:
         self._last_step: float | None = None
         self._period_start = time.monotonic()
         self._step_times: list = []
+        self._comm_times: list = []
+        self._data_times: list = []
         self._samples = 0
 
-    def step(self, samples: int | None = None, loss: Any = None, step_time: float | None = None) -> None:
-        """Record one training step (its time is measured between calls unless given, in seconds)."""
+    def step(
+        self,
+        samples: int | None = None,
+        loss: Any = None,
+        step_time: float | None = None,
+        comm_time: float | None = None,
+        data_time: float | None = None,
+    ) -> None:
+        """Record one training step (its time is measured between calls unless given) and, where the
+        script measures them, the step's time in collectives and waiting for input data; seconds."""
         try:
             now = time.monotonic()
             if step_time is None and self._last_step is not None:
@@ -94,6 +113,10 @@ class Reporter:
             self._last_step = now
             if step_time is not None:
                 self._step_times.append(float(step_time))
+            if comm_time is not None:
+                self._comm_times.append(float(comm_time))
+            if data_time is not None:
+                self._data_times.append(float(data_time))
             if samples:
                 self._samples += int(samples)
             if loss is not None:
@@ -107,7 +130,10 @@ class Reporter:
 
     def _report(self, now: float) -> None:
         elapsed = now - self._period_start
-        step_ms = statistics.mean(self._step_times) * 1000 if self._step_times else math.nan
+        step_ms, comm_ms, data_ms = (
+            statistics.mean(times) * 1000 if times else math.nan
+            for times in (self._step_times, self._comm_times, self._data_times)
+        )
         throughput = self._samples / elapsed if self._samples and elapsed > 0 else math.nan
         variance = statistics.pvariance(self._losses) if len(self._losses) >= 2 else math.nan
         try:
@@ -120,8 +146,11 @@ class Reporter:
             "job.throughput": throughput,
             "job.loss_variance": variance,
             "job.fragmentation": frag,
+            "job.allreduce_time": comm_ms,
+            "job.data_wait": data_ms,
         }
         self._period_start, self._step_times, self._samples = now, [], 0
+        self._comm_times, self._data_times = [], []
         if self._address is None or self.key is None:
             self.dropped += 1
             return
