@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 
 from stethoscope.catalog import Catalog, CatalogError
+from stethoscope.cli import model as model_commands
 from stethoscope.cli import report as report_commands
 from stethoscope.cli import telemetry
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -126,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     telemetry.add_commands(commands)
     report_commands.register(commands)
+    model_commands.register(commands)
     _share_global_options(parser)
     return parser
 
@@ -226,6 +228,8 @@ def _run(args: argparse.Namespace) -> int:
         return _summary(args)
     if args.command in report_commands.COMMANDS:
         return report_commands.run(args)
+    if args.command in model_commands.COMMANDS:
+        return model_commands.run(args)
     if args.spool_command == "status":
         return _spool_status(spool_dir)
     return _spool_replay(args, spool_dir)

@@ -266,17 +266,20 @@ def render(scores: dict[str, Any], title: str = "model") -> str:
     for name, row in zip(classes, scores["confusion"], strict=True):
         lines.append(f"    {name:<14} " + " ".join(f"{v:>5}" for v in row))
     if "healthy_false_findings_percent" in scores:
+        alone = scores.get("healthy_false_classifier_percent")
         lines.append(
-            f"  false findings on healthy episodes: {scores['healthy_false_findings_percent']:.2f} % "
-            f"(classifier alone {scores['healthy_false_classifier_percent']:.2f} %)"
+            f"  false findings on healthy episodes: {scores['healthy_false_findings_percent']:.2f} %"
+            + (f" (classifier alone {alone:.2f} %)" if alone is not None else "")
         )
+    if "outlier" in scores:
         o = scores["outlier"]
         lines.append(
             f"  outlier detector: recall {o['recall']:.3f} of fault episodes, precision {o['precision']:.3f}"
         )
     for family, m in scores.get("rules_miss", {}).items():
+        by_classifier = m.get("classifier_recall")
         lines.append(
-            f"  rules miss {family}: found {m['recall']:.3f} of {m['episodes']} "
-            f"(classifier {m['classifier_recall']:.3f})"
+            f"  rules miss {family}: found {m['recall']:.3f} of {m['episodes']}"
+            + (f" (classifier {by_classifier:.3f})" if by_classifier is not None else "")
         )
     return "\n".join(lines)

@@ -1,0 +1,200 @@
+"""`stethoscope model train|evaluate|finetune|info`: the learned diagnosis's model files
+(docs/design.md "Learned diagnosis (ONNX)"). Training needs the `train` extra (torch); evaluate and
+info need onnxruntime and numpy alone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
+from stethoscope.model.metadata import DEFAULT_NAME, ModelError, ModelMeta, load, metadata_path, models_dir
+
+COMMANDS = ("model",)
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    model = commands.add_parser("model", help="the learned diagnosis: train, evaluate, finetune, info")
+    sub = model.add_subparsers(dest="model_command", required=True)
+
+    train = sub.add_parser("train", help="train on episodes, export both ONNX graphs and the metadata")
+    train.add_argument("--episodes", type=Path, help="episode folder (default: generate with the defaults)")
+    train.add_argument("--seed", type=int, default=7, help="training and generation seed (default 7)")
+    train.add_argument("--name", default=DEFAULT_NAME, help=f"model name (default {DEFAULT_NAME})")
+    train.add_argument("--out", type=Path, help="folder for the model (default rules/models)")
+    train.add_argument("--per-family", type=int, help="episodes per family when generating")
+
+    evaluate = sub.add_parser("evaluate", help="per-class scores on held-out episodes, beside the rules")
+    _model_option(evaluate)
+    evaluate.add_argument(
+        "--episodes", type=Path, help="episode folder (default: regenerated from the model's seed)"
+    )
+    evaluate.add_argument("--split", default="test", help="which split to score (default test)")
+    evaluate.add_argument("--no-rules", action="store_true", help="skip the rules-alone comparison")
+    evaluate.add_argument("--json", action="store_true", help="print the scores as JSON")
+
+    finetune = sub.add_parser("finetune", help="adapt the last two dense layers to a new hardware class")
+    _model_option(finetune)
+    finetune.add_argument("--class", dest="hw_class", required=True, help="the new hardware class")
+    finetune.add_argument("--episodes", type=Path, required=True, help="its episodes (tools/lab.py episodes)")
+    finetune.add_argument("--faults", type=int, default=10, help="fault episodes to tune on (default 10)")
+    finetune.add_argument("--out", type=Path, help="write the tuned model here (default: in place)")
+
+    info = sub.add_parser("info", help="features, classes, thresholds, scores, data and history")
+    _model_option(info)
+    info.add_argument("--json", action="store_true", help="print the metadata as JSON")
+
+
+def _model_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_NAME,
+        help=f"a name in rules/models or a .json file (default {DEFAULT_NAME})",
+    )
+
+
+def model_meta(named: str) -> ModelMeta:
+    path = Path(named)
+    return load(path if path.suffix == ".json" else metadata_path(named))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.model_command == "train":
+            return _train(args)
+        if args.model_command == "evaluate":
+            return _evaluate(args)
+        if args.model_command == "finetune":
+            return _finetune(args)
+        return _info(args)
+    except ModelError as exc:
+        print(f"stethoscope: model {args.model_command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _episodes(directory: Path | None, scratch: str, seed: int, per_family: int | None = None) -> Any:
+    from stethoscope.model import dataset
+
+    if directory is not None:
+        if not directory.is_dir():
+            raise ModelError(f"--episodes {directory}: no such folder")
+        return dataset.load_dir(directory)
+    print(f"generating episodes (seed {seed}) into {scratch}", file=sys.stderr)
+    return dataset.generate_dir(Path(scratch), seed, per_family)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from stethoscope.model import evaluate
+    from stethoscope.model.train import TrainConfig, require_torch, train
+
+    require_torch()  # before minutes of generation
+    with tempfile.TemporaryDirectory(prefix="stethoscope-episodes-") as scratch:
+        data = _episodes(args.episodes, scratch, args.seed, args.per_family)
+        result = train(
+            data.episodes, args.out or models_dir(), args.name, data.data_hash, TrainConfig(seed=args.seed)
+        )
+    if args.per_family is not None:
+        result.meta.history[-1]["per_family"] = args.per_family
+        result.meta.save(result.meta.path)  # type: ignore[arg-type]
+    print(f"trained {args.name} in {result.seconds:.1f} s (export parity {result.parity:.1e})")
+    print(evaluate.render(result.meta.scores["test"], "test (held-out families, replayed healthy)"))
+    print(f"thresholds: {json.dumps(result.meta.thresholds)}")
+    print(f"wrote {result.meta.path} and its graphs")
+    return EXIT_OK
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from stethoscope.model import evaluate
+
+    meta = model_meta(args.model)
+    with tempfile.TemporaryDirectory(prefix="stethoscope-episodes-") as scratch:
+        if args.episodes is None:
+            from stethoscope.model.dataset import regenerate
+
+            print(f"regenerating the model's episodes (seed {meta.seed}) into {scratch}", file=sys.stderr)
+            data = regenerate(meta, Path(scratch))
+            if meta.data_hash and data.data_hash and data.data_hash != meta.data_hash:
+                print(
+                    "stethoscope: model evaluate: warning: the regenerated episodes' hash differs from "
+                    "the model's data_hash (another generator version)",
+                    file=sys.stderr,
+                )
+        else:
+            data = _episodes(args.episodes, scratch, meta.seed)
+        scores: dict[str, Any] = {"model": evaluate.evaluate(meta, data.episodes, args.split)}
+        if not args.no_rules:
+            scores["rules"] = _rules_alone(data.episodes, np.flatnonzero(data.episodes.split == args.split))
+    if args.json:
+        print(json.dumps(scores, indent=2))
+        return EXIT_OK
+    print(evaluate.render(scores["model"], f"model {meta.name} on the {args.split} split"))
+    if "rules" in scores:
+        print(evaluate.render(scores["rules"], f"rules alone on {scores['rules']['episodes']} of them"))
+    return EXIT_OK
+
+
+def _rules_alone(episodes: Any, index: Any) -> dict[str, Any]:
+    from stethoscope.catalog import Catalog
+    from stethoscope.cli.diagnose import checked_rules
+    from stethoscope.diagnosis.rules_on_episodes import rules_scores, sample
+
+    catalog = Catalog.load()
+    rules = checked_rules(None, catalog, "model evaluate").rules
+    return rules_scores(episodes, sample(index), rules, catalog)
+
+
+def _finetune(args: argparse.Namespace) -> int:
+    from stethoscope.model import finetune
+    from stethoscope.model.dataset import load_dir, regenerate
+    from stethoscope.model.train import require_torch
+
+    require_torch()
+    meta = model_meta(args.model)
+    if not args.episodes.is_dir():
+        raise ModelError(f"--episodes {args.episodes}: no such folder")
+    new = load_dir(args.episodes)
+    if args.hw_class not in set(new.episodes.hw_class.tolist()):
+        raise ModelError(f"--episodes {args.episodes}: no episodes of hardware class {args.hw_class!r}")
+    with tempfile.TemporaryDirectory(prefix="stethoscope-episodes-") as scratch:
+        old = regenerate(meta, Path(scratch))
+        result = finetune.finetune(meta, args.hw_class, new.episodes, old.episodes, args.out, args.faults)
+    print(finetune.render(result, args.hw_class))
+    return EXIT_OK
+
+
+def _info(args: argparse.Namespace) -> int:
+    meta = model_meta(args.model)
+    if args.json:
+        print(meta.to_json(), end="")
+        return EXIT_OK
+    print(f"model {meta.name} ({meta.path}): data {meta.data}, seed {meta.seed}, hash {meta.data_hash[:16]}")
+    print(f"  graphs: {', '.join(f'{k} {v}' for k, v in meta.graphs.items())}")
+    print(f"  window: {meta.steps} steps x {meta.step_seconds} s; classes: {', '.join(meta.classes)}")
+    print("  features:")
+    for f in meta.features:
+        print(f"    {f.metric} ({f.agg}, {f.transform}, {f.layer}): {f.why}")
+    print(f"  normalisation: {', '.join(meta.normalisation)}")
+    print(f"  thresholds: {', '.join(f'{k} {v:g}' for k, v in meta.thresholds.items())}")
+    for split, s in meta.scores.items():
+        if s:
+            per = ", ".join(
+                f"{c} P {v['precision']:.3f} R {v['recall']:.3f}" for c, v in s["per_class"].items()
+            )
+            print(
+                f"  {split}: macro-F1 {s['macro_f1']:.3f}; {per}; "
+                f"healthy false findings {s.get('healthy_false_findings_percent', 0):.2f} %"
+            )
+    print("  history:")
+    for h in meta.history:
+        extra = f" {h['hw_class']}" if "hw_class" in h else ""
+        print(
+            f"    {h.get('at', '')} {h.get('action', '')}{extra}: test macro-F1 {h.get('test_macro_f1')}, "
+            f"{h.get('episodes')} episodes, {h.get('seconds')} s"
+        )
+    return EXIT_OK
