@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cli import cli
 
-from conftest import TOP
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import diagnose, render
 from stethoscope.diagnosis.model import ModelUse
@@ -23,7 +23,8 @@ from stethoscope.report.board import collect
 from stethoscope.store.batch import MetricColumns
 from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
-from test_cli import cli
+
+from conftest import TOP
 
 TESTS = Path(__file__).resolve().parent
 SHIPPED = metadata.metadata_path()
@@ -140,7 +141,9 @@ def test_explanation_of_an_episode_where_only_rdma_drops_and_allreduce_latency_m
     mixed = episodes.Episodes(x, mask, e.label, e.family, e.split, e.hw_class, e.onset, e.severity, e.info)
     at = now_ms()
     _write(store, mixed, {"node09": healthy}, at)
-    found = [f for f in model_findings(store, at, meta=metadata.load(model_json)) if f.rule_id != "model.outlier"]
+    found = [
+        f for f in model_findings(store, at, meta=metadata.load(model_json)) if f.rule_id != "model.outlier"
+    ]
     assert [f.rule_id for f in found] == ["model.communication"]
     shares = found[0].explanation
     assert sum(shares.values()) == pytest.approx(100.0)
@@ -162,7 +165,17 @@ def test_a_model_finding_beside_a_rule_finding_of_its_layer_on_its_node_is_evide
 ) -> None:
     dsn, at = fleet_dsn
     rules = _rules(tmp_path)
-    args = ("--dsn", dsn, "diagnose", "--rules", str(rules), "--model", str(model_json), "--at", str(at / 1000))
+    args = (
+        "--dsn",
+        dsn,
+        "diagnose",
+        "--rules",
+        str(rules),
+        "--model",
+        str(model_json),
+        "--at",
+        str(at / 1000),
+    )
     table = cli(*args)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()

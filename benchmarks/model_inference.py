@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""The learned model's part of a diagnosis cycle for a fleet (issue 10): features (one query for all
+nodes), normalisation, the classifier, the detector (peer medians included) and the explanation of
+the findings, each timed. Targets on the 2-core machine: all of it <= 2 s for 2,000 nodes, the two
+graphs alone <= 0.5 s.
+
+The store holds the last 12 minutes of the 12 features as the stream collector writes them (device
+"node" or "job", labels source=stream), generated inside ClickHouse: healthy values with noise, one
+job per 16 nodes, and every FAULT_EVERY-th node with RDMA drops and slow collectives, so that the
+explanation has findings to explain.
+
+    .venv/bin/python benchmarks/model_inference.py [--nodes 2000] [--repeat 3] [--model JSON]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from stethoscope import stats
+from stethoscope.model import metadata
+from stethoscope.model.explain import explain_classes
+from stethoscope.model.features import normalise, read_windows
+from stethoscope.model.findings import from_windows, read_topology
+from stethoscope.model.inference import graphs_for
+from stethoscope.store.client import Store
+from stethoscope.timeutil import now_ms
+
+STEP_S = 5
+MINUTES = 12
+FAULT_EVERY = 50
+# metric -> (healthy expression, faulted expression) over s (sample index) and n (node number)
+VALUES = {
+    "gpu_temperature_celsius": ("62 + 3 * sin(s / 20 + n)", "62 + 3 * sin(s / 20 + n)"),
+    "gpu_power_watts": ("5400 + 150 * sin(s / 7 + n)", "5000 + 150 * sin(s / 7 + n)"),
+    "gpu_sm_clock_mhz": ("1980 - 15 * (s % 3)", "1980 - 15 * (s % 3)"),
+    "gpu_utilization_percent": ("96 + (s % 4)", "80 + (s % 4)"),
+    "pcie_aer_correctable_errors_per_second": ("0", "0"),
+    "ib_symbol_errors_per_second": ("0", "0"),
+    "rdma_qps_dropped_per_second": ("0", "if(s > 60, 300 + 50 * (s % 5), 0)"),
+    "ib_port_xmit_wait_per_second": ("9000 + 400 * sin(s + n)", "9000 + 400 * sin(s + n)"),
+    "disk_temperature_celsius": ("44 + (n % 3)", "44 + (n % 3)"),
+    "train_step_time_ms": ("2300 + 30 * sin(s)", "if(s > 60, 3600, 2300) + 30 * sin(s)"),
+    "train_allreduce_latency_ms": ("470 + 10 * sin(s)", "if(s > 60, 1700, 470) + 10 * sin(s)"),
+    "train_data_wait_ms": ("40 + 3 * sin(s)", "40 + 3 * sin(s)"),
+}
+
+
+def generate(store: Store, nodes: int, end_ms: int) -> int:
+    samples = MINUTES * 60 // STEP_S
+    start_ms = end_ms - samples * STEP_S * 1000
+    for feature in metadata.FEATURES:
+        healthy, faulted = VALUES[feature.metric]
+        job = feature.metric.startswith("train_")
+        device = "'job'" if job else "'node'"
+        labels = (
+            "map('source', 'stream', 'job', toString(700000 + intDiv(n, 16)), 'rank', '0')"
+            if job
+            else f"map('source', 'stream', 'agg', '{feature.agg}')"
+        )
+        store.command(
+            f"INSERT INTO {store.database}.metrics (node_id, metric_name, device, labels, value, timestamp) "
+            "SELECT concat('node', leftPad(toString(n), 4, '0')), "
+            f"'{feature.metric}', {device}, {labels}, "
+            f"toFloat64(if(n % {FAULT_EVERY} = 7, {faulted}, {healthy})), "
+            f"fromUnixTimestamp64Milli(toInt64({start_ms} + s * {STEP_S * 1000} + 1500 + n % 3000), 'UTC') "
+            f"FROM (SELECT number AS n FROM numbers({nodes})) AS a "
+            f"CROSS JOIN (SELECT number AS s FROM numbers({samples})) AS b "
+            "SETTINGS max_insert_threads = 2"
+        )
+    store.insert_rows(
+        "nodes",
+        [
+            {
+                "node_id": f"node{i:04d}",
+                "slurm_name": f"node{i:04d}",
+                "rack": f"rack{i // 32}",
+                "switch": f"leaf{i // 16}",
+                "groups": [],
+                "updated_at": end_ms,
+            }
+            for i in range(nodes)
+        ],
+    )
+    return nodes * samples * len(metadata.FEATURES)
+
+
+def timed(function, *args, **kwargs):  # type: ignore[no-untyped-def]
+    started = time.perf_counter()
+    result = function(*args, **kwargs)
+    return result, time.perf_counter() - started
+
+
+def one_run(store: Store, meta: metadata.ModelMeta, end_ms: int) -> dict:
+    graphs = graphs_for(meta)
+    windows, read_s = timed(read_windows, store, end_ms, features=tuple(meta.features))
+    x, normalise_s = timed(normalise, windows.x, windows.mask, meta, windows.hw_class)
+    mask = np.ascontiguousarray(windows.mask, np.float32)
+    probs, classify_s = timed(graphs.classify, x, mask)
+    outliers, outlier_s = timed(graphs.outlier, x, mask, windows.hw_class, windows.job)
+    targets = [
+        (row, index)
+        for row in range(len(probs))
+        for index, name in enumerate(meta.classes)
+        if index and probs[row, index] >= meta.thresholds[name]
+    ]
+    names = [f.metric for f in meta.features]
+    _, explain_s = timed(explain_classes, graphs, x, mask, targets, probs, names)
+    topology, topology_s = timed(read_topology, store, windows.node_ids)
+    run, whole_s = timed(from_windows, graphs, windows, topology)  # everything after the read, again
+    return {
+        "features_read_s": read_s,
+        "normalise_s": normalise_s,
+        "classifier_s": classify_s,
+        "detector_s": outlier_s,
+        "explanation_s": explain_s,
+        "topology_s": topology_s,
+        "inference_s": classify_s + outlier_s,
+        "total_s": read_s + normalise_s + classify_s + outlier_s + explain_s + topology_s,
+        "after_read_in_one_call_s": whole_s,
+        "nodes": len(windows.node_ids),
+        "explained_findings": len(targets),
+        "findings": len(run.findings),
+        "scored_by_peers": int(outliers.scored.sum()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--model", type=Path, default=metadata.metadata_path())
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "model_inference.json"
+    )
+    args = parser.parse_args()
+    meta = metadata.load(args.model)
+    end_ms = now_ms() - 1000
+    with (
+        tempfile.TemporaryDirectory(prefix="stethoscope-bench-") as folder,
+        Store(f"chdb://{folder}/db") as store,
+    ):
+        store.init_schema()
+        rows, generate_s = timed(generate, store, args.nodes, end_ms)
+        graphs_for(meta)  # loading the sessions is once per process, not per cycle
+        runs = [one_run(store, meta, end_ms) for _ in range(args.repeat)]
+    median = {key: round(stats.median([r[key] for r in runs]), 4) for key in runs[0] if key.endswith("_s")}
+    report = {
+        "target": "2,000 nodes: features + both graphs + explanation <= 2 s, inference alone <= 0.5 s",
+        "model": f"{meta.name} ({args.model})",
+        "nodes": args.nodes,
+        "rows": rows,
+        "generate_seconds": round(generate_s, 1),
+        "median_seconds": median,
+        "findings": runs[-1]["findings"],
+        "explained_findings": runs[-1]["explained_findings"],
+        "scored_by_peers": runs[-1]["scored_by_peers"],
+        "runs": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in runs],
+    }
+    for key, value in median.items():
+        print(f"{key:<28}{value:8.3f} s")
+    print(
+        f"findings {report['findings']} (explained {report['explained_findings']}), "
+        f"peers scored {report['scored_by_peers']}"
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
