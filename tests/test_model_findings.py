@@ -218,7 +218,7 @@ def test_the_board_shows_the_model_beside_the_rule_finding_and_does_not_colour_a
 
 
 def test_a_missing_model_is_exit_2_naming_the_file(fleet_dsn, tmp_path) -> None:
-    dsn, at = fleet_dsn
+    dsn, _ = fleet_dsn
     missing = tmp_path / "models" / "core12.json"
     run = cli("--dsn", dsn, "diagnose", "--model", str(missing))
     assert run.returncode == 2

@@ -129,7 +129,8 @@ graphs = inference.graphs_for(metadata.load(__import__("pathlib").Path({str(mode
 x = np.zeros((4, 120, 12), np.float32); mask = np.ones_like(x); x[0, :, 6] = 3
 probs = graphs.classify(x, mask)
 out = graphs.outlier(x, mask, ["h200"] * 4, [""] * 4)
-print(round(float(probs[0, 1]), 2), int(np.argmax(out.score)), "torch" in sys.modules and sys.modules["torch"] is not None)
+torch_loaded = sys.modules.get("torch") is not None
+print(round(float(probs[0, 1]), 2), int(np.argmax(out.score)), torch_loaded)
 """
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
