@@ -108,12 +108,15 @@ def model_of(args: argparse.Namespace, inventory: Inventory | None, command: str
 
     path = getattr(args, "model", None) or metadata_path()
     try:
+        level = level_of(inventory.settings.get("stethoscope_model_level") if inventory else None)
+    except ValueError as exc:
+        _say(f"{command}: inventory {inventory.path if inventory else ''}: {exc}")
+        raise SystemExit(EXIT_USAGE) from None
+    try:
         meta = load(Path(path))
         graphs_for(meta)  # a graph onnxruntime cannot load fails here, not in the first cycle
-        level = level_of(inventory.settings.get("stethoscope_model_level") if inventory else None)
-    except (ModelError, ValueError) as exc:
-        where = f"inventory {inventory.path}: " if isinstance(exc, ValueError) and inventory else ""
-        _say(f"{command}: {where}{exc}; --no-model diagnoses by the rules alone")
+    except ModelError as exc:
+        _say(f"{command}: {exc}; --no-model diagnoses by the rules alone")
         raise SystemExit(EXIT_USAGE) from None
     return ModelUse(meta, level)
 
