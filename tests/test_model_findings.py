@@ -258,3 +258,26 @@ def test_model_findings_in_python_match_those_of_the_cli_path(store, episode_set
 
 def test_shipped_model_metadata_is_where_diagnose_looks() -> None:
     assert SHIPPED == TOP / "rules" / "models" / "core12.json"
+
+
+def test_a_model_finding_resolves_when_the_model_sees_its_node_healthy_and_not_when_it_did_not_run(
+    store, episode_set, model_json
+) -> None:
+    """Regression guard: model.* rule ids have no rule to check freshness with; left alone they
+    would stay open forever."""
+    from stethoscope.remediation.ledger import Ledger
+    from stethoscope.remediation.life import decide
+
+    at = now_ms()
+    _write(store, episode_set, _fleet(episode_set), at)
+    use = ModelUse(metadata.load(model_json))
+    found = [f for f in diagnose(store, [], at, model=use) if f["rule_id"] == "model.communication"]
+    decisions, rows, _ = decide(store, found, [], at, model_nodes=use.evaluated)
+    assert [d.finding["rule_id"] for d in decisions] == ["model.communication"]
+    Ledger(store).write_findings(rows)
+    later = at + 60_000
+    assert decide(store, [], [], later, model_nodes=None)[2] == []  # --no-model: left as it is
+    assert [c[:2] for c in decide(store, [], [], later, model_nodes={FAULTY})[2]] == [
+        (found[0]["finding_id"], "resolved")
+    ]
+    assert [c[1] for c in decide(store, [], [], later, model_nodes=set())[2]] == ["stale"]
