@@ -84,9 +84,16 @@ class Episodes:
         job = f"{700000 + i}"
         rows = []
         x, mask = self.x[i], self.mask[i]
+        sent = mask > 0
+        # the steps before a gap were carried, not sent (a gap starts STREAM_CARRY steps after the
+        # last sample); a carried step inside a run may be sent: the same value, the same read
+        ends = np.argwhere((mask[:-1] > 0) & (mask[1:] == 0))
+        for back in range(STREAM_CARRY):
+            before = ends[:, 0] - back
+            sent[before[before >= 0], ends[before >= 0, 1]] = False
         for k in range(STEPS):
             ts = end_ms - (STEPS - 1 - k) * STEP_SECONDS * 1000 - phase
-            for f in np.flatnonzero(mask[k]):
+            for f in np.flatnonzero(sent[k]):
                 feature = FEATURES[f]
                 if f in JOB_FEATURES:
                     device, labels = "job", {"source": "stream", "job": job, "rank": "0"}

@@ -256,6 +256,15 @@ class Store:
         except Exception as exc:
             raise StoreError(_explain(self.dsn, exc)) from None
 
+    def query_arrow(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
+        """The result as a pyarrow Table (chdb's dependency): millions of rows without Python objects."""
+        try:
+            return self.client.query_arrow(sql, parameters=parameters)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(_explain(self.dsn, exc)) from None
+
     def _insert(self, table: str, columns: Sequence[Sequence[Any]], names: Sequence[str]) -> None:
         try:
             self.client.insert(
