@@ -57,7 +57,7 @@ def shares(weights: np.ndarray, names: Sequence[str], fallback: np.ndarray | Non
     for i in order[:short]:
         whole[i] += 1
     ranked = sorted(range(len(names)), key=lambda i: (-whole[i], i))
-    return {names[i]: whole[i] / unit for i in ranked if whole[i] > 0}
+    return {names[i]: float(whole[i]) / unit for i in ranked if whole[i] > 0}
 
 
 def distance_from_healthy(x_norm: np.ndarray, mask: np.ndarray) -> np.ndarray:

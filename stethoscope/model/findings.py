@@ -70,7 +70,9 @@ def run_model(
 
     meta = meta or load(metadata_path())
     graphs = graphs_for(meta)
-    windows = read_windows(store, at_ms, nodes=nodes, features=tuple(meta.features))
+    windows = read_windows(
+        store, at_ms, nodes=None if nodes is None else list(nodes), features=tuple(meta.features)
+    )
     return from_windows(graphs, windows, read_topology(store, windows.node_ids))
 
 
