@@ -13,7 +13,7 @@ setup: $(VENV)/.installed $(LINK)/galaxy.yml
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,train]'
 	touch $@
 
 $(LINK)/galaxy.yml: tools/link_collection.sh

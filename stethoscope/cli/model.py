@@ -129,7 +129,12 @@ def _evaluate(args: argparse.Namespace) -> int:
             data = _episodes(args.episodes, scratch, meta.seed)
         scores: dict[str, Any] = {"model": evaluate.evaluate(meta, data.episodes, args.split)}
         if not args.no_rules:
-            scores["rules"] = _rules_alone(data.episodes, np.flatnonzero(data.episodes.split == args.split))
+            episodes = data.episodes
+            scores["rules"] = _rules_alone(episodes, np.flatnonzero(episodes.split == args.split), 300)
+            if scores["model"].get("rules_miss_split"):
+                miss = _rules_alone(episodes, evaluate.rules_miss_index(episodes, args.split), 100)
+                scores["rules"]["rules_miss"] = miss["rules_miss"]
+                scores["rules"]["rules_miss_split"] = "validation"
     if args.json:
         print(json.dumps(scores, indent=2))
         return EXIT_OK
@@ -139,14 +144,14 @@ def _evaluate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _rules_alone(episodes: Any, index: Any) -> dict[str, Any]:
+def _rules_alone(episodes: Any, index: Any, limit: int) -> dict[str, Any]:
     from stethoscope.catalog import Catalog
     from stethoscope.cli.diagnose import checked_rules
     from stethoscope.diagnosis.rules_on_episodes import rules_scores, sample
 
     catalog = Catalog.load()
     rules = checked_rules(None, catalog, "model evaluate").rules
-    return rules_scores(episodes, sample(index), rules, catalog)
+    return rules_scores(episodes, sample(index, limit), rules, catalog)
 
 
 def _finetune(args: argparse.Namespace) -> int:

@@ -46,7 +46,7 @@ def generate_dir(
     options: dict[str, Any] = {"seed": seed, "hw_class": hw_class}
     if per_family is not None:
         options["per_family"] = per_family
-    episodes.save(episodes.generate(**options), directory, seed=seed)
+    episodes.save(episodes.generate(**options), directory)
     return load_dir(directory)
 
 

@@ -18,8 +18,15 @@ from typing import Any
 import numpy as np
 
 from stethoscope.model import evaluate
-from stethoscope.model.metadata import CLASSES, ModelError, ModelMeta
-from stethoscope.model.train import PARITY, TrainConfig, deterministic, history_entry, normalisation_of
+from stethoscope.model.metadata import CLASSES, ModelError, ModelMeta, Normalisation
+from stethoscope.model.train import (
+    MIN_STD,
+    PARITY,
+    TrainConfig,
+    deterministic,
+    history_entry,
+    normalisation_of,
+)
 
 HEADS = ("head1.weight", "head1.bias", "head2.weight", "head2.bias")
 REHEARSAL = 600  # old-class training episodes trained beside the new class's
@@ -79,6 +86,22 @@ def first_faults(episodes: Any, index: np.ndarray, count: int) -> np.ndarray:
 def _scores(meta: ModelMeta, episodes: Any, index: np.ndarray) -> dict[str, Any]:
     out = evaluate.run_graphs(evaluate.Graphs(meta), episodes, index, meta.seed)
     return evaluate.score_outputs(out, episodes.label[index], episodes.family[index])
+
+
+def matched_normalisation(
+    default: Normalisation, new_healthy: Normalisation, old_healthy: Normalisation
+) -> Normalisation:
+    """The new class's statistics chosen so that its healthy episodes normalise to what the old
+    classes' healthy episodes normalise to (mean and spread matched per feature): the shift of a new
+    hardware generation is taken out before the heads see it."""
+    mean, std = [], []
+    for f in range(len(default.mean)):
+        scale = new_healthy.std[f] / old_healthy.std[f]
+        if min(new_healthy.std[f], old_healthy.std[f]) <= 2 * MIN_STD:
+            scale = 1.0  # a feature without healthy spread (an error rate at 0): shift only
+        mean.append(round(new_healthy.mean[f] - scale * (old_healthy.mean[f] - default.mean[f]), 6))
+        std.append(round(max(MIN_STD, scale * default.std[f]), 6))
+    return Normalisation(mean, std)
 
 
 def _train_heads(
@@ -170,9 +193,12 @@ def finetune(
     before = _scores(meta, new, held_new)
     old_before = _scores(meta, old, old_test)
 
-    meta.normalisation[hw_class] = normalisation_of(new.x[tuned], new.mask[tuned], new.hw_class[tuned])[
-        "default"
-    ]
+    old_healthy = np.flatnonzero((old.split == "train") & (old.label == 0))
+    meta.normalisation[hw_class] = matched_normalisation(
+        meta.norm_for(""),
+        normalisation_of(new.x[healthy_i], new.mask[healthy_i], new.hw_class[healthy_i])["default"],
+        normalisation_of(old.x[old_healthy], old.mask[old_healthy], old.hw_class[old_healthy])["default"],
+    )
     rng = np.random.default_rng(config.seed)
     old_train = np.flatnonzero(old.split == "train")
     rehearsed = rng.choice(old_train, size=min(REHEARSAL, len(old_train)), replace=False)

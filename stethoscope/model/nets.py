@@ -13,21 +13,28 @@ RECENT_STEPS = 36  # 3 minutes at 5 s
 
 
 class Classifier(nn.Module):
-    """GRU over the normalised features and their mask channels; the last hidden state and the mean
-    of all hidden states go through `head1` and `head2` (what finetune trains) to a softmax."""
+    """GRU over the normalised features and their mask channels. Its last hidden state, the mean and
+    the maximum of its hidden states over the window (an intermittent fault shows in the maximum,
+    a steady one in the mean) and each feature's own peak go through `head1` and `head2` (what
+    finetune trains) to a softmax."""
 
-    def __init__(self, features: int = 12, hidden: int = 32, head: int = 32, classes: int = 4) -> None:
+    def __init__(
+        self, features: int = 12, hidden: int = 32, head: int = 32, classes: int = 4, dropout: float = 0.1
+    ) -> None:
         super().__init__()
         self.gru = nn.GRU(2 * features, hidden, batch_first=True)
-        self.head1 = nn.Linear(2 * hidden, head)
+        self.drop = nn.Dropout(dropout)
+        self.head1 = nn.Linear(3 * hidden + features, head)
         self.head2 = nn.Linear(head, classes)
 
     def embed(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        out, last = self.gru(torch.cat([x * mask, mask], dim=2))
-        return torch.cat([last[0], out.mean(dim=1)], dim=1)
+        seen = x * mask
+        out, last = self.gru(torch.cat([seen, mask], dim=2))
+        peak = (seen - 1e4 * (1 - mask)).amax(dim=1) * (mask.amax(dim=1))
+        return torch.cat([last[0], out.mean(dim=1), out.amax(dim=1), peak], dim=1)
 
     def logits_of(self, embedding: torch.Tensor) -> torch.Tensor:
-        return self.head2(torch.relu(self.head1(embedding)))
+        return self.head2(self.drop(torch.relu(self.head1(self.drop(embedding)))))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return torch.softmax(self.logits_of(self.embed(x, mask)), dim=1)
