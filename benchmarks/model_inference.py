@@ -87,6 +87,20 @@ def generate(store: Store, nodes: int, end_ms: int) -> int:
             for i in range(nodes)
         ],
     )
+    detail = json.dumps({"gpu": {"models": ["NVIDIA H200"], "count": 8}})  # the sweep's class fingerprint
+    store.insert_rows(
+        "fingerprints",
+        [
+            {
+                "fingerprint": "h200x8",
+                "kind": "class",
+                "node_id": f"node{i:04d}",
+                "detail": detail,
+                "first_seen": end_ms,
+            }
+            for i in range(nodes)
+        ],
+    )
     return nodes * samples * len(metadata.FEATURES)
 
 
