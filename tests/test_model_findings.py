@@ -57,7 +57,7 @@ def model_json(tmp_path_factory, episode_set) -> Path:
 
     healthy = (episode_set.label == 0) & (episode_set.split == "train")
     # healthy episodes differ more between nodes than the simple graphs allow for: high thresholds
-    thresholds = {"communication": 0.9, "storage": 0.9, "compute": 0.9, "outlier": 25.0}
+    thresholds = {"communication": 0.9, "storage": 0.9, "compute": 0.9, "outlier": 2.0}
     return write_model(
         tmp_path_factory.mktemp("model"), thresholds=thresholds, normalisation=_norm(episode_set, healthy)
     )
@@ -76,12 +76,16 @@ def _index(e: episodes.Episodes, family: str, nth: int = 0) -> int:
     return int(np.flatnonzero(e.family == family)[nth])
 
 
-def _write(store: Store, e: episodes.Episodes, plan: dict[str, int], at_ms: int) -> None:
-    """plan: node -> episode index; every node in one job, behind one switch."""
+def _write(
+    store: Store, e: episodes.Episodes, plan: dict[str, int], at_ms: int, one_job: bool = False
+) -> None:
+    """plan: node -> episode index; all behind one switch. Independent episodes are not one job's
+    ranks (their step times differ): each node runs its own job unless `one_job`."""
     batch = MetricColumns()
     for node, i in plan.items():
+        job = JOB if one_job else f"{JOB}-{node}"
         for row in e.to_rows(i, node, at_ms):
-            labels = dict(row["labels"], job=JOB) if "job" in row["labels"] else row["labels"]
+            labels = dict(row["labels"], job=job) if "job" in row["labels"] else row["labels"]
             batch.append(node, row["metric_name"], row["device"], labels, row["value"], row["timestamp"])
     store.insert_metrics(batch)
     store.insert_rows(
@@ -293,3 +297,38 @@ def test_a_model_finding_resolves_when_the_model_sees_its_node_healthy_and_not_w
         (found[0]["finding_id"], "resolved")
     ]
     assert [c[1] for c in decide(store, [], [], later, model_nodes=set())[2]] == ["stale"]
+
+
+def test_a_rank_whose_port_waits_and_collectives_slow_stands_out_from_its_jobs_lockstep_peers(
+    store, episode_set, model_json
+) -> None:
+    e = episode_set
+    healthy, slow = _index(e, "healthy.training"), _index(e, "healthy.training", 1)
+    x, mask = e.x.copy(), e.mask.copy()
+    x[slow], mask[slow] = e.x[healthy], e.mask[healthy]  # one job's ranks run in lockstep
+    for metric, factor in (
+        ("ib_port_xmit_wait_per_second", 1000),
+        ("train_allreduce_latency_ms", 20),
+        ("train_step_time_ms", 5),
+    ):
+        x[slow, 60:, NAMES.index(metric)] *= factor
+    mixed = episodes.Episodes(x, mask, e.label, e.family, e.split, e.hw_class, e.onset, e.severity, e.info)
+    at = now_ms()
+    plan = {f"node0{k}": healthy for k in range(1, 5)} | {FAULTY: slow}
+    _write(store, mixed, plan, at, one_job=True)
+    outliers = [
+        f for f in model_findings(store, at, meta=metadata.load(model_json)) if f.rule_id == "model.outlier"
+    ]
+    assert [f.node_id for f in outliers] == [FAULTY]
+    (finding,) = outliers
+    assert finding.layer in ("communication", "compute")
+    assert set(list(finding.explanation)[:2]) <= {
+        "ib_port_xmit_wait_per_second",
+        "train_allreduce_latency_ms",
+        "train_step_time_ms",
+    }
+    assert sum(finding.explanation.values()) == pytest.approx(100.0)
+    assert 0.5 <= finding.confidence < 1.0
+
+
+NAMES = [f.metric for f in metadata.FEATURES]
