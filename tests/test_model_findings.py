@@ -201,7 +201,7 @@ def test_a_model_finding_beside_a_rule_finding_of_its_layer_on_its_node_is_evide
     agrees = [line.strip() for line in lines if "model agrees" in line]
     assert agrees and agrees[0].startswith("model agrees: communication ")
     assert "rdma_qps_dropped_per_second" in agrees[0]
-    assert lines[0].startswith(f"{len(alarms)} findings from 1 rules and the model core12")
+    assert lines[0] == f"{len(alarms)} findings from 1 rules (dry-run: no action taken), and the model core12"
 
     found = json.loads(cli(*args, "--json").stdout)
     rule = next(f for f in found if f["rule_id"] == "rdma_drops_test" and f["node_id"] == FAULTY)
@@ -269,7 +269,9 @@ def test_model_findings_in_python_match_those_of_the_cli_path(store, episode_set
     found = diagnose(store, [], at, model=use)
     assert [f["node_id"] for f in found if f["rule_id"] == "model.communication"] == [FAULTY]
     assert use.evaluated == set(_fleet(episode_set))
-    assert render(found, 0, model="core12").startswith("1 findings from 0 rules and the model core12")
+    assert render(found, 0, model="core12").startswith(
+        "1 findings from 0 rules (dry-run: no action taken), and the model core12"
+    )
 
 
 def test_shipped_model_metadata_is_where_diagnose_looks() -> None:

@@ -64,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     summary = commands.add_parser("summary", help="per node: rows stored and the findings diagnose gives")
     summary.add_argument("--inventory", type=Path, help="only this inventory's hosts")
     summary.add_argument("--at", help="evaluation time, ISO-8601 or epoch seconds (default now)")
+    model_options(summary)
 
     baseline = commands.add_parser("baseline", help="graded benchmark report against fleet and own history")
     baseline.add_argument("--out", type=Path, help="also write DIR/baseline.html")
@@ -293,7 +294,7 @@ def _spool_replay(args: argparse.Namespace, spool_dir: Path) -> int:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from stethoscope.cli.diagnose import catalog_for, checked_rules, hosts_of, inventory_of
+    from stethoscope.cli.diagnose import catalog_for, checked_rules, hosts_of, inventory_of, model_of
     from stethoscope.report.summary import initialised, render, summarize
     from stethoscope.timeutil import now_ms, to_ms
 
@@ -307,6 +308,7 @@ def _summary(args: argparse.Namespace) -> int:
     inventory = inventory_of(args)
     catalog = catalog_for(inventory)
     rules = checked_rules(None, catalog, "summary").rules
+    model = model_of(args, inventory, "summary")
     with Store(args.dsn, args.database) as store:
         if not initialised(store):
             print(
@@ -315,7 +317,7 @@ def _summary(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-        print(render(summarize(store, catalog, rules, at_ms, hosts_of(inventory))))
+        print(render(summarize(store, catalog, rules, at_ms, hosts_of(inventory), model)))
     return EXIT_OK
 
 

@@ -205,11 +205,11 @@ def render(findings: list[dict[str, Any]], rule_count: int, executed: bool = Fal
     """One line per alarm; a model finding that supports a rule finding is a "model agrees" line
     under it, not an alarm of its own. `model`: the model's name when it ran."""
     mode = "executed" if executed else "dry-run: no action taken"
-    source = f"{rule_count} rules" + (f" and the model {model}" if model else "")
+    also = f", and the model {model}" if model else ""
     alarms = [f for f in findings if not f.get("supports")]
     if not alarms:
-        return f"healthy: {source}, no finding ({'executed' if executed else 'dry-run'})"
-    lines = [f"{len(alarms)} findings from {source} ({mode})"]
+        return f"healthy: {rule_count} rules, no finding ({'executed' if executed else 'dry-run'}){also}"
+    lines = [f"{len(alarms)} findings from {rule_count} rules ({mode}){also}"]
     for f in alarms:
         outcome = f"  {f['outcome']}" if f.get("outcome") else ""
         evidence = "" if f["rule_id"].startswith("model.") else f"  evidence {f['evidence']}"
