@@ -334,3 +334,11 @@ def test_a_rank_whose_port_waits_and_collectives_slow_stands_out_from_its_jobs_l
 
 
 NAMES = [f.metric for f in metadata.FEATURES]
+
+
+def test_an_empty_store_gives_no_model_finding_rather_than_failing_the_cycle(store, model_json) -> None:
+    """Regression: with no row in the window the windows' reshape failed, and every diagnose and
+    serve cycle on a new database with it (exit 3, /healthz 503)."""
+    use = ModelUse(metadata.load(model_json))
+    assert diagnose(store, [], now_ms(), model=use) == []
+    assert use.ran and use.evaluated == set()

@@ -22,11 +22,16 @@ from stethoscope.model import episodes
 from stethoscope.timeutil import now_ms
 
 JOB = "4242"
+# the window ends this far ahead (ingest accepts 5 min): still current when diagnose runs after the
+# ingest, instead of a stream that stopped (UNKNOWN) seconds ago
+LEAD_MS = 30_000
 
 
 def rows(nodes: list[str], faults: dict[str, str], seed: int, end_ms: int) -> list[dict]:
-    data = episodes.generate(seed, 2 + len(nodes))
-    healthy = iter(np.flatnonzero(data.family == "healthy.training"))
+    data = episodes.generate(seed, 2 * len(nodes))
+    # healthy windows whose last minute has every feature: a gap there reads as a silent metric (UNKNOWN)
+    whole = data.mask[:, -12:, :].min(axis=(1, 2)) > 0
+    healthy = iter(np.flatnonzero((data.family == "healthy.training") & whole))
     out = []
     for node in nodes:
         family = faults.get(node)
@@ -65,7 +70,7 @@ def main() -> int:
         if not sep:
             parser.error(f"--fault {pair!r}: expected NODE=FAMILY")
         faults[node] = family
-    end = now_ms() - 1000
+    end = now_ms() + LEAD_MS
     for row in rows(args.nodes, faults, args.seed, end):
         sys.stdout.write(json.dumps(row, sort_keys=True) + "\n")
     return 0

@@ -82,6 +82,8 @@ def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place]) -> Mo
 
     meta = graphs.meta
     names = [f.metric for f in meta.features]
+    if not windows.node_ids:  # nothing stored in the window yet
+        return ModelRun()
     has_data = windows.mask.reshape(len(windows.node_ids), -1).max(axis=1, initial=0.0) > 0
     rows = np.flatnonzero(has_data)
     run = ModelRun(evaluated=[windows.node_ids[i] for i in rows])
