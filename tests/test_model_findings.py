@@ -342,3 +342,40 @@ def test_an_empty_store_gives_no_model_finding_rather_than_failing_the_cycle(sto
     use = ModelUse(metadata.load(model_json))
     assert diagnose(store, [], now_ms(), model=use) == []
     assert use.ran and use.evaluated == set()
+
+
+def test_an_aer_storm_rule_finding_carries_the_models_communication_finding_though_its_band_is_compute() -> (
+    None
+):
+    """Regression: pairing by catalog band alone put pcie_ rules in compute, and the lab's node06 got
+    a second alarm from the model for the AER storm its rule had already raised."""
+    from stethoscope.diagnosis.model import pair, rule_class
+
+    catalog = Catalog.load()
+    rules = load_rules(TOP / "rules" / "pcie", catalog).rules
+    storm = next(r for r in rules if r.rule_id == "pcie_aer_correctable_storm")
+    assert rule_class(storm, catalog) == "communication"
+    rule = {
+        "finding_id": "r1",
+        "rule_id": storm.rule_id,
+        "node_id": "node06",
+        "severity": "warning",
+        "nodes": [],
+    }
+    model = {
+        "finding_id": "m1",
+        "rule_id": "model.communication",
+        "node_id": "node06",
+        "severity": "warning",
+        "model_layer": "communication",
+        "confidence": 0.97,
+        "explanation": {"pcie_aer_correctable_errors_per_second": 74.0, "gpu_temperature_celsius": 26.0},
+        "path": "node06",
+        "evidence": json.dumps({"layer": "communication"}),
+        "plan": (),
+        "actions": ["log", "alert"],
+    }
+    pair([rule, model], rules, catalog)
+    assert model["supports"] == "r1" and model["actions"] == ["log"]
+    assert json.loads(model["evidence"])["supports_band"] == "compute"
+    assert rule["model"][0]["finding_id"] == "m1"

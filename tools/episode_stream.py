@@ -4,7 +4,7 @@
 the stream collector stores them: for `make demo`, whose lab nodes are only swept (a minute of
 `stethoscope agent` fills 12 of the model's 120 steps, and no job runs in the lab).
 
-Every node runs one job; each node gets a healthy training window, except those given --fault.
+Each node runs a job of its own; each gets a healthy training window, except those given --fault.
 
     python tools/episode_stream.py --nodes node01 node02 ... --fault node03=communication.rdma_drop_storm \
         | stethoscope ingest -
@@ -43,8 +43,8 @@ def rows(nodes: list[str], faults: dict[str, str], seed: int, end_ms: int) -> li
                 raise SystemExit(f"episode_stream: no family {family!r} (one of {sorted(set(data.family))})")
             index = int(matching[np.argmax(data.severity[matching])])  # the clearest case
         for row in data.to_rows(index, node, end_ms):
-            if "job" in row["labels"]:
-                row["labels"] = {**row["labels"], "job": JOB}
+            if "job" in row["labels"]:  # episodes are independent nodes, not one job's ranks
+                row["labels"] = {**row["labels"], "job": f"{JOB}-{node}"}
             row["timestamp"] = row["timestamp"] / 1000  # ingest reads epoch seconds
             out.append(row)
     return out

@@ -2,6 +2,8 @@
 severity warning, level L2 unless the inventory's `stethoscope_model_level` raises it, confidence =
 the probability; `explanation` and `path` in the evidence and beside it.
 
+A rule's layer here is the model class its metric speaks for (`rule_class`: the model feature's
+class where the metric is one, else its catalog band's: communication = communication + network).
 A model finding on a node that a warning or critical rule finding of the same layer already names is
 that finding's supporting evidence, not a second alarm: the rule finding carries it under `model`
 ("model agrees: ..."), the model finding `supports` the rule finding's id and only logs (the rule's
@@ -19,7 +21,7 @@ from stethoscope.diagnosis.engine import _metrics
 from stethoscope.diagnosis.layers import CLASS_LAYERS, layer_of
 from stethoscope.diagnosis.rules import Action, Rule
 from stethoscope.model.findings import ModelFinding, run_model
-from stethoscope.model.metadata import ModelMeta
+from stethoscope.model.metadata import FEATURES, ModelMeta
 from stethoscope.store.client import Store
 from stethoscope.timeutil import iso
 
@@ -47,10 +49,10 @@ def _message(f: ModelFinding) -> str:
     what = (
         f"stands out from its peers (score {f.value:.2f}, {f.layer})"
         if f.rule_id == "model.outlier"
-        else f"{f.layer} fault, probability {f.value:.2f}"
+        else f"sees a {f.layer} fault, probability {f.value:.2f}"
     )
     where = f"; path {f.path}" if f.path and f.path != f.node_id else ""
-    return f"{f.node_id}: model {f.model} sees a {what}: {explained(f.explanation)}{where}"
+    return f"{f.node_id}: model {f.model} {what}: {explained(f.explanation)}{where}"
 
 
 def finding_dicts(
@@ -96,22 +98,35 @@ def rule_layer(rule: Rule, catalog: Catalog | None) -> str:
     return layer_of(catalog, metrics[0]) if metrics else "compute"
 
 
+def rule_class(rule: Rule, catalog: Catalog | None) -> str:
+    """The model class a rule speaks for: that of the model feature its metric is (a counter's
+    `_total` is its `_per_second` feature: AER is communication to the model, whatever its catalog
+    band), else the class of its catalog band."""
+    for metric in _metrics(rule.when):
+        base = metric.removesuffix("_total").removesuffix("_per_second")
+        for feature in FEATURES:
+            if feature.metric.removesuffix("_per_second") == base:
+                return feature.layer
+    band = rule_layer(rule, catalog)
+    return next((name for name, bands in CLASS_LAYERS.items() if band in bands), "compute")
+
+
 def pair(findings: list[dict[str, Any]], rules: list[Rule], catalog: Catalog | None) -> None:
     """Each model finding beside the most severe warning or critical rule finding of its layer on its
     node (findings sorted most severe first), in place."""
     from stethoscope.diagnosis.diagnose import action_label
 
-    layers = {rule.rule_id: rule_layer(rule, catalog) for rule in rules}
+    classes = {rule.rule_id: rule_class(rule, catalog) for rule in rules}
+    bands = {rule.rule_id: rule_layer(rule, catalog) for rule in rules}
     for model in (f for f in findings if f["rule_id"].startswith("model.")):
-        bands = CLASS_LAYERS.get(model["model_layer"], ())
         host = next(
             (
                 f
                 for f in findings
-                if f["rule_id"] in layers
+                if f["rule_id"] in classes
                 and f["severity"] in ("warning", "critical")
                 and model["node_id"] in (f["node_id"], *f.get("nodes", []))
-                and layers[f["rule_id"]] in bands
+                and classes[f["rule_id"]] == model["model_layer"]
             ),
             None,
         )
@@ -122,6 +137,7 @@ def pair(findings: list[dict[str, Any]], rules: list[Rule], catalog: Catalog | N
         model["actions"] = [action_label(a) for a in model["plan"]]
         evidence = json.loads(model["evidence"])
         evidence["supports"] = host["finding_id"]
+        evidence["supports_band"] = bands[host["rule_id"]]  # where the board shows the rule finding
         model["evidence"] = json.dumps(evidence, sort_keys=True)
         host.setdefault("model", []).append(
             {

@@ -264,6 +264,8 @@ def _model_mark(
     note, not a second alarm; where no rule finding of its layer is, a warning of its own, in the
     band of the metric that explains most of it."""
     bands = CLASS_LAYERS.get(str(evidence.get("layer", "")), ("compute",))
+    if evidence.get("supports_band") in LAYERS:  # the band of the rule finding it supports
+        bands = (*bands, str(evidence["supports_band"]))
     explanation = evidence.get("explanation") or {}
     support = {
         "rule_id": rule_id,
@@ -276,7 +278,8 @@ def _model_mark(
         cell(node, band, day).note(agrees(support))
     if not beside:
         top = layer_of(catalog, next(iter(support["explanation"]), ""))
-        band = top if top in bands else bands[0]
+        own = CLASS_LAYERS.get(str(evidence.get("layer", "")), ("compute",))
+        band = top if top in own else own[0]
         cell(node, band, day).mark("yellow", f"{rule_id} (warning): {message}")
 
 
