@@ -41,8 +41,9 @@ class ModelUse:
 
 
 def explained(explanation: dict[str, float], shown: int = SHOWN) -> str:
-    parts = [f"{metric} {share:.0f} %" for metric, share in list(explanation.items())[:shown]]
-    return ", ".join(parts) + (", ..." if len(explanation) > shown else "")
+    named = [(metric, share) for metric, share in explanation.items() if share >= 0.5]  # "0 %" says nothing
+    parts = [f"{metric} {share:.0f} %" for metric, share in named[:shown]]
+    return ", ".join(parts) + (", ..." if len(named) > shown else "")
 
 
 def _message(f: ModelFinding) -> str:
