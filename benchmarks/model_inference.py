@@ -4,10 +4,10 @@ nodes), normalisation, the classifier, the detector (peer medians included) and 
 the findings, each timed. Targets on the 2-core machine: all of it <= 2 s for 2,000 nodes, the two
 graphs alone <= 0.5 s.
 
-The store holds the last 12 minutes of the 12 features as the stream collector writes them (device
-"node" or "job", labels source=stream), generated inside ClickHouse: healthy values with noise, one
-job per 16 nodes, and every FAULT_EVERY-th node with RDMA drops and slow collectives, so that the
-explanation has findings to explain.
+The store holds the last 10 minutes of the 12 features as the stream collector writes them
+(Episodes.to_rows, calibrated on the real H200 capture): one job per 16 nodes whose ranks replay one
+healthy episode in lockstep, and every 50th node a fault episode (RDMA drops, an AllReduce centre, a
+slow NVMe with clean SMART, a straggler GPU), so that the explanation has findings to explain.
 
     .venv/bin/python benchmarks/model_inference.py [--nodes 2000] [--repeat 3] [--model JSON]
 """
@@ -23,56 +23,45 @@ from pathlib import Path
 import numpy as np
 
 from stethoscope import stats
-from stethoscope.model import metadata
+from stethoscope.model import episodes, metadata
 from stethoscope.model.explain import explain_classes
 from stethoscope.model.features import normalise, read_windows
 from stethoscope.model.findings import from_windows, read_topology
 from stethoscope.model.inference import graphs_for
+from stethoscope.store.batch import MetricColumns
 from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
-STEP_S = 5
-MINUTES = 12
-FAULT_EVERY = 50
-# metric -> (healthy expression, faulted expression) over s (sample index) and n (node number)
-VALUES = {
-    "gpu_temperature_celsius": ("62 + 3 * sin(s / 20 + n)", "62 + 3 * sin(s / 20 + n)"),
-    "gpu_power_watts": ("5400 + 150 * sin(s / 7 + n)", "5000 + 150 * sin(s / 7 + n)"),
-    "gpu_sm_clock_mhz": ("1980 - 15 * (s % 3)", "1980 - 15 * (s % 3)"),
-    "gpu_utilization_percent": ("96 + (s % 4)", "80 + (s % 4)"),
-    "pcie_aer_correctable_errors_per_second": ("0", "0"),
-    "ib_symbol_errors_per_second": ("0", "0"),
-    "rdma_qps_dropped_per_second": ("0", "if(s > 60, 300 + 50 * (s % 5), 0)"),
-    "ib_port_xmit_wait_per_second": ("9000 + 400 * sin(s + n)", "9000 + 400 * sin(s + n)"),
-    "disk_temperature_celsius": ("44 + (n % 3)", "44 + (n % 3)"),
-    "train_step_time_ms": ("2300 + 30 * sin(s)", "if(s > 60, 3600, 2300) + 30 * sin(s)"),
-    "train_allreduce_latency_ms": ("470 + 10 * sin(s)", "if(s > 60, 1700, 470) + 10 * sin(s)"),
-    "train_data_wait_ms": ("40 + 3 * sin(s)", "40 + 3 * sin(s)"),
-}
+JOB_SIZE = 16  # a job's ranks run in lockstep: one healthy episode per job
+FAULT_EVERY = 50  # every 50th node replays a fault episode instead (2 %)
+FAULTS = (
+    "communication.rdma_drop_storm",
+    "communication.allreduce_centre",
+    "storage.slow_nvme_clean_smart",
+    "compute.straggler_gpu",
+)
 
 
 def generate(store: Store, nodes: int, end_ms: int) -> int:
-    samples = MINUTES * 60 // STEP_S
-    start_ms = end_ms - samples * STEP_S * 1000
-    for feature in metadata.FEATURES:
-        healthy, faulted = VALUES[feature.metric]
-        job = feature.metric.startswith("train_")
-        device = "'job'" if job else "'node'"
-        labels = (
-            "map('source', 'stream', 'job', toString(700000 + intDiv(n, 16)), 'rank', '0')"
-            if job
-            else f"map('source', 'stream', 'agg', '{feature.agg}')"
-        )
-        store.command(
-            f"INSERT INTO {store.database}.metrics (node_id, metric_name, device, labels, value, timestamp) "
-            "SELECT concat('node', leftPad(toString(n), 4, '0')), "
-            f"'{feature.metric}', {device}, {labels}, "
-            f"toFloat64(if(n % {FAULT_EVERY} = 7, {faulted}, {healthy})), "
-            f"fromUnixTimestamp64Milli(toInt64({start_ms} + s * {STEP_S * 1000} + 1500 + n % 3000), 'UTC') "
-            f"FROM (SELECT number AS n FROM numbers({nodes})) AS a "
-            f"CROSS JOIN (SELECT number AS s FROM numbers({samples})) AS b "
-            "SETTINGS max_insert_threads = 2"
-        )
+    """Stream rows as the collector writes them (Episodes.to_rows: device "node"/"job", labels
+    source=stream), from the episodes calibrated on the real H200 capture."""
+    data = episodes.generate(7, max(8, nodes // JOB_SIZE + 1))
+    healthy = np.flatnonzero(data.family == "healthy.training")
+    faulty = {name: np.flatnonzero(data.family == name) for name in FAULTS}
+    written = 0
+    for first in range(0, nodes, 200):
+        batch = MetricColumns()
+        for n in range(first, min(first + 200, nodes)):
+            node, job = f"node{n:04d}", n // JOB_SIZE
+            if n % FAULT_EVERY == 7:
+                family = FAULTS[(n // FAULT_EVERY) % len(FAULTS)]
+                index = int(faulty[family][n % len(faulty[family])])
+            else:
+                index = int(healthy[job % len(healthy)])
+            for row in data.to_rows(index, node, end_ms):
+                labels = dict(row["labels"], job=f"job{job}") if "job" in row["labels"] else row["labels"]
+                batch.append(node, row["metric_name"], row["device"], labels, row["value"], row["timestamp"])
+        written += store.insert_metrics(batch)
     store.insert_rows(
         "nodes",
         [
@@ -101,7 +90,7 @@ def generate(store: Store, nodes: int, end_ms: int) -> int:
             for i in range(nodes)
         ],
     )
-    return nodes * samples * len(metadata.FEATURES)
+    return written
 
 
 def timed(function, *args, **kwargs):  # type: ignore[no-untyped-def]

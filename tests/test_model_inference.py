@@ -136,3 +136,18 @@ print(round(float(probs[0, 1]), 2), int(np.argmax(out.score)), torch_loaded)
     assert run.returncode == 0, run.stderr
     probability, worst, torch_loaded = run.stdout.split()
     assert float(probability) > 0.5 and worst == "0" and torch_loaded == "False"
+
+
+def test_the_peer_median_equals_numpys_nanmedian_over_the_observed_values() -> None:
+    from stethoscope.model.inference import _median
+
+    rng = np.random.default_rng(11)
+    for size in (1, 2, 3, 8):
+        values = rng.normal(size=(size, 20, WIDTH)).astype(np.float32)
+        values[rng.random(values.shape) < 0.4] = np.nan
+        median, observed = _median(values)
+        seen = ~np.isnan(values).all(axis=0)
+        expected = np.nanmedian(np.where(seen[None], values, 0.0), axis=0)
+        assert np.array_equal(observed > 0, seen)
+        assert np.allclose(median[seen], expected[seen], atol=1e-6)
+        assert (median[~seen] == 0).all()

@@ -18,7 +18,7 @@ import numpy as np
 from stethoscope.model.metadata import ModelError, ModelMeta
 
 MIN_PEERS = 3  # a group's size, the node included
-EXACT_UP_TO = 32  # groups up to this size get each node's median without it; larger ones the group's
+EXACT_UP_TO = 8  # groups up to this size get each node's median without it; larger ones the group's
 THREADS = 2
 
 
@@ -126,9 +126,11 @@ def peer_windows(
     for members in groups:
         values = np.where(mask[members] > 0, x_norm[members], np.nan).astype(np.float32)
         if len(members) <= EXACT_UP_TO:
-            for position, node in enumerate(members):
-                others = np.delete(values, position, axis=0)
-                peer[node], peer_mask[node] = _median(others)
+            size = len(members)
+            # row i: every member but i, all groups' medians in one call
+            others = np.array([[j for j in range(size) if j != i] for i in range(size)])
+            median, observed = _median(values[others], axis=1)
+            peer[members], peer_mask[members] = median, observed
         else:
             median, observed = _median(values)
             peer[members], peer_mask[members] = median, observed
@@ -136,11 +138,18 @@ def peer_windows(
     return peer, peer_mask, scored
 
 
-def _median(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    observed = ~np.all(np.isnan(values), axis=0)
-    filled = np.where(observed[None], values, 0.0)  # nanmedian of an all-NaN column warns
-    median = np.nanmedian(filled, axis=0)
-    return np.where(observed, median, 0.0).astype(np.float32), observed.astype(np.float32)
+def _median(values: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The median over `axis` of the observed (non-NaN) values, and where any was observed. By sort
+    (NaN sorts last) and the middle of each position's observed count: np.nanmedian's masked path
+    took seconds for a fleet."""
+    ordered = np.moveaxis(np.sort(values, axis=axis), axis, 0)
+    count = (~np.isnan(ordered)).sum(axis=0)
+    low = np.maximum(count - 1, 0) // 2
+    high = count // 2
+    lo = np.take_along_axis(ordered, low[None], axis=0)[0]
+    hi = np.take_along_axis(ordered, high[None], axis=0)[0]
+    median = np.where(count > 0, (lo + hi) / 2, 0.0)
+    return np.nan_to_num(median).astype(np.float32), (count > 0).astype(np.float32)
 
 
 _CACHE: dict[tuple[Path, float, float, float], Graphs] = {}
