@@ -133,3 +133,12 @@ def test_lab_episodes_command_writes_npz_and_json(tmp_path):
         check=False,
     )
     assert bad.returncode == 2 and "hw-class" in bad.stderr
+
+
+def test_a_missing_or_damaged_capture_is_named_not_a_traceback(tmp_path):
+    with pytest.raises(episodes.EpisodesError, match="cannot read the H200 capture"):
+        episodes.Capture.read(tmp_path / "absent.csv")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("index, timestamp\n0, 2026/11/29, x\n")
+    with pytest.raises(episodes.EpisodesError, match=r"bad\.csv:2: not a --query-gpu row"):
+        episodes.Capture.read(bad)

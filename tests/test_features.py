@@ -24,9 +24,9 @@ class CountingStore(Store):
 
     metric_queries = 0
 
-    def query_arrow(self, sql, parameters=None):
+    def query_arrow(self, sql, parameters=None, settings=None):
         self.metric_queries += 1
-        return super().query_arrow(sql, parameters)
+        return super().query_arrow(sql, parameters, settings)
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +108,8 @@ def test_a_swept_node_is_resampled_with_its_holds_and_counters_become_rates(stor
         for gpu in range(2):
             rows.append(_sweep_row("swept", "gpu_temperature_celsius", f"gpu{gpu}", 40 + s + 10 * gpu, ts))
             rows.append(_sweep_row("swept", "gpu_power_watts", f"gpu{gpu}", 100 + gpu, ts))
+            rows.append(_sweep_row("swept", "gpu_utilization_percent", f"gpu{gpu}", 50 + 50 * gpu, ts))
+            rows.append(_sweep_row("swept", "gpu_sm_clock_mhz", f"gpu{gpu}", 1980 - 500 * gpu, ts))
         rows.append(_sweep_row("swept", "pcie_aer_correctable_errors_total", "0000:17:00.0", 600 * s, ts))
     _insert(store, rows)
     windows = read_windows(store, END_MS)
@@ -117,7 +119,9 @@ def test_a_swept_node_is_resampled_with_its_holds_and_counters_become_rates(stor
     assert temp[step_of[3]] == 53  # the hotter GPU of the fourth sweep (max over devices)
     assert temp[step_of[3] + 11] == 53 and temp[step_of[4]] == 54  # carried until the next sweep
     assert temp[step_of[7] + 17] == 57  # carried 85 s after the last: under 1.5 x the 60-s interval
-    assert x[step_of[3] + 12, F["gpu_power_watts"]] == 201  # the sum over the GPUs
+    assert x[step_of[3] + 11, F["gpu_power_watts"]] == 201  # the sum over the GPUs
+    assert x[step_of[3], F["gpu_utilization_percent"]] == 75  # their average
+    assert x[step_of[3], F["gpu_sm_clock_mhz"]] == 1480  # the slowest
     assert mask[step_of[7] + 19, F["gpu_temperature_celsius"]] == 0  # 95 s after the last sweep
     aer = x[:, F["pcie_aer_correctable_errors_per_second"]]
     assert aer[step_of[1]] == pytest.approx(10.0)  # 600 errors over 60 s

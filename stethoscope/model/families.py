@@ -42,7 +42,9 @@ class Hardware:
 
 def _capture_rows(path: Path | None = None) -> np.ndarray:
     """The capture's (temperature, power, sm clock, utilisation) per 0.5-s sample."""
-    path = path or project_root() / CAPTURE
+    if path is None:  # the project's copy, else the one beside this checkout of the package
+        candidates = [project_root() / CAPTURE, Path(__file__).resolve().parents[2] / CAPTURE]
+        path = next((p for p in candidates if p.is_file()), candidates[0])
     try:
         lines = path.read_text(encoding="utf-8").splitlines()[1:]
     except OSError as exc:

@@ -5,14 +5,15 @@ Step k covers (at - (120 - k) * 5 s, at - (119 - k) * 5 s] and takes each series
 the node's devices (and a job's ranks) are aggregated as the feature says. A step without a sample
 carries the last value forward while it is at most `hold` old (the stream's 15 s; a swept metric's
 1.5 x its catalog interval), else it is masked: never zero-filled. A node that streams a feature is
-read from the stream's node part (device "node") and job part (device "job"); a node only swept is
-read from the sweep's rows of the same name, or for a `_per_second` feature from the rate between
-the sweep's samples of the matching `_total` counter.
+read from the stream's node part (device "node") and job part (device "job"); a node only swept (no
+node part in the window) is read from the sweep's rows of the same name, or for a `_per_second`
+feature from the rate between the sweep's samples of the matching `_total` counter.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,6 @@ from stethoscope.store.client import Store
 
 STREAM_HOLD_MS = 15_000
 SWEEP_HOLD_FACTOR = 1.5
-STREAM_DEVICES = ("node", "job")
 
 
 @dataclass
@@ -71,29 +71,56 @@ def _plan(features: tuple[Feature, ...]) -> _Plan:
     return _Plan(features, counters, sweep_hold, counter_hold)
 
 
-SQL = """SELECT node_id, metric_name, device, cityHash64(labels_key) AS series,
-  labels['source'] = 'stream' AS stream, labels['job'] AS job, value,
-  toUnixTimestamp64Milli(timestamp) AS ts
+# One query, three parts. The stream's node part (device "node": one series per node and metric) and
+# job part (device "job": a series per rank) are read without touching the labels map, the costly
+# column; the sweep's rows only for nodes that do not stream (no node part in the window), so the
+# GPU parts' rows (the bulk) and a streaming node's sweeps are dropped before a label is read.
+# ts is ms after {start}.
+SQL = """SELECT node_id, metric_name, 0 AS part, toLowCardinality('') AS series, value,
+  toInt32(toUnixTimestamp64Milli(timestamp) - {start:Int64}) AS ts
 FROM {db}.metrics
-WHERE timestamp > fromUnixTimestamp64Milli({start:Int64}, 'UTC')
-  AND timestamp <= fromUnixTimestamp64Milli({at:Int64}, 'UTC')
-  AND metric_name IN {names:Array(String)}
-  AND (labels['source'] != 'stream' OR device IN {stream_devices:Array(String)})
-  %s
-ORDER BY node_id, metric_name, device, labels_key, timestamp"""
+WHERE device = 'node' AND metric_name IN {node_names:Array(String)}
+  AND timestamp > fromUnixTimestamp64Milli({stream_start:Int64}, 'UTC')
+  AND timestamp <= fromUnixTimestamp64Milli({at:Int64}, 'UTC') %(nodes)s
+UNION ALL
+SELECT node_id, metric_name, 1 AS part, toLowCardinality(labels_key) AS series, value,
+  toInt32(toUnixTimestamp64Milli(timestamp) - {start:Int64}) AS ts
+FROM {db}.metrics
+WHERE device = 'job' AND metric_name IN {job_names:Array(String)}
+  AND timestamp > fromUnixTimestamp64Milli({stream_start:Int64}, 'UTC')
+  AND timestamp <= fromUnixTimestamp64Milli({at:Int64}, 'UTC') %(nodes)s
+UNION ALL
+SELECT node_id, metric_name, 2 AS part, toLowCardinality(concat(device, ' ', labels_key)) AS series,
+  value,
+  toInt32(toUnixTimestamp64Milli(timestamp) - {start:Int64}) AS ts
+FROM {db}.metrics
+PREWHERE metric_name IN {names:Array(String)}
+  AND timestamp > fromUnixTimestamp64Milli({start:Int64}, 'UTC')
+  AND timestamp <= fromUnixTimestamp64Milli({at:Int64}, 'UTC') %(nodes)s
+  AND device NOT IN ('node', 'job')
+  AND node_id NOT IN (
+    SELECT DISTINCT node_id FROM {db}.metrics
+    WHERE device = 'node' AND metric_name IN {node_names:Array(String)}
+      AND timestamp > fromUnixTimestamp64Milli({stream_start:Int64}, 'UTC')
+      AND timestamp <= fromUnixTimestamp64Milli({at:Int64}, 'UTC') %(nodes)s)
+  AND labels['source'] != 'stream'"""
+ARROW_SETTINGS = {"output_format_arrow_low_cardinality_as_dictionary": 1}
+NODE, JOB, SWEEP = 0, 1, 2
 
 CLASS_SQL = """SELECT node_id, argMax(detail, first_seen) FROM {db}.fingerprints
 WHERE kind = 'class' %s GROUP BY node_id"""
 
 
 def _codes(column) -> tuple[np.ndarray, list[str]]:
-    """An arrow column as (integer codes, their strings), cheap for LowCardinality's dictionaries."""
-    column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-    if hasattr(column, "dictionary"):
-        return column.indices.to_numpy(zero_copy_only=False), column.dictionary.to_pylist()
-    values = np.asarray(column.to_pylist(), dtype=object)
-    names, codes = np.unique(values.astype(str), return_inverse=True)
-    return codes, names.tolist()
+    """A string column of a table whose dictionaries are unified, as (integer codes, their strings)."""
+    chunks = column.chunks
+    if not chunks:
+        return np.zeros(0, dtype=np.int64), []
+    if not hasattr(chunks[0], "dictionary"):  # a server that sent plain strings
+        encoded = column.combine_chunks().dictionary_encode()
+        return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), encoded.dictionary.to_pylist()
+    codes = np.concatenate([chunk.indices.to_numpy(zero_copy_only=False) for chunk in chunks])
+    return codes.astype(np.int64), chunks[0].dictionary.to_pylist()
 
 
 def read_windows(
@@ -101,34 +128,40 @@ def read_windows(
 ) -> Windows:
     plan = _plan(tuple(features))
     span = STEPS * STEP_SECONDS * 1000
+    start = int(at_ms) - span - plan.lookback_ms
+    metrics = [f.metric for f in plan.features]
     params = {
-        "start": int(at_ms) - span - plan.lookback_ms,
+        "start": start,
+        "stream_start": int(at_ms) - span - STREAM_HOLD_MS,
         "at": int(at_ms),
         "names": plan.names,
-        "stream_devices": list(STREAM_DEVICES),
+        "node_names": [m for m in metrics if not m.startswith("train_")],
+        "job_names": [m for m in metrics if m.startswith("train_")],
     }
-    node_filter = ""
+    where = ""
     if nodes is not None:
-        node_filter = "AND node_id IN {nodes:Array(String)}"
+        where = "AND node_id IN {nodes:Array(String)}"
         params["nodes"] = list(nodes)
-    table = store.query_arrow(SQL.replace("{db}", store.database) % node_filter, params)
+    sql = SQL.replace("{db}", store.database) % {"nodes": where}
+    table = store.query_arrow(sql, params, settings=ARROW_SETTINGS).unify_dictionaries()
     node_codes, node_names = _codes(table.column("node_id"))
-    node_ids = sorted(set(node_names[c] for c in np.unique(node_codes))) if nodes is None else list(nodes)
+    used = np.bincount(node_codes, minlength=len(node_names)) > 0
+    present = sorted(name for name, seen in zip(node_names, used, strict=True) if seen)
+    node_ids = present if nodes is None else list(nodes)
     position = {node: i for i, node in enumerate(node_ids)}
-    node_index = np.array([position.get(name, -1) for name in node_names], dtype=np.int64)[node_codes]
+    node_index = np.array([position.get(name, -1) for name in node_names] + [-1], dtype=np.int64)
     metric_codes, metric_names = _codes(table.column("metric_name"))
-    device_codes, _ = _codes(table.column("device"))
+    series_codes, series_names = _codes(table.column("series"))
     rows = _Rows(
-        node=node_index,
-        metric=metric_codes.astype(np.int64),
-        device=device_codes.astype(np.int64),
-        series=table.column("series").to_numpy(),
-        stream=table.column("stream").to_numpy(zero_copy_only=False).astype(bool),
+        node=node_index[node_codes],
+        metric=metric_codes,
+        part=table.column("part").to_numpy().astype(np.int8),
+        series=series_codes,
         value=table.column("value").to_numpy(),
-        ts=table.column("ts").to_numpy().astype(np.int64),
+        ts=table.column("ts").to_numpy().astype(np.int64) + start,
     )
     x, mask = _resample(rows, metric_names, plan, len(node_ids), int(at_ms))
-    job = _jobs(table, rows, metric_names, len(node_ids))
+    job = _jobs(rows, series_names, len(node_ids))
     return Windows(node_ids, x, mask, _hw_classes(store, node_ids, nodes is not None), job)
 
 
@@ -136,9 +169,8 @@ def read_windows(
 class _Rows:
     node: np.ndarray
     metric: np.ndarray
-    device: np.ndarray
-    series: np.ndarray
-    stream: np.ndarray
+    part: np.ndarray  # NODE, JOB, SWEEP
+    series: np.ndarray  # codes: the job part's labels, the sweep's device and labels
     value: np.ndarray
     ts: np.ndarray
 
@@ -146,73 +178,116 @@ class _Rows:
         return _Rows(*(getattr(self, k)[keep] for k in self.__dataclass_fields__))
 
 
+class _Grid:
+    """Per (node, feature, bucket) the aggregate of the values put in it, and its newest time.
+    Bucket 0 holds what came before the window (carried into it), 1..STEPS the steps. A (node,
+    feature) takes its values from one source only, so the parts never share a cell."""
+
+    def __init__(self, n: int, width: int, aggs: np.ndarray):
+        self.aggs = aggs
+        self.value = np.full((n, width, STEPS + 1), np.nan)
+        self.newest = np.full((n, width, STEPS + 1), np.iinfo(np.int64).min)
+
+    @property
+    def seen(self) -> np.ndarray:
+        return self.newest > np.iinfo(np.int64).min
+
+    def assign(self, cells: np.ndarray, value: np.ndarray, ts: np.ndarray) -> None:
+        """For cells that get one value each (a series alone in its cell)."""
+        self.value.reshape(-1)[cells] = value
+        self.newest.reshape(-1)[cells] = ts
+
+    def put(self, cells: np.ndarray, feature: np.ndarray, value: np.ndarray, ts: np.ndarray) -> None:
+        """Several values per cell (devices, ranks), aggregated as their feature says."""
+        flat = self.value.reshape(-1)
+        np.maximum.at(self.newest.reshape(-1), cells, ts)
+        agg = self.aggs[feature]
+        for name in np.unique(agg):
+            chosen = agg == name
+            c, v = cells[chosen], value[chosen]
+            if name == "max":
+                np.fmax.at(flat, c, v)
+            elif name == "min":
+                np.fmin.at(flat, c, v)
+            else:  # sum, avg
+                unique, inverse = np.unique(c, return_inverse=True)
+                total = np.bincount(inverse, weights=v)
+                flat[unique] = total / np.bincount(inverse) if name == "avg" else total
+
+
 def _resample(rows: _Rows, metric_names: list[str], plan: _Plan, n: int, at_ms: int):
     width = len(plan.features)
     feature_of = {f.metric: i for i, f in enumerate(plan.features)}
     metric_feature = np.array([feature_of.get(m, plan.counters.get(m, -1)) for m in metric_names] + [-1])
     metric_counter = np.array([m in plan.counters for m in metric_names] + [False])
-    rows = rows.take(rows.node >= 0)
     feature = metric_feature[rows.metric]
-    counter = metric_counter[rows.metric]
-    # the source of each (node, feature): the stream where it streams, else the sweep's own name,
+    keep = (rows.node >= 0) & (feature >= 0)
+    pair = rows.node * width + feature
+    # each (node, feature) is read from its best source: the stream, else the sweep's own name,
     # else the rate of the sweep's counter
-    rank = np.where(rows.stream, 0, np.where(counter, 2, 1))
     best = np.full(n * width, 3)
-    np.minimum.at(best, rows.node * width + feature, rank)
-    rows, rank, feature = (
-        rows.take(rank == best[rows.node * width + feature]),
-        rank[rank == best[rows.node * width + feature]],
-        feature[rank == best[rows.node * width + feature]],
-    )
-    value, ts = rows.value, rows.ts
-    if (rank == 2).any():
-        value, ts, keep = _rates(rows, rank == 2)
-        rows, rank, feature = rows.take(keep), rank[keep], feature[keep]
-        value, ts = value[keep], ts[keep]
-    # bucket: step k (0..STEPS-1), or 0 for the samples before the window (carried into it)
-    step_ms = STEP_SECONDS * 1000
-    k = STEPS - 1 - (at_ms - ts) // step_ms
-    before = k < 0
-    slot = np.where(before, 0, k + 1)  # 0 = before the window, 1..STEPS = the steps
-    # the last sample of each series in each bucket (rows arrive ordered by series, then time)
-    series_change = np.ones(len(ts), dtype=bool)
-    if len(ts) > 1:
-        series_change[1:] = (
-            (rows.node[1:] != rows.node[:-1])
-            | (rows.metric[1:] != rows.metric[:-1])
-            | (rows.device[1:] != rows.device[:-1])
-            | (rows.series[1:] != rows.series[:-1])
-        )
-    last = np.ones(len(ts), dtype=bool)
-    if len(ts) > 1:
-        last[:-1] = series_change[1:] | (slot[1:] != slot[:-1])
-    rows, feature, slot, value, ts = rows.take(last), feature[last], slot[last], value[last], ts[last]
-    cells = (rows.node * width + feature) * (STEPS + 1) + slot
-    shape = (n, width, STEPS + 1)
-    total, count = np.zeros(shape), np.zeros(shape)
-    low, high = np.full(shape, np.inf), np.full(shape, -np.inf)
-    newest = np.full(shape, np.iinfo(np.int64).min)
-    for grid, op, values in (
-        (total, np.add, value),
-        (count, np.add, 1),
-        (low, np.minimum, value),
-        (high, np.maximum, value),
-        (newest, np.maximum, ts),
-    ):
-        op.at(grid.reshape(-1), cells, values)
-    aggs = np.array([f.agg for f in plan.features])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        by_agg = {"sum": total, "avg": total / count, "min": low, "max": high}
-    value_grid = np.empty(shape)
-    for agg, grid in by_agg.items():
-        value_grid[:, aggs == agg] = grid[:, aggs == agg]
-    seen = count > 0
-    hold = _holds(plan, best.reshape(n, width))  # [n, width]
-    ends = at_ms - (STEPS - 1 - np.arange(STEPS)) * step_ms  # end of each step
+    swept = rows.part == SWEEP
+    if swept.any():
+        rank = np.where(metric_counter[rows.metric[swept]], 2, 1)
+        np.minimum.at(best, pair[swept & keep], rank[keep[swept]])
+        keep[swept] &= rank == best[pair[swept]]
+    best[pair[~swept & keep]] = 0
+    # bucket 0: before the window (carried into it); 1..STEPS: the steps
+    step = STEPS - 1 - (at_ms - rows.ts) // (STEP_SECONDS * 1000)
+    cell = pair * (STEPS + 1) + np.maximum(step + 1, 0)
+    grid = _Grid(n, width, np.array([f.agg for f in plan.features]))
+    alone = keep & (rows.part == NODE)
+    if alone.any():  # the node part: one series per cell, its newest sample wins
+        c, ts, value = cell[alone], rows.ts[alone], rows.value[alone]
+        newest = np.full(n * width * (STEPS + 1), np.iinfo(np.int64).min)
+        np.maximum.at(newest, c, ts)
+        last = ts == newest[c]
+        grid.assign(c[last], value[last], ts[last])
+    for part in (JOB, SWEEP):
+        chosen = keep & (rows.part == part)
+        if chosen.any():
+            r, c, f = rows.take(chosen), cell[chosen], feature[chosen]
+            value, ts, ok = _series_last(r, metric_counter[r.metric], c)
+            grid.put(c[ok], f[ok], value[ok], ts[ok])
+    return _carry(grid, plan, best.reshape(n, width), at_ms)
+
+
+def _series_last(r: _Rows, is_counter: np.ndarray, cell: np.ndarray):
+    """For the rows of several series per cell (ranks, devices): counters turned into rates since the
+    series' previous sample (none for a first sample or a reset), then each series' newest row per
+    cell. Returns (value, ts, which rows to keep)."""
+    key = (r.node * (int(r.metric.max()) + 1) + r.metric) * (int(r.series.max()) + 1) + r.series
+    order = np.lexsort((r.ts, key))
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    key, ts, value = key[order], r.ts[order], r.value[order].astype(float)
+    same = np.zeros(len(order), dtype=bool)
+    same[1:] = key[1:] == key[:-1]
+    ok = np.ones(len(order), dtype=bool)
+    counter = is_counter[order]
+    if counter.any():
+        rate = np.full(len(order), np.nan)
+        prev = np.flatnonzero(counter & same)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate[prev] = (value[prev] - value[prev - 1]) / ((ts[prev] - ts[prev - 1]) / 1000.0)
+        value = np.where(counter, rate, value)
+        ok &= ~counter | (np.isfinite(rate) & (rate >= 0))
+    c = cell[order]
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = ~same[1:] | (c[1:] != c[:-1])
+    ok &= last
+    return value[inverse], ts[inverse], ok[inverse]
+
+
+def _carry(grid: _Grid, plan: _Plan, source: np.ndarray, at_ms: int):
+    value_grid, seen = grid.value, grid.seen
+    hold = _holds(plan, source)  # [n, width]
+    ends = at_ms - (STEPS - 1 - np.arange(STEPS)) * STEP_SECONDS * 1000
     t = np.arange(STEPS + 1)
-    last_seen = np.maximum.accumulate(np.where(seen, t, -1), axis=2)[:, :, 1:]  # [n, w, STEPS]
-    carried = np.take_along_axis(value_grid, np.clip(last_seen, 0, None), axis=2)
-    age = ends[None, None, :] - np.take_along_axis(newest, np.clip(last_seen, 0, None), axis=2)
+    last_seen = np.maximum.accumulate(np.where(seen, t, -1), axis=2)[:, :, 1:]
+    at = np.clip(last_seen, 0, None)
+    carried = np.take_along_axis(value_grid, at, axis=2)
+    age = ends[None, None, :] - np.take_along_axis(grid.newest, at, axis=2)
     valid = (last_seen >= 0) & (age <= hold[:, :, None])
     x = np.where(valid, carried, np.nan).astype(np.float32).transpose(0, 2, 1)
     return np.ascontiguousarray(x), np.ascontiguousarray(valid.transpose(0, 2, 1).astype(np.float32))
@@ -227,44 +302,23 @@ def _holds(plan: _Plan, source: np.ndarray) -> np.ndarray:
     )
 
 
-def _rates(rows: _Rows, is_counter: np.ndarray):
-    """Counter rows become the rate since the series' previous sample (per second); a first sample
-    or a reset (the counter went down) gives no rate."""
-    value = rows.value.astype(float).copy()
-    keep = np.ones(len(value), dtype=bool)
-    same = np.zeros(len(value), dtype=bool)
-    same[1:] = (
-        (rows.node[1:] == rows.node[:-1])
-        & (rows.metric[1:] == rows.metric[:-1])
-        & (rows.device[1:] == rows.device[:-1])
-        & (rows.series[1:] == rows.series[:-1])
-    )
-    idx = np.flatnonzero(is_counter)
-    prev_ok = same[idx]
-    delta = np.full(len(idx), np.nan)
-    ok_idx = idx[prev_ok]
-    dt = (rows.ts[ok_idx] - rows.ts[ok_idx - 1]) / 1000.0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        delta[prev_ok] = (rows.value[ok_idx] - rows.value[ok_idx - 1]) / dt
-    value[idx] = delta
-    keep[idx] = np.isfinite(delta) & (delta >= 0)
-    return value, rows.ts, keep
-
-
-def _jobs(table, rows: _Rows, metric_names: list[str], n: int) -> list[str]:
-    """Each node's job: the `job` label of its newest train_ row."""
+def _jobs(rows: _Rows, series_names: list[str], n: int) -> list[str]:
+    """Each node's job: the `job` label of its newest job-part row."""
     jobs = [""] * n
-    train = np.array([m.startswith("train_") for m in metric_names] + [False])[rows.metric]
-    train &= rows.node >= 0
-    if not train.any():
+    index = np.flatnonzero((rows.part == JOB) & (rows.node >= 0))
+    if not len(index):
         return jobs
-    labels = table.column("job").to_numpy(zero_copy_only=False)
-    order = np.flatnonzero(train)
-    order = order[np.argsort(rows.ts[order], kind="stable")]
-    for i in order:  # newest last: it wins
-        if labels[i]:
-            jobs[rows.node[i]] = str(labels[i])
+    order = index[np.lexsort((rows.ts[index], rows.node[index]))]
+    newest = order[np.r_[rows.node[order][1:] != rows.node[order][:-1], True]]
+    for node, code in zip(rows.node[newest], rows.series[newest], strict=True):
+        jobs[node] = _label(series_names[code], "job")
     return jobs
+
+
+def _label(labels_key: str, name: str) -> str:
+    """One label of a labels_key (ClickHouse's toString of the sorted map: {'job':'7','rank':'0'})."""
+    match = re.search(r"'%s':'((?:[^'\\]|\\.)*)'" % re.escape(name), labels_key)
+    return match.group(1).replace("\\'", "'") if match else ""
 
 
 def _hw_classes(store: Store, node_ids: list[str], filtered: bool) -> list[str]:

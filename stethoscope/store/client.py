@@ -256,10 +256,12 @@ class Store:
         except Exception as exc:
             raise StoreError(_explain(self.dsn, exc)) from None
 
-    def query_arrow(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
+    def query_arrow(
+        self, sql: str, parameters: dict[str, Any] | None = None, settings: dict[str, Any] | None = None
+    ) -> Any:
         """The result as a pyarrow Table (chdb's dependency): millions of rows without Python objects."""
         try:
-            return self.client.query_arrow(sql, parameters=parameters)
+            return self.client.query_arrow(sql, parameters=parameters, settings=settings)
         except StoreError:
             raise
         except Exception as exc:
