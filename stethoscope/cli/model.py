@@ -97,8 +97,10 @@ def _train(args: argparse.Namespace) -> int:
         result = train(
             data.episodes, args.out or models_dir(), args.name, data.data_hash, TrainConfig(seed=args.seed)
         )
-    if args.per_family is not None:
-        result.meta.history[-1]["per_family"] = args.per_family
+    counts = data.manifest.get("per_family") or {}
+    if counts:  # so that `model evaluate` and the tests can generate the same episodes again
+        result.meta.history[-1]["per_family"] = max(counts.values())
+        result.meta.history[-1]["generator_version"] = data.manifest.get("generator_version")
         result.meta.save(result.meta.path)  # type: ignore[arg-type]
     print(f"trained {args.name} in {result.seconds:.1f} s (export parity {result.parity:.1e})")
     print(evaluate.render(result.meta.scores["test"], "test (held-out families, replayed healthy)"))
@@ -160,6 +162,8 @@ def _finetune(args: argparse.Namespace) -> int:
     from stethoscope.model.train import require_torch
 
     require_torch()
+    if args.faults < 1:
+        raise ModelError(f"--faults {args.faults}: must be 1 or more")
     meta = model_meta(args.model)
     if not args.episodes.is_dir():
         raise ModelError(f"--episodes {args.episodes}: no such folder")

@@ -1,7 +1,11 @@
 """The rules alone on labelled episodes (what `stethoscope model evaluate` prints beside the model):
 each episode becomes one synthetic node in a scratch embedded database, the shipped rules diagnose
 them all at the episodes' common end, and each node's most severe finding names a class by its
-rule's catalog layer."""
+rule's catalog layer.
+
+The episodes carry the model's 12 stream features and nothing else, so a rule that also reads
+another metric (a counter's total, SMART, transmit discards) cannot fire here: the rules-alone
+figures are what the rules make of the same signals the model sees."""
 
 from __future__ import annotations
 

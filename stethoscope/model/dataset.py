@@ -46,7 +46,11 @@ def generate_dir(
     options: dict[str, Any] = {"seed": seed, "hw_class": hw_class}
     if per_family is not None:
         options["per_family"] = per_family
-    episodes.save(episodes.generate(**options), directory)
+    try:
+        generated = episodes.generate(**options)
+    except episodes.EpisodesError as exc:
+        raise ModelError(f"episodes: {exc}") from None
+    episodes.save(generated, directory)
     return load_dir(directory)
 
 

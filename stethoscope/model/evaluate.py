@@ -5,6 +5,7 @@ scores, so what `model train` writes and what `model evaluate` prints are one co
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,12 +74,15 @@ class Graphs:
 
 
 def job_phase(mask: np.ndarray) -> list[str]:
-    """Per episode: whether a job runs at the window's start and at its end (a job's ranks start and
-    stop together, so peers share both)."""
+    """Per episode: when within the window a job ran, to the half minute (the first and last step
+    with a step time). A job's ranks start and stop together, so peers share it; "none" without a
+    job."""
     step = [f.metric for f in FEATURES].index("train_step_time_ms")
-    start = mask[:, :12, step].mean(axis=1) > 0.5
-    end = mask[:, -12:, step].mean(axis=1) > 0.5
-    return [f"{int(a)}{int(b)}" for a, b in zip(start, end, strict=True)]
+    seen = mask[:, :, step] > 0
+    first = (seen.argmax(axis=1) // 6).tolist()
+    last = ((mask.shape[1] - 1 - seen[:, ::-1].argmax(axis=1)) // 6).tolist()
+    ran: list[bool] = np.asarray(seen.any(axis=1)).tolist()
+    return [f"{a}-{b}" if r else "none" for a, b, r in zip(first, last, ran, strict=True)]
 
 
 def peer_windows(
@@ -105,13 +109,15 @@ def peer_windows(
                 continue  # a group under k healthy peers gets no outlier score (peer_mask 0)
             chosen = rng.choice(choices, size=k, replace=False)
             values = np.where(mask[chosen] > 0, xn[chosen], np.nan)
-            with np.errstate(all="ignore"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a step none of them observed
                 median = np.nanmedian(values, axis=0)
             seen = ~np.isnan(median)
             peer[i] = np.where(seen, median, 0.0)
             peer_mask[i] = seen
     early = np.where(mask[:, :JOB_BASELINE_STEPS, JOB] > 0, xn[:, :JOB_BASELINE_STEPS, JOB], np.nan)
-    with np.errstate(all="ignore"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a job feature never observed early
         level = np.nanmedian(early, axis=1)  # [N, job features]
     known = ~np.isnan(level)[:, None, :] & (peer_mask[:, :, JOB] > 0)
     peer[:, :, JOB] = np.where(known, np.nan_to_num(level)[:, None, :], 0.0)

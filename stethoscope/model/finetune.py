@@ -222,7 +222,8 @@ def finetune(
     after = _scores(meta, new, held_new)
     old_after = _scores(meta, old, old_test)
     seconds = time.perf_counter() - started
-    summary = {"accuracy": None, "macro_f1": None}
+    meta.scores["test"] = old_after  # the old classes' held-out test, after tuning
+    meta.scores[f"finetune.{hw_class}"] = after  # the new class's episodes not tuned on
     meta.history.append(
         history_entry(
             "finetune",
@@ -232,14 +233,18 @@ def finetune(
             hw_class=hw_class,
             fault_episodes=len(tuned_faults),
             healthy_episodes=len(healthy_i),
-            new_before={k: before[k] for k in summary},
-            new_after={k: after[k] for k in summary},
-            old_before={k: old_before[k] for k in summary},
-            old_after={k: old_after[k] for k in summary},
+            new_before=_summary(before),
+            new_after=_summary(after),
+            old_before=_summary(old_before),
+            old_after=_summary(old_after),
         )
     )
     meta.save(meta.path)
     return FinetuneResult(meta, before, after, old_before, old_after, seconds, len(tuned_faults))
+
+
+def _summary(scores: dict[str, Any]) -> dict[str, Any]:
+    return {key: scores[key] for key in ("accuracy", "macro_f1", "episodes")}
 
 
 def render(result: FinetuneResult, hw_class: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ class TrainResult:
     meta: ModelMeta
     seconds: float
     parity: float
+    classifier: Any = None  # the trained torch network (nets.Classifier), in eval mode
 
 
 def deterministic(seed: int, threads: int) -> Any:
@@ -82,7 +84,8 @@ def transformed(x: np.ndarray) -> np.ndarray:
 
 def _stats(x: np.ndarray, mask: np.ndarray) -> Normalisation:
     values = np.where(mask > 0, transformed(x), np.nan).reshape(-1, x.shape[-1])
-    with np.errstate(all="ignore"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a feature the episodes never observed
         mean = np.nan_to_num(np.nanmean(values, axis=0), nan=0.0)
         std = np.nan_to_num(np.nanstd(values, axis=0), nan=1.0)
     return Normalisation([round(float(m), 6) for m in mean], [round(float(max(s, MIN_STD)), 6) for s in std])
@@ -103,7 +106,8 @@ def baselines(xn: np.ndarray, mask: np.ndarray, onset: np.ndarray) -> np.ndarray
     whole window for a healthy episode)."""
     steps = np.arange(xn.shape[1])[None, :, None]
     before = (steps < np.where(onset < 1, xn.shape[1], onset)[:, None, None]) & (mask > 0)
-    with np.errstate(all="ignore"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a feature never observed before the onset
         median = np.nanmedian(np.where(before, xn, np.nan), axis=1)
     return np.nan_to_num(median, nan=0.0).astype(np.float32)
 
@@ -177,16 +181,23 @@ def export(
     torch: Any, net: Any, path: Path, inputs: tuple, input_names: list[str], output_names: list[str]
 ) -> None:
     axes = {name: {0: "N"} for name in (*input_names, *output_names)}
-    torch.onnx.export(
-        net,
-        inputs,
-        str(path),
-        input_names=input_names,
-        output_names=output_names,
-        dynamic_axes=axes,
-        opset_version=17,
-        dynamo=False,
-    )
+    with warnings.catch_warnings():
+        # "batch_size other than 1 with GRU": the graph has no initial state input, so the GRU's
+        # zero state follows the batch size (evaluation and a test run it at other batch sizes)
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the GRU's shape checks, constant here
+        # the TorchScript exporter (dynamo=False) is deprecated but exports nn.GRU as one ONNX GRU
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(
+            net,
+            inputs,
+            str(path),
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
 
 
 def parity(torch: Any, net: Any, path: Path, inputs: dict[str, np.ndarray], outputs: list[str]) -> float:
@@ -288,7 +299,7 @@ def train(
     seconds = time.perf_counter() - started
     meta.history.append(history_entry("train", episodes, meta, seconds))
     meta.save(out_dir / f"{name}.json")
-    return TrainResult(meta, seconds, diff)
+    return TrainResult(meta, seconds, diff, net)
 
 
 def score_split(graphs: evaluate.Graphs, episodes: Any, split: str, seed: int) -> dict[str, Any]:
