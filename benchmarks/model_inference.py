@@ -129,6 +129,10 @@ def one_run(store: Store, meta: metadata.ModelMeta, end_ms: int) -> dict:
         "nodes": len(windows.node_ids),
         "explained_findings": len(targets),
         "findings": len(run.findings),
+        "findings_on_faulted_nodes": sum(int(f.node_id[4:]) % FAULT_EVERY == 7 for f in run.findings),
+        "findings_by_rule": {
+            r: sum(f.rule_id == r for f in run.findings) for r in sorted({f.rule_id for f in run.findings})
+        },
         "scored_by_peers": int(outliers.scored.sum()),
     }
 
@@ -163,6 +167,8 @@ def main() -> None:
         "generate_seconds": round(generate_s, 1),
         "median_seconds": median,
         "findings": runs[-1]["findings"],
+        "findings_on_faulted_nodes": runs[-1]["findings_on_faulted_nodes"],
+        "findings_by_rule": runs[-1]["findings_by_rule"],
         "explained_findings": runs[-1]["explained_findings"],
         "scored_by_peers": runs[-1]["scored_by_peers"],
         "runs": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in runs],
@@ -170,7 +176,9 @@ def main() -> None:
     for key, value in median.items():
         print(f"{key:<28}{value:8.3f} s")
     print(
-        f"findings {report['findings']} (explained {report['explained_findings']}), "
+        f"findings {report['findings']} ({report['findings_on_faulted_nodes']} on the "
+        f"{report['nodes'] // FAULT_EVERY} faulted nodes; {report['findings_by_rule']}), "
+        f"explained {report['explained_findings']}, "
         f"peers scored {report['scored_by_peers']}"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
