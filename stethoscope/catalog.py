@@ -221,10 +221,10 @@ def default_catalog() -> Catalog:
     return Catalog.load()
 
 
-def layer_of(catalog: Catalog, metric: str) -> str:
+def layer_of(catalog: Catalog | None, metric: str) -> str:
     """The catalog layer of a metric (compute, communication, storage, network, job): the entry's own
     `layer` where it has one, else from the name's prefix."""
-    spec = catalog.get(metric)
+    spec = catalog.get(metric) if catalog is not None else None
     declared = getattr(spec, "layer", "") if spec else ""
     if declared in LAYERS:
         return declared

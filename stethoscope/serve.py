@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import LEVEL_ACTIONS, action_label, diagnose
+from stethoscope.diagnosis.model import ModelUse
 from stethoscope.diagnosis.rules import Condition, Group, Rule
 from stethoscope.report import board
 from stethoscope.store.client import Store
@@ -100,6 +101,7 @@ class Server:
         catalog: Catalog,
         execute_with: Any = None,
         flush_interval: float = 1.0,
+        model: ModelUse | None = None,
     ):
         self.store = Store(dsn, database)
         self.spool_dir = spool_dir
@@ -107,6 +109,7 @@ class Server:
         self.keyring, self.sets, self.listen, self.http_address = keyring, sets, listen, http
         self.interval, self.rules, self.catalog = interval, rules, catalog
         self.execute_with = execute_with
+        self.model = model
         self.flush_interval = flush_interval
         self.state = CycleState()
         self.stop_event = threading.Event()
@@ -151,14 +154,16 @@ class Server:
         at_ms = int(time.time() * 1000)
         rules = self.rules()
         try:
-            findings = diagnose(self.store, rules, at_ms, self.catalog)
+            findings = diagnose(self.store, rules, at_ms, self.catalog, model=self.model)
             cap_stream_only(findings, rules, self.stream_names)
             if self.execute_with is not None:
                 from stethoscope.remediation.executor import Executor
 
                 context = self.execute_with(self.store.dsn, self.store.database)
-                findings = Executor(context).run(findings, rules, at_ms)
-            written = board.write(board.collect(self.store, self.catalog, 7, at_ms, rules), self.report_dir)
+                seen = self.model.evaluated if self.model is not None and self.model.ran else None
+                findings = Executor(context).run(findings, rules, at_ms, model_nodes=seen)
+            today = board.collect(self.store, self.catalog, 7, at_ms, rules, today=findings)
+            written = board.write(today, self.report_dir)
         except Exception as exc:  # the store may come back, a rule be fixed: the next cycle tries again
             self.state.failures += 1
             self.state.last_error = f"{type(exc).__name__}: {redact(str(exc))}"

@@ -15,6 +15,7 @@ from typing import Any
 from stethoscope.catalog import Catalog, CatalogError
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from stethoscope.diagnosis.diagnose import SEVERITY_ORDER
+from stethoscope.diagnosis.model import ModelUse, level_of
 from stethoscope.diagnosis.rules import LoadResult, load_rules
 from stethoscope.diagnosis.ruleset import RuleSet
 from stethoscope.diagnosis.unknown import Fleet
@@ -96,6 +97,30 @@ def hosts_of(inventory: Inventory | None) -> list[str] | None:
     return None if inventory is None else sorted(inventory.hosts)
 
 
+def model_of(args: argparse.Namespace, inventory: Inventory | None, command: str) -> ModelUse | None:
+    """The learned model a command runs beside the rules: None under --no-model. Its files missing
+    or damaged is a configuration error (exit 2) naming the file: a diagnosis must not pass as
+    healthy because the model never ran."""
+    if getattr(args, "no_model", False):
+        return None
+    from stethoscope.model.inference import graphs_for
+    from stethoscope.model.metadata import ModelError, load, metadata_path
+
+    path = getattr(args, "model", None) or metadata_path()
+    try:
+        level = level_of(inventory.settings.get("stethoscope_model_level") if inventory else None)
+    except ValueError as exc:
+        _say(f"{command}: inventory {inventory.path if inventory else ''}: {exc}")
+        raise SystemExit(EXIT_USAGE) from None
+    try:
+        meta = load(Path(path))
+        graphs_for(meta)  # a graph onnxruntime cannot load fails here, not in the first cycle
+    except ModelError as exc:
+        _say(f"{command}: {exc}; --no-model diagnoses by the rules alone")
+        raise SystemExit(EXIT_USAGE) from None
+    return ModelUse(meta, level)
+
+
 def checked_rules(path: Path | None, catalog: Catalog, command: str) -> LoadResult:
     """The rules under `path` (default rules/); a missing path, a rule that does not load, or no rule
     at all exits 2: a gate must not pass because its rules were never evaluated."""
@@ -119,6 +144,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
     inventory = inventory_of(args)
     catalog = catalog_for(inventory)
     loaded = checked_rules(args.rules, catalog, "diagnose")
+    model = model_of(args, inventory, "diagnose")
     try:
         at_ms = to_ms(args.at) if args.at else now_ms()
     except ValueError:
@@ -136,6 +162,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
             execute_with=factory,
             nodes=hosts_of(inventory),
             fleet=fleet_of(args, inventory),
+            model=model,
         )
     except LockHeld as exc:
         _say(f"diagnose: {exc}; nothing done")
@@ -151,6 +178,7 @@ def watch_command(args: argparse.Namespace) -> int:
     path = Path(args.rules or project_root() / "rules")
     checked_rules(path, catalog, "watch")  # the first cycle's rules must load; later bad edits are kept out
     rules = RuleSet(path, catalog)
+    model = model_of(args, inventory, "watch")
     factory = _executor_factory(args, inventory)
     fleet = fleet_of(args, inventory)
     heartbeat = Heartbeat(max(args.interval, 1.0)) if factory is not None else None
@@ -175,6 +203,7 @@ def watch_command(args: argparse.Namespace) -> int:
                         heartbeat=heartbeat,
                         nodes=hosts_of(inventory),
                         fleet=fleet,
+                        model=model,
                     )
             except KeyboardInterrupt:
                 raise

@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     summary = commands.add_parser("summary", help="per node: rows stored and the findings diagnose gives")
     summary.add_argument("--inventory", type=Path, help="only this inventory's hosts")
     summary.add_argument("--at", help="evaluation time, ISO-8601 or epoch seconds (default now)")
+    model_options(summary)
 
     baseline = commands.add_parser("baseline", help="graded benchmark report against fleet and own history")
     baseline.add_argument("--out", type=Path, help="also write DIR/baseline.html")
@@ -82,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
         help="exit 1 when a finding is at or above this severity (default critical)",
     )
     _execution_options(diagnose)
+    model_options(diagnose)
 
     watch = commands.add_parser("watch", help="diagnose periodically, re-reading changed rule files")
     watch.add_argument("--interval", type=float, default=60.0, help="seconds between cycles (default 60)")
@@ -91,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
         "--cycles", type=int, default=0, help="stop after N cycles (default: run until stopped)"
     )
     _execution_options(watch)
+    model_options(watch)
 
     verify = commands.add_parser(
         "verify", help="after a repair: is the node's drain ours, and is its new benchmark green?"
@@ -140,6 +143,18 @@ def _share_global_options(parser: argparse.ArgumentParser) -> None:
             for subparser in action.choices.values():
                 _global_options(subparser, argparse.SUPPRESS)
                 _share_global_options(subparser)
+
+
+def model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        type=Path,
+        metavar="JSON",
+        help="the learned model's metadata, its graphs beside it (default rules/models/core12.json)",
+    )
+    parser.add_argument(
+        "--no-model", action="store_true", help="rules only: without the learned model's findings"
+    )
 
 
 def _execution_options(parser: argparse.ArgumentParser) -> None:
@@ -283,7 +298,7 @@ def _spool_replay(args: argparse.Namespace, spool_dir: Path) -> int:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from stethoscope.cli.diagnose import catalog_for, checked_rules, hosts_of, inventory_of
+    from stethoscope.cli.diagnose import catalog_for, checked_rules, hosts_of, inventory_of, model_of
     from stethoscope.report.summary import initialised, render, summarize
     from stethoscope.timeutil import now_ms, to_ms
 
@@ -297,6 +312,7 @@ def _summary(args: argparse.Namespace) -> int:
     inventory = inventory_of(args)
     catalog = catalog_for(inventory)
     rules = checked_rules(None, catalog, "summary").rules
+    model = model_of(args, inventory, "summary")
     with Store(args.dsn, args.database) as store:
         if not initialised(store):
             print(
@@ -305,7 +321,7 @@ def _summary(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-        print(render(summarize(store, catalog, rules, at_ms, hosts_of(inventory))))
+        print(render(summarize(store, catalog, rules, at_ms, hosts_of(inventory), model)))
     return EXIT_OK
 
 

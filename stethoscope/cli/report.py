@@ -29,6 +29,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser("report", help="the health board: nodes x days x layer")
     report.add_argument("--out", type=Path, help="write DIR/index.html (default: a terminal table)")
     report.add_argument("--days", type=int, default=7, help="days shown, ending today (default 7)")
+    report.add_argument(
+        "--model", type=Path, metavar="JSON", help="the model's metadata (rules/models/core12.json)"
+    )
+    report.add_argument("--no-model", action="store_true", help="today's column from the rules alone")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,12 +68,14 @@ def _top(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from stethoscope.cli.diagnose import model_of
     from stethoscope.report.board import collect, render_terminal, write
 
     if args.days <= 0:
         return _usage("report: --days must be positive")
+    model = model_of(args, None, "report")
     with Store(args.dsn, args.database) as store:
-        data = collect(store, Catalog.load(), args.days, now_ms())
+        data = collect(store, Catalog.load(), args.days, now_ms(), model=model)
     if args.out:
         path = write(data, args.out)
         print(f"wrote {path}")

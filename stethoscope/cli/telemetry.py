@@ -51,6 +51,10 @@ def add_commands(commands: Any) -> None:
     serve.add_argument("--interval", type=float, default=60.0, help="seconds between diagnosis cycles (60)")
     serve.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
     serve.add_argument("--cycles", type=int, default=0, help="stop after N cycles (default: until stopped)")
+    serve.add_argument(
+        "--model", type=Path, metavar="JSON", help="the model's metadata (rules/models/core12.json)"
+    )
+    serve.add_argument("--no-model", action="store_true", help="rules only: without the learned model")
     serve.add_argument("--execute", action="store_true", help="carry out the actions (default: dry-run)")
     serve.add_argument("-e", "--extra-var", action="append", default=[], metavar="KEY=VALUE")
 
@@ -178,7 +182,7 @@ def _collector(args: argparse.Namespace, keyring: Keyring, sets: dict[int, Metri
 
 
 def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet]) -> int:
-    from stethoscope.cli.diagnose import _executor_factory, catalog_for, inventory_of
+    from stethoscope.cli.diagnose import _executor_factory, catalog_for, inventory_of, model_of
     from stethoscope.diagnosis.ruleset import RuleSet
     from stethoscope.serve import Server
 
@@ -191,6 +195,8 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
     if not rules.rules:
         print("stethoscope: serve: no rule loads: refusing to start", file=sys.stderr)
         return EXIT_USAGE
+
+    model = model_of(args, inventory, "serve")
 
     def current_rules() -> list:
         for message in rules.refresh():
@@ -209,6 +215,7 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
         rules=current_rules,
         catalog=catalog,
         execute_with=_executor_factory(args, inventory),
+        model=model,
     ).start()
     assert server.collector is not None and server.httpd is not None
     udp, http = server.collector.address, server.httpd.server_address[:2]

@@ -27,6 +27,7 @@ from typing import Any
 from stethoscope.catalog import Catalog, layer_of
 from stethoscope.diagnosis.diagnose import diagnose
 from stethoscope.diagnosis.engine import _metrics
+from stethoscope.diagnosis.layers import CLASS_LAYERS
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.store.client import Store
 from stethoscope.store.faults import (
@@ -41,11 +42,7 @@ from stethoscope.store.schema import single_node_ddl
 
 STEP_MS = 5 * 60 * 1000
 SCRATCH_TTL_DAYS = 3650
-MODEL_LAYERS = {
-    "model.communication": ("communication", "network"),
-    "model.storage": ("storage",),
-    "model.compute": ("compute",),
-}
+MODEL_LAYERS = {f"model.{klass}": layers for klass, layers in CLASS_LAYERS.items()}
 MISSED = "missed"
 UNREPLAYABLE = "not replayable"
 

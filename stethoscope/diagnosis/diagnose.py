@@ -12,6 +12,7 @@ from typing import Any
 from stethoscope import templating
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.engine import Match, evaluate
+from stethoscope.diagnosis.model import ModelUse, agrees, finding_dicts, pair
 from stethoscope.diagnosis.rules import Action, Group, Rule
 from stethoscope.diagnosis.unknown import (
     FLEET_RULE,
@@ -156,10 +157,12 @@ def diagnose(
     catalog: Catalog | None = None,
     nodes: Sequence[str] | None = None,
     fleet: Fleet | None = None,
+    model: ModelUse | None = None,
 ) -> list[dict[str, Any]]:
     """Every finding at `at_ms`, most severe first; deterministic for the same data and rules. With
     `nodes` (an inventory's hosts), only those nodes' data is read; with a fleet (the inventory given),
-    UNKNOWN also answers for its nodes that say nothing."""
+    UNKNOWN also answers for its nodes that say nothing; with a model, its findings too, each beside
+    the rule finding of its layer on its node where there is one (diagnosis.model)."""
     findings = [
         _finding(rule, m, at_ms)
         for rule in sorted(rules, key=lambda r: r.rule_id)
@@ -167,9 +170,12 @@ def diagnose(
     ]
     if catalog is not None:
         findings += _unknown_findings(store, catalog, at_ms, fleet, nodes)
-    return sorted(
-        findings, key=lambda f: (-SEVERITY_ORDER[f["severity"]], f["node_id"], f["rule_id"], f["device"])
-    )
+    if model is not None:
+        findings += finding_dicts(store, at_ms, nodes, model)
+    findings.sort(key=lambda f: (-SEVERITY_ORDER[f["severity"]], f["node_id"], f["rule_id"], f["device"]))
+    if model is not None:
+        pair(findings, rules, catalog)
+    return findings
 
 
 PRINTED = (
@@ -184,6 +190,10 @@ PRINTED = (
     "message",
     "evidence",
     "actions",
+    "explanation",  # model findings
+    "path",
+    "supports",
+    "model",  # a rule finding the model agrees with
 )
 
 
@@ -191,16 +201,22 @@ def printable(finding: dict[str, Any], extra: tuple[str, ...] = ()) -> dict[str,
     return {key: finding[key] for key in (*PRINTED, *extra) if key in finding}
 
 
-def render(findings: list[dict[str, Any]], rule_count: int, executed: bool = False) -> str:
+def render(findings: list[dict[str, Any]], rule_count: int, executed: bool = False, model: str = "") -> str:
+    """One line per alarm; a model finding that supports a rule finding is a "model agrees" line
+    under it, not an alarm of its own. `model`: the model's name when it ran."""
     mode = "executed" if executed else "dry-run: no action taken"
-    if not findings:
-        return f"healthy: {rule_count} rules, no finding ({'executed' if executed else 'dry-run'})"
-    lines = [f"{len(findings)} findings from {rule_count} rules ({mode})"]
-    for f in findings:
+    also = f", and the model {model}" if model else ""
+    alarms = [f for f in findings if not f.get("supports")]
+    if not alarms:
+        return f"healthy: {rule_count} rules, no finding ({'executed' if executed else 'dry-run'}){also}"
+    lines = [f"{len(alarms)} findings from {rule_count} rules ({mode}){also}"]
+    for f in alarms:
         outcome = f"  {f['outcome']}" if f.get("outcome") else ""
+        evidence = "" if f["rule_id"].startswith("model.") else f"  evidence {f['evidence']}"
         lines.append(
             f"{f['severity'].upper():<9}{f['node_id']:<14}{f['device'] or '-':<16}{f['rule_id']:<36}"
-            f"{f['level']} {f['confidence']:.2f}  {f['message']}  evidence {f['evidence']}  "
+            f"{f['level']} {f['confidence']:.2f}  {f['message']}{evidence}  "
             f"actions {','.join(f['actions'])}{outcome}"
         )
+        lines += [f"{'':<9}{'':<14}{'':<16}  {agrees(support)}" for support in f.get("model", [])]
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from typing import Any
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import SEVERITY_ORDER, diagnose, printable, render
+from stethoscope.diagnosis.model import ModelUse
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.diagnosis.unknown import Fleet
 from stethoscope.remediation.lock import ExecutorLock, Heartbeat, lock_path
@@ -29,8 +30,10 @@ def run_cycle(
     heartbeat: Heartbeat | None = None,
     nodes: Sequence[str] | None = None,
     fleet: Fleet | None = None,
+    model: ModelUse | None = None,
 ) -> list[dict[str, Any]]:
     """`nodes`: the inventory's hosts, the only ones evaluated (and so acted on); None for all.
+    `model`: the learned model's findings join the rules' (None: rules only, --no-model).
     Raises LockHeld when another run holds this database's executor lock (nothing done)."""
     executing = execute_with is not None
     standby = ""
@@ -45,11 +48,12 @@ def run_cycle(
             if context is not None:
                 heartbeat = heartbeat or Heartbeat(float(context.setting("stethoscope_executor_beat", 60)))
                 standby = heartbeat.beat(store)
-            findings = diagnose(store, rules, at_ms, catalog, nodes, fleet)
+            findings = diagnose(store, rules, at_ms, catalog, nodes, fleet, model)
         if context is not None and not standby:
             from stethoscope.remediation.executor import Executor
 
-            findings = Executor(context).run(findings, rules, at_ms)
+            evaluated = model.evaluated if model is not None and model.ran else None
+            findings = Executor(context).run(findings, rules, at_ms, model_nodes=evaluated)
         if context is not None and one_shot and heartbeat is not None:
             with Store(dsn, database) as store:
                 heartbeat.retire(store)
@@ -62,7 +66,8 @@ def run_cycle(
     if as_json:
         print(json.dumps([printable(f, extra) for f in findings], indent=1))
     else:
-        print(render(findings, len(rules), executed=executing and not standby))
+        name = model.meta.name if model is not None else ""
+        print(render(findings, len(rules), executed=executing and not standby, model=name))
     sys.stdout.flush()
     return findings
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,11 +76,20 @@ class Executor:
     def _store(self) -> Store:
         return Store(self.ctx.dsn, self.ctx.database)
 
-    def run(self, findings: list[dict[str, Any]], rules: list[Rule], at_ms: int) -> list[dict[str, Any]]:
+    def run(
+        self,
+        findings: list[dict[str, Any]],
+        rules: list[Rule],
+        at_ms: int,
+        model_nodes: Collection[str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """`model_nodes`: the nodes the model evaluated this cycle (None: it did not run)."""
         with self._store() as store:
             self._replay_spool(store)
             ledger = Ledger(store)
-            decisions, rows, changes = decide(store, findings, rules, at_ms, self.ctx.inventory.hosts)
+            decisions, rows, changes = decide(
+                store, findings, rules, at_ms, self.ctx.inventory.hosts, model_nodes=model_nodes
+            )
             ledger.write_findings(rows)
             for finding_id, status, version in changes:
                 ledger.set_status(finding_id, status, version)

@@ -7,7 +7,9 @@ keep their finding open, and what becomes of the findings that stopped matching.
 - The cooldown holds only a finding resolved and matching again (flapping): it re-opens under its
   old transaction and does not act.
 - A finding that stops matching is `resolved` when fresh data says so, `stale` when the data
-  stopped; one whose transaction holds a drain stays open until verify resumes the node.
+  stopped; one whose transaction holds a drain stays open until verify resumes the node. A model
+  finding resolves when the model saw its node's data this cycle and found nothing, is stale when
+  it saw none, and stays as it is when the model did not run (--no-model).
 """
 
 from __future__ import annotations
@@ -57,10 +59,11 @@ def decide(
     rules: list[Rule],
     at_ms: int,
     hosts: Collection[str] | None = None,
+    model_nodes: Collection[str] | None = None,
 ) -> tuple[list[Decision], list[tuple[dict[str, Any], str, int, int]], list[tuple[str, str, int]]]:
     """-> (what acts now, findings rows to write, (finding_id, status, version) of the others).
     `hosts`: the inventory evaluated; another inventory's findings in the same database are left as
-    they are."""
+    they are. `model_nodes`: the nodes the model saw data of this cycle (None: it did not run)."""
     ledger = Ledger(store)
     known = ledger.known_findings()
     family_of = {rule.rule_id: rule.family for rule in rules}
@@ -115,7 +118,8 @@ def decide(
                 families[key] = _FamilyTxn(finding["txn_id"], at_ms, finding["severity"])
         finding["first_seen"] = iso(finding["first_seen_ms"])
         rows.append((finding, "open", _version(k), at_ms))
-    return decisions, rows, _the_others(store, ledger, known, findings, rules, at_ms, hosts)
+    others = _the_others(store, ledger, known, findings, rules, at_ms, hosts, model_nodes)
+    return decisions, rows, others
 
 
 def _keep(finding: dict[str, Any], txn_id: str, first_seen_ms: int, why: str) -> None:
@@ -130,6 +134,7 @@ def _the_others(
     rules: list[Rule],
     at_ms: int,
     hosts: Collection[str] | None,
+    model_nodes: Collection[str] | None = None,
 ) -> list[tuple[str, str, int]]:
     seen = {f["finding_id"] for f in findings}
     by_rule = {rule.rule_id: rule for rule in rules}
@@ -150,6 +155,11 @@ def _the_others(
             continue  # its node stays drained until verify resumes it, whatever the data does
         if k.rule_id.startswith("unknown."):
             changes.append((k.finding_id, "resolved", _version(k)))  # the data came back
+        elif k.rule_id.startswith("model."):
+            if model_nodes is not None:
+                status = "resolved" if k.node_id in model_nodes else "stale"
+                if status != k.status:
+                    changes.append((k.finding_id, status, _version(k)))
         elif k.rule_id in by_rule:
             pending.setdefault(k.rule_id, []).append(k)
     for rule_id, silenced in pending.items():

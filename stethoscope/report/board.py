@@ -22,6 +22,8 @@ from stethoscope.bench import baseline
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import diagnose
 from stethoscope.diagnosis.engine import _metrics
+from stethoscope.diagnosis.layers import CLASS_LAYERS
+from stethoscope.diagnosis.model import ModelUse, agrees
 from stethoscope.diagnosis.rules import Rule, load_rules
 from stethoscope.paths import project_root
 from stethoscope.report.layers import LAYERS, layer_of
@@ -50,6 +52,10 @@ class Cell:
             self.data = True  # a finding or a benchmark grade is data too
             if RANK[state] > RANK[self.state]:
                 self.state = state
+        self.note(note)
+
+    def note(self, note: str) -> None:
+        """Said in the cell, its colour unchanged (a model finding beside a rule finding)."""
         if note and note not in self.notes:
             self.notes.append(note)
 
@@ -151,7 +157,11 @@ def collect(
     now_ms: int,
     rules: list[Rule] | None = None,
     evaluate: bool = True,
+    model: ModelUse | None = None,
+    today: list[dict[str, Any]] | None = None,
 ) -> Board:
+    """`model`: today's evaluation runs it too; `today`: today's findings already evaluated (serve's
+    cycle), not evaluated again."""
     if rules is None:
         rules = load_rules(project_root() / "rules", catalog).rules
     layers = rule_layers(rules, catalog)
@@ -180,8 +190,15 @@ def collect(
             if day in labels:
                 cell(node, layer, day).data = True
 
-    for node, events in _stored_findings(store, start_ms).items():
+    stored = _stored_findings(store, start_ms)
+    later = []  # model findings: beside the rule findings of their layer, so after them
+    for node, events in stored.items():
         for event, first_ms, last_ms, evidence in events:
+            if event.rule_id.startswith("model."):
+                later.append((node, event, first_ms, last_ms, evidence))
+                nodes.setdefault(node, NodeBoard(node, {(lay, d): Cell() for lay in LAYERS for d in labels}))
+                nodes[node].events.append(event)
+                continue
             finding = {"rule_id": event.rule_id, "evidence": evidence}
             for layer in _finding_layers(finding, layers, catalog):
                 for day, day_ms in zip(labels, map(_day_start_ms, day_list), strict=True):
@@ -192,14 +209,34 @@ def collect(
             cell(node, LAYERS[0], labels[0])  # the node is on the board even if its spans are older
             nodes[node].events.append(event)
 
-    if evaluate:  # today: what `diagnose` says now, stored or not
-        for finding in diagnose(store, rules, now_ms, catalog):
+    for node, event, first_ms, last_ms, evidence in later:
+        for day, day_ms in zip(labels, map(_day_start_ms, day_list), strict=True):
+            if first_ms < day_ms + DAY_MS and last_ms >= day_ms and event.kind == "opened":
+                _model_mark(cell, catalog, node, day, event.rule_id, _json(evidence), event.message)
+
+    if evaluate or today is not None:  # today: what `diagnose` says now, stored or not
+        found = today if today is not None else diagnose(store, rules, now_ms, catalog, model=model)
+        for finding in found:
+            if finding["rule_id"].startswith("model."):
+                continue
             for node in finding["nodes"] or [finding["node_id"]]:
                 for layer in _finding_layers(finding, layers, catalog):
                     cell(node, layer, labels[-1]).mark(
                         _state(finding["severity"], finding["rule_id"]),
                         f"{finding['rule_id']} ({finding['severity']}): {finding['message']}",
                     )
+        for finding in found:
+            if finding["rule_id"].startswith("model."):
+                said = _json(finding["evidence"])
+                _model_mark(
+                    cell,
+                    catalog,
+                    finding["node_id"],
+                    labels[-1],
+                    finding["rule_id"],
+                    said,
+                    finding["message"],
+                )
 
     _grades(store, catalog, labels, cell, nodes)
     for trend in smart_trends(store, now_ms):
@@ -210,6 +247,40 @@ def collect(
         board.events.sort(key=lambda e: e.at)
         board.page = f"nodes/{page_name(board.node_id)}.html"
     return Board(labels, ordered, iso(now_ms))
+
+
+def _json(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _model_mark(
+    cell: Any, catalog: Catalog, node: str, day: str, rule_id: str, evidence: dict[str, Any], message: str
+) -> None:
+    """A model finding beside a red or yellow cell of its layer (the rule finding it supports): a
+    note, not a second alarm; where no rule finding of its layer is, a warning of its own, in the
+    band of the metric that explains most of it."""
+    bands = CLASS_LAYERS.get(str(evidence.get("layer", "")), ("compute",))
+    if evidence.get("supports_band") in LAYERS:  # the band of the rule finding it supports
+        bands = (*bands, str(evidence["supports_band"]))
+    explanation = evidence.get("explanation") or {}
+    support = {
+        "rule_id": rule_id,
+        "layer": evidence.get("layer", ""),
+        "confidence": float(evidence.get("confidence", evidence.get("value", 0.0))),
+        "explanation": explanation if isinstance(explanation, dict) else {},
+    }
+    beside = [band for band in bands if cell(node, band, day).state in ("red", "yellow")]
+    for band in beside:
+        cell(node, band, day).note(agrees(support))
+    if not beside:
+        top = layer_of(catalog, next(iter(support["explanation"]), ""))
+        own = CLASS_LAYERS.get(str(evidence.get("layer", "")), ("compute",))
+        band = top if top in own else own[0]
+        cell(node, band, day).mark("yellow", f"{rule_id} (warning): {message}")
 
 
 def _stored_findings(store: Store, start_ms: int) -> dict[str, list[tuple[Event, int, int, str]]]:

@@ -1,8 +1,8 @@
-"""The catalog layer of a metric (compute, communication, storage, network, job): the catalog's own
-`layer` where an entry has one, else from the name's prefix, so every metric lands in one board band."""
+"""The catalog layer of a metric: kept in diagnosis (model findings pair with rule findings by layer
+there); the board's bands read it from here."""
 
 from __future__ import annotations
 
-from stethoscope.catalog import LAYERS, layer_of
+from stethoscope.diagnosis.layers import LAYERS, layer_of
 
 __all__ = ["LAYERS", "layer_of"]

@@ -9,6 +9,7 @@ from typing import Any
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import diagnose
+from stethoscope.diagnosis.model import ModelUse
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.store.client import Store
 
@@ -41,6 +42,7 @@ def summarize(
     rules: list[Rule],
     at_ms: int,
     nodes: Sequence[str] | None = None,
+    model: ModelUse | None = None,
 ) -> list[NodeSummary]:
     db = store.database
     where, params = "", {}
@@ -52,7 +54,7 @@ def summarize(
         params,
     )
     summaries = {node: NodeSummary(node, rows, series, last) for node, rows, series, last in totals}
-    for finding in diagnose(store, rules, at_ms, catalog, nodes):
+    for finding in diagnose(store, rules, at_ms, catalog, nodes, model=model):
         # a correlated finding is about a switch or rack: listed under each node behind it
         for node in finding["nodes"] or [finding["node_id"]]:
             if node in summaries:

@@ -1,0 +1,156 @@
+"""Findings of the shipped model (docs/design.md "Learned diagnosis"): the 12 features of every node
+from one query, normalised, through the classifier and the detector in one batch each; a class over
+its threshold (from the metadata, chosen on validation data) or an outlier score over its threshold is
+a finding, explained (occlusion, one run for all findings) and placed on the topology (fault path).
+
+model.outlier's layer is the layer of its largest deviation's feature; its confidence maps the
+score onto 0..1 as score / (score + threshold): 0.5 at the threshold, towards 1 far beyond it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stethoscope.model.explain import explain_classes, explain_outlier
+from stethoscope.model.inference import Graphs, graphs_for
+from stethoscope.model.metadata import ModelMeta, load, metadata_path
+from stethoscope.model.path import Place, fault_paths
+from stethoscope.store.client import Store
+
+PREFIX = "model."
+
+
+@dataclass
+class ModelFinding:
+    rule_id: str  # model.communication | model.storage | model.compute | model.outlier
+    node_id: str
+    layer: str  # the fault class it speaks for: communication, storage, compute
+    confidence: float
+    value: float  # the class's probability, or the outlier score
+    threshold: float
+    explanation: dict[str, float]  # metric -> percent, largest first, summing to 100
+    path: str = ""
+    model: str = ""
+    model_version: str = ""
+
+    def evidence(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "model_version": self.model_version,
+            "layer": self.layer,
+            "confidence": round(self.confidence, 4),
+            "value": round(self.value, 4),
+            "threshold": self.threshold,
+            "explanation": self.explanation,
+            "path": self.path,
+        }
+
+
+@dataclass
+class ModelRun:
+    findings: list[ModelFinding] = field(default_factory=list)
+    evaluated: list[str] = field(default_factory=list)  # nodes the model saw data of
+
+
+def model_findings(
+    store: Store, at_ms: int, nodes: Sequence[str] | None = None, meta: ModelMeta | None = None
+) -> list[ModelFinding]:
+    """-> list[ModelFinding] at `at_ms` (of `nodes` only, when given). Raises ModelError when the
+    model's files are missing or damaged."""
+    return run_model(store, at_ms, nodes, meta).findings
+
+
+def run_model(
+    store: Store, at_ms: int, nodes: Sequence[str] | None = None, meta: ModelMeta | None = None
+) -> ModelRun:
+    from stethoscope.model.features import read_windows
+
+    meta = meta or load(metadata_path())
+    graphs = graphs_for(meta)
+    windows = read_windows(
+        store, at_ms, nodes=None if nodes is None else list(nodes), features=tuple(meta.features)
+    )
+    return from_windows(graphs, windows, read_topology(store, windows.node_ids))
+
+
+def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place]) -> ModelRun:
+    """The findings of windows already read (features.Windows)."""
+    from stethoscope.model.features import normalise
+
+    meta = graphs.meta
+    names = [f.metric for f in meta.features]
+    if not windows.node_ids:  # nothing stored in the window yet
+        return ModelRun()
+    has_data = windows.mask.reshape(len(windows.node_ids), -1).max(axis=1, initial=0.0) > 0
+    rows = np.flatnonzero(has_data)
+    run = ModelRun(evaluated=[windows.node_ids[i] for i in rows])
+    if not len(rows):
+        return run
+    x = normalise(windows.x[rows], windows.mask[rows], meta, [windows.hw_class[i] for i in rows])
+    mask = np.ascontiguousarray(windows.mask[rows], np.float32)
+    node_ids = run.evaluated
+    probs = graphs.classify(x, mask)
+    outliers = graphs.outlier(x, mask, [windows.hw_class[i] for i in rows], [windows.job[i] for i in rows])
+
+    targets = [
+        (row, index)
+        for row in range(len(rows))
+        for index, name in enumerate(meta.classes)
+        if index and probs[row, index] >= meta.thresholds[name]
+    ]
+    found: list[ModelFinding] = []
+    for (row, index), explanation in zip(
+        targets, explain_classes(graphs, x, mask, targets, probs, names), strict=True
+    ):
+        name = meta.classes[index]
+        probability = float(probs[row, index])
+        found.append(
+            ModelFinding(
+                PREFIX + name,
+                node_ids[row],
+                name,
+                probability,
+                probability,
+                meta.thresholds[name],
+                explanation,
+            )
+        )
+    limit = meta.thresholds["outlier"]
+    over = outliers.scored & (np.nan_to_num(outliers.score, nan=-1.0) >= limit)
+    for row in (int(r) for r in np.flatnonzero(over)):
+        score = float(outliers.score[row])
+        layer = meta.features[int(np.argmax(outliers.deviation[row]))].layer
+        confidence = score / (score + limit) if score + limit > 0 else 1.0
+        explanation = explain_outlier(outliers.deviation[row], names)
+        found.append(
+            ModelFinding(PREFIX + "outlier", node_ids[row], layer, confidence, score, limit, explanation)
+        )
+
+    for layer in sorted({f.layer for f in found}):  # a path spans nodes with an anomaly of one layer
+        same = [f for f in found if f.layer == layer]
+        scores: dict[str, float] = {}
+        for f in same:
+            scores[f.node_id] = max(scores.get(f.node_id, 0.0), f.confidence)
+        paths = fault_paths(scores, topology)
+        for f in same:
+            f.path = paths[f.node_id]
+    for f in found:
+        f.model, f.model_version = meta.name, graphs.version
+    run.findings = sorted(found, key=lambda f: (f.node_id, f.rule_id))
+    return run
+
+
+def read_topology(store: Store, nodes: Sequence[str] | None = None) -> dict[str, Place]:
+    """The latest rack and switch of each node in the `nodes` table (of `nodes` only, when given)."""
+    where, params = "", {}
+    if nodes is not None:
+        where, params = "WHERE has({nodes:Array(String)}, node_id) ", {"nodes": sorted(nodes)}
+    rows = store.query(
+        "SELECT node_id, argMax(rack, updated_at), argMax(switch, updated_at) "
+        f"FROM {store.database}.nodes {where}GROUP BY node_id",
+        params,
+    )
+    return {row[0]: Place(row[1], row[2]) for row in rows}

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""The last 10 minutes of the 5-second stream for lab nodes, from the learned diagnosis's episodes
+(stethoscope.model.episodes, calibrated on the real H200 capture), as NDJSON metric rows exactly as
+the stream collector stores them: for `make demo`, whose lab nodes are only swept (a minute of
+`stethoscope agent` fills 12 of the model's 120 steps, and no job runs in the lab).
+
+Each node runs a job of its own; each gets a healthy training window, except those given --fault.
+
+    python tools/episode_stream.py --nodes node01 node02 ... --fault node03=communication.rdma_drop_storm \
+        | stethoscope ingest -
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from stethoscope.model import episodes
+from stethoscope.timeutil import now_ms
+
+JOB = "4242"
+# the window ends this far ahead (ingest accepts 5 min): still current when diagnose runs after the
+# ingest, instead of a stream that stopped (UNKNOWN) seconds ago
+LEAD_MS = 30_000
+
+
+def rows(nodes: list[str], faults: dict[str, str], seed: int, end_ms: int) -> list[dict]:
+    data = episodes.generate(seed, 2 * len(nodes))
+    # healthy windows whose last minute has every feature: a gap there reads as a silent metric (UNKNOWN)
+    whole = data.mask[:, -12:, :].min(axis=(1, 2)) > 0
+    healthy = iter(np.flatnonzero((data.family == "healthy.training") & whole))
+    out = []
+    for node in nodes:
+        family = faults.get(node)
+        if family is None:
+            index = int(next(healthy))
+        else:
+            matching = np.flatnonzero(data.family == family)
+            if not len(matching):
+                raise SystemExit(f"episode_stream: no family {family!r} (one of {sorted(set(data.family))})")
+            index = int(matching[np.argmax(data.severity[matching])])  # the clearest case
+        for row in data.to_rows(index, node, end_ms):
+            if "job" in row["labels"]:  # episodes are independent nodes, not one job's ranks
+                row["labels"] = {**row["labels"], "job": f"{JOB}-{node}"}
+            row["timestamp"] = row["timestamp"] / 1000  # ingest reads epoch seconds
+            out.append(row)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", nargs="+", required=True, help="lab node ids")
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="NODE=FAMILY",
+        help="e.g. node03=communication.rdma_drop_storm",
+    )
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    faults = {}
+    for pair in args.fault:
+        node, sep, family = pair.partition("=")
+        if not sep:
+            parser.error(f"--fault {pair!r}: expected NODE=FAMILY")
+        faults[node] = family
+    end = now_ms() + LEAD_MS
+    for row in rows(args.nodes, faults, args.seed, end):
+        sys.stdout.write(json.dumps(row, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
