@@ -74,10 +74,12 @@ def is_stream_only(rule: Rule, stream_names: set[str]) -> bool:
 
 
 def cap_stream_only(findings: list[dict[str, Any]], rules: list[Rule], stream_names: set[str]) -> None:
-    """A finding whose evidence comes from the stream alone is capped at L3: no drain."""
+    """A finding whose evidence comes from the stream alone (a stream rule's, the model's) is capped at
+    L3: no drain."""
     stream_rules = {r.rule_id for r in rules if is_stream_only(r, stream_names)}
     for finding in findings:
-        if finding["rule_id"] not in stream_rules or finding["level"] != "L4":
+        from_stream = finding["rule_id"] in stream_rules or finding["rule_id"].startswith("model.")
+        if not from_stream or finding["level"] != "L4":
             continue
         finding["level"] = STREAM_LEVEL_CAP
         plan = [a for a in finding["plan"] if "drain" not in str(dict(a.params).get("playbook", ""))]

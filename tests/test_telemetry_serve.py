@@ -376,3 +376,20 @@ def test_a_finding_from_the_stream_alone_is_capped_at_l3_and_never_drains(store,
     capped, confirmed = findings["stream_drain_test"], findings["sweep_drain_test"]
     assert capped["level"] == "L3" and not any("drain" in action for action in capped["actions"])
     assert confirmed["level"] == "L4" and any("drain" in action for action in confirmed["actions"])
+
+
+def test_a_model_finding_raised_to_l4_by_the_inventory_is_capped_in_serve_and_never_drains() -> None:
+    # the model reads the stream: its evidence is the stream's alone, whatever level the inventory sets
+    from stethoscope.diagnosis.diagnose import LEVEL_ACTIONS, action_label
+    from stethoscope.serve import cap_stream_only
+
+    plan = LEVEL_ACTIONS["L4"]
+    finding = {
+        "rule_id": "model.communication",
+        "level": "L4",
+        "plan": plan,
+        "actions": [action_label(a) for a in plan],
+    }
+    assert any("drain" in action for action in finding["actions"])
+    cap_stream_only([finding], [], set())
+    assert finding["level"] == "L3" and not any("drain" in action for action in finding["actions"])
