@@ -379,3 +379,59 @@ def test_an_aer_storm_rule_finding_carries_the_models_communication_finding_thou
     assert model["supports"] == "r1" and model["actions"] == ["log"]
     assert json.loads(model["evidence"])["supports_band"] == "compute"
     assert rule["model"][0]["finding_id"] == "m1"
+
+
+def test_a_node_of_a_gpu_class_the_model_was_not_trained_for_gets_no_class_finding_but_a_note(
+    store, episode_set, model_json
+) -> None:
+    # the demo's swept A100 and T4 nodes were judged by the H200's normalisation: model.communication
+    from stethoscope.model.findings import run_model
+
+    at = now_ms()
+    _write(store, episode_set, _fleet(episode_set), at)
+    other = json.dumps({"gpu": {"models": ["NVIDIA A100-SXM4-80GB"], "count": 8}})
+    store.insert_rows(
+        "fingerprints",
+        [
+            {
+                "fingerprint": "a100x8",
+                "kind": "class",
+                "node_id": FAULTY,
+                "detail": other,
+                "first_seen": at + 1,
+            }
+        ],
+    )
+    meta = metadata.load(model_json)
+    run = run_model(store, at, meta=meta)
+    assert not [f for f in run.findings if f.node_id == FAULTY and f.rule_id != "model.outlier"]
+    assert run.unjudged == {"NVIDIA A100-SXM4-80GB": 1}
+    assert FAULTY in run.evaluated
+    use = ModelUse(meta)
+    diagnose(store, [], at, model=use)
+    assert "not trained for NVIDIA A100-SXM4-80GB (1 node)" in render([], 0, model=use.describe())
+
+
+def test_the_audit_counts_the_models_warning_of_a_fault_the_rules_miss(
+    tmp_path: Path, episode_set, model_json
+):
+    # the audit re-ran the rules alone: a slow NVMe with clean SMART was "missed" though the model saw it
+    from stethoscope.timeutil import iso
+
+    dsn, at = f"chdb://{tmp_path / 'db'}", now_ms()
+    plan = {f"node0{k + 1}": _index(episode_set, "healthy.training", k) for k in range(4)}
+    plan[FAULTY] = _index(episode_set, "storage.slow_nvme_clean_smart")
+    with Store(dsn) as store:
+        store.init_schema()
+        _write(store, episode_set, plan, at)
+    impact = iso(at + 10 * 60_000)
+    added = cli("--dsn", dsn, "fault", "add", "--node", FAULTY, "--kind", "slow_nvme", "--layer", "storage",
+                "--impact", impact)  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    with_model = cli("--dsn", dsn, "audit", "--json", "--model", str(model_json), "--lead-target", "5m")
+    rules_alone = cli("--dsn", dsn, "audit", "--json", "--no-model", "--lead-target", "5m")
+    (fault,) = json.loads(with_model.stdout)["faults"]
+    assert fault["rule_id"] == "model.storage" and fault["lead_minutes"] >= 10, with_model.stderr
+    assert with_model.returncode == 0
+    (missed,) = json.loads(rules_alone.stdout)["faults"]
+    assert missed["outcome"] == "missed" and rules_alone.returncode == 1

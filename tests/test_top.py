@@ -88,7 +88,9 @@ def test_a_reset_inside_an_hour_whose_last_value_is_its_maximum_counts_both_clim
     hour = WINDOW.start_ms // HOUR_MS * HOUR_MS + 3 * HOUR_MS
     batch = MetricColumns()
     for i, value in enumerate([0.0, 0.0, 3.0, 0.0, 4.0, 4.0]):
-        batch.append("n1", "nvlink_crc_errors_total", "gpu0/link0", {}, value, hour - MINUTE + i * 10 * MINUTE)
+        batch.append(
+            "n1", "nvlink_crc_errors_total", "gpu0/link0", {}, value, hour - MINUTE + i * 10 * MINUTE
+        )
     store.insert_metrics(batch)
     catalog = Catalog.load()
     (from_raw,) = top(store, catalog, "nvlink_crc_errors_total", WINDOW, via="raw")

@@ -1,5 +1,5 @@
-"""`stethoscope audit [--faults FILE] [--lead-target 30m] [--out DIR] [--json]`: exit 1 when a fault
-kind's median lead is under the target."""
+"""`stethoscope audit [--faults FILE] [--lead-target 30m] [--out DIR] [--json] [--no-model]`: exit 1
+when a fault kind's median lead is under the target."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _say(message: str) -> None:
 
 
 def audit_command(args: argparse.Namespace) -> int:
-    from stethoscope.cli.diagnose import catalog_for, checked_rules, inventory_of
+    from stethoscope.cli.diagnose import catalog_for, checked_rules, inventory_of, model_of
     from stethoscope.diagnosis.audit import render, run_audit
     from stethoscope.store import fault_file
     from stethoscope.store.faults import known_nodes, latest_sample_ms, list_faults, record
@@ -39,8 +39,10 @@ def audit_command(args: argparse.Namespace) -> int:
     if args.faults is not None and not args.faults.is_file():
         _say(f"--faults {args.faults}: no such file")
         return EXIT_USAGE
-    catalog = catalog_for(inventory_of(args))
+    inventory = inventory_of(args)
+    catalog = catalog_for(inventory)
     rules = checked_rules(args.rules, catalog, "audit").rules
+    model = model_of(args, inventory, "audit")  # the whole diagnosis is audited: rules and model
     with Store(args.dsn, args.database) as store:
         store.ensure_schema()
         if args.faults is not None:
@@ -57,7 +59,7 @@ def audit_command(args: argparse.Namespace) -> int:
         if args.faults is not None:  # the file's faults are the ones audited
             wanted = {f.fault_id for f in parsed.faults}
             faults = [f for f in faults if f.fault_id in wanted]
-        audit = run_audit(store, faults, rules, catalog, target)
+        audit = run_audit(store, faults, rules, catalog, target, model=model)
     if args.out:
         from stethoscope.report.audit_html import write
 

@@ -46,6 +46,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     audit.add_argument("--json", action="store_true", help="print the audit as JSON")
     audit.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
     audit.add_argument("--inventory", type=Path, help="use its report intervals")
+    audit.add_argument(
+        "--model", type=Path, metavar="JSON", help="the model's metadata (rules/models/core12.json)"
+    )
+    audit.add_argument("--no-model", action="store_true", help="audit the rules alone")
 
 
 def _usage(message: str) -> int:

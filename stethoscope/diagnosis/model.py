@@ -38,6 +38,17 @@ class ModelUse:
     level: str = "L2"
     evaluated: set[str] = field(default_factory=set)
     ran: bool = False
+    unjudged: dict[str, int] = field(default_factory=dict)  # GPU classes it was not trained for
+
+    def describe(self) -> str:
+        """The model's name, and the classes whose nodes it did not classify."""
+        if not self.unjudged:
+            return self.meta.name
+        named = ", ".join(f"{hw} ({n} node{'s' if n > 1 else ''})" for hw, n in sorted(self.unjudged.items()))
+        return (
+            f"{self.meta.name} (not trained for {named}: outliers only there; "
+            "`stethoscope model finetune --class CLASS` adapts it)"
+        )
 
 
 def explained(explanation: dict[str, float], shown: int = SHOWN) -> str:
@@ -62,7 +73,7 @@ def finding_dicts(
     from stethoscope.diagnosis.diagnose import LEVEL_ACTIONS, action_label, finding_id
 
     run = run_model(store, at_ms, nodes, use.meta)
-    use.evaluated, use.ran = set(run.evaluated), True
+    use.evaluated, use.ran, use.unjudged = set(run.evaluated), True, dict(run.unjudged)
     plan = LEVEL_ACTIONS[use.level]
     out = []
     for f in run.findings:

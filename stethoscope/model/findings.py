@@ -53,6 +53,9 @@ class ModelFinding:
 class ModelRun:
     findings: list[ModelFinding] = field(default_factory=list)
     evaluated: list[str] = field(default_factory=list)  # nodes the model saw data of
+    # GPU classes it has no normalisation for, with their node counts: their nodes are not classified
+    # (a healthy A100 read with an H200's statistics looks faulty) until `model finetune --class`
+    unjudged: dict[str, int] = field(default_factory=dict)
 
 
 def model_findings(
@@ -95,11 +98,16 @@ def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place]) -> Mo
     probs = graphs.classify(x, mask)
     outliers = graphs.outlier(x, mask, [windows.hw_class[i] for i in rows], [windows.job[i] for i in rows])
 
+    classes = [windows.hw_class[i] for i in rows]
+    judged = [not hw or hw in meta.normalisation for hw in classes]
+    for hw, ok in zip(classes, judged, strict=True):
+        if not ok:
+            run.unjudged[hw] = run.unjudged.get(hw, 0) + 1
     targets = [
         (row, index)
         for row in range(len(rows))
         for index, name in enumerate(meta.classes)
-        if index and probs[row, index] >= meta.thresholds[name]
+        if index and judged[row] and probs[row, index] >= meta.thresholds[name]
     ]
     found: list[ModelFinding] = []
     for (row, index), explanation in zip(

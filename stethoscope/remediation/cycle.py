@@ -66,7 +66,7 @@ def run_cycle(
     if as_json:
         print(json.dumps([printable(f, extra) for f in findings], indent=1))
     else:
-        name = model.meta.name if model is not None else ""
+        name = model.describe() if model is not None else ""
         print(render(findings, len(rules), executed=executing and not standby, model=name))
     sys.stdout.flush()
     return findings
