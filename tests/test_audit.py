@@ -129,6 +129,15 @@ def test_audit_exit_0_when_every_kind_meets_the_target(history, tmp_path, capsys
     assert {k["kind"] for k in audit["kinds"]} == {"ssd_wear", "aer_storm", "qp_error"}
 
 
+def test_a_kind_with_no_fault_left_to_replay_is_not_judged_as_meeting_its_target(history, tmp_path, capsys):
+    # it exited 0: an audit whose faults all expired "passed"
+    faults = _faults_file(tmp_path / "faults.yml", [], [NO_DATA])
+    code, audit = _audit(capsys, history, "--faults", str(faults), "--lead-target", "30m")
+    (kind,) = audit["kinds"]
+    assert kind["median_lead_minutes"] is None and kind["under_target"]
+    assert code == 1
+
+
 def test_a_finding_of_another_layer_on_the_node_is_no_warning(history, tmp_path, capsys):
     # node06's NVLink CRC errors (communication) run for 4 h: a storage fault there is still missed
     faults = _faults_file(
@@ -314,12 +323,17 @@ def _fault_row(fault) -> dict:
         ({"rule_id": "model.communication"}, "communication", "gpu0/link3", True),
         ({"rule_id": "model.storage"}, "network", "", False),
         ({"rule_id": "model.compute"}, "compute", "gpu0", True),
-        # the outlier detector: the layer of its largest deviation's feature
-        ({"rule_id": "model.outlier", "explanation": {"rdma_qps_dropped_per_second": 70,
-                                                  "ib_port_xmit_wait_per_second": 3}},
+        # the outlier detector: the class its largest deviation's feature speaks for (model_layer, as
+        # diagnosis.model writes it), not that metric's catalog band: AER is the compute band's
+        ({"rule_id": "model.outlier", "model_layer": "communication",
+          "explanation": {"rdma_qps_dropped_per_second": 70, "ib_port_xmit_wait_per_second": 3}},
          "network", "", True),
-        ({"rule_id": "model.outlier", "explanation": {"disk_temperature_celsius": 60, "gpu_power_watts": 40}},
-         "compute", "", False),
+        ({"rule_id": "model.outlier", "model_layer": "communication",
+          "explanation": {"pcie_aer_correctable_errors_per_second": 90}}, "communication", "", True),
+        ({"rule_id": "model.outlier", "model_layer": "communication",
+          "explanation": {"pcie_aer_correctable_errors_per_second": 90}}, "compute", "", False),
+        ({"rule_id": "model.outlier", "model_layer": "storage",
+          "explanation": {"disk_temperature_celsius": 60, "gpu_power_watts": 40}}, "compute", "", False),
         ({"rule_id": "model.storage", "node_id": "node07"}, "storage", "sda", False),  # another node
     ],
 )  # fmt: skip

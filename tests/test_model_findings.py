@@ -435,3 +435,28 @@ def test_the_audit_counts_the_models_warning_of_a_fault_the_rules_miss(
     assert with_model.returncode == 0
     (missed,) = json.loads(rules_alone.stdout)["faults"]
     assert missed["outcome"] == "missed" and rules_alone.returncode == 1
+
+
+def test_a_model_damaged_under_a_running_cycle_costs_its_part_not_the_rules_findings(
+    store, episode_set, model_json, tmp_path: Path
+) -> None:
+    # one ModelError in the model part failed the whole cycle: no rule finding, serve's /healthz 503
+    import shutil
+
+    copy = tmp_path / "model"
+    copy.mkdir()
+    for name in (model_json.name, "core12.onnx", "core12.outlier.onnx"):
+        if (model_json.parent / name).exists():
+            shutil.copy(model_json.parent / name, copy / name)
+    meta = metadata.load(copy / model_json.name)
+    at = now_ms()
+    _write(store, episode_set, _fleet(episode_set), at)
+    rdma = tmp_path / "rdma.yml"
+    rdma.write_text(RDMA_RULE)
+    rules = load_rules(rdma, Catalog.load()).rules
+    use = ModelUse(meta)
+    assert any(f["rule_id"].startswith("model.") for f in diagnose(store, rules, at, model=use))
+    (copy / meta.graphs["classifier"]).write_bytes(b"not an onnx graph")
+    found = diagnose(store, rules, at, model=use)
+    assert [f["rule_id"] for f in found] == ["rdma_drops_test"]
+    assert not use.ran and "FAILED" in use.describe()

@@ -99,6 +99,24 @@ def test_a_reset_inside_an_hour_whose_last_value_is_its_maximum_counts_both_clim
     assert from_rollup == from_raw
 
 
+def test_a_moving_hour_whose_raw_rows_expired_still_counts_from_its_summary(store):
+    # past the raw TTL (30 days; the rollup keeps 90) a climbing hour was dropped: undercounted
+    hour = WINDOW.start_ms // HOUR_MS * HOUR_MS + 3 * HOUR_MS
+    batch = MetricColumns()
+    for i, value in enumerate([10.0, 12.0, 15.0]):
+        batch.append(
+            "n1", "nvlink_crc_errors_total", "gpu0/link0", {}, value, hour - 30 * MINUTE + i * 30 * MINUTE
+        )
+    store.insert_metrics(batch)
+    db = store.database
+    store.command(
+        f"ALTER TABLE {db}.metrics DELETE WHERE timestamp >= fromUnixTimestamp64Milli({hour}) "
+        f"AND timestamp < fromUnixTimestamp64Milli({hour + HOUR_MS}) SETTINGS mutations_sync = 1"
+    )
+    (entry,) = top(store, Catalog.load(), "nvlink_crc_errors_total", WINDOW)
+    assert entry.value == 5.0  # 10 before it, 15 at its end: from its summary
+
+
 def test_top_cli_json_with_device_glob_and_label_filter(store, tmp_dsn, capsys):
     store.insert_metrics(fleet())
     store.close()

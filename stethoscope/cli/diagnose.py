@@ -167,6 +167,9 @@ def diagnose_command(args: argparse.Namespace) -> int:
     except LockHeld as exc:
         _say(f"diagnose: {exc}; nothing done")
         return EXIT_FAILED
+    if model is not None and model.error:  # the rules' findings are printed; the diagnosis is not whole
+        _say(f"diagnose: model {model.meta.name}: {model.error}")
+        return EXIT_FAILED
     return EXIT_FINDINGS if worst(findings) >= SEVERITY_ORDER[args.fail_on] else EXIT_OK
 
 

@@ -57,10 +57,8 @@ def finding_layers(finding: dict[str, Any], catalog: Catalog) -> set[str]:
     rule_id = str(finding["rule_id"])
     if rule_id in MODEL_LAYERS:
         return set(MODEL_LAYERS[rule_id])
-    if rule_id == "model.outlier":
-        explanation = finding.get("explanation") or {}
-        top = max(explanation, key=lambda m: explanation[m]) if explanation else None
-        return {layer_of(catalog, top)} if top else set()
+    if rule_id == "model.outlier":  # the class its largest deviation's feature speaks for, as the model says
+        return set(CLASS_LAYERS.get(str(finding.get("model_layer") or ""), ()))
     return set(finding.get("_layers", ()))
 
 
@@ -220,7 +218,7 @@ def summarise(results: list[FaultResult], target_minutes: float) -> list[KindRes
         leads = [r.lead_minutes or 0.0 for r in replayed]
         median = statistics.median(leads) if leads else None
         missed = sum(1 for r in replayed if r.first_warning_ms is None)
-        under = median is not None and median < target_minutes
+        under = median is None or median < target_minutes  # no data left is no evidence of a lead
         kinds.append(KindResult(kind, len(mine), len(replayed), missed, median, under))
     return kinds
 
@@ -249,7 +247,7 @@ def render(audit: Audit) -> str:
     lines.append(f"{'kind':<24}{'faults':>7}{'replayed':>9}{'missed':>7}{'median lead':>13}  verdict")
     for k in audit.kinds:
         median = "-" if k.median_lead_minutes is None else f"{k.median_lead_minutes:.0f} min"
-        verdict = "UNDER TARGET" if k.under_target else ("no data" if k.median_lead_minutes is None else "ok")
+        verdict = "NO DATA" if k.median_lead_minutes is None else ("UNDER TARGET" if k.under_target else "ok")
         lines.append(f"{k.kind:<24}{k.faults:>7}{k.replayed:>9}{k.missed:>7}{median:>13}  {verdict}")
     lines.append("")
     lines.append(f"{'node':<14}{'device':<14}{'kind':<24}{'impact':<31}{'lead':>15}  first warning")

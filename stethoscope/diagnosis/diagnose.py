@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -25,6 +26,7 @@ from stethoscope.diagnosis.unknown import (
 from stethoscope.store.client import Store
 from stethoscope.timeutil import iso
 
+log = logging.getLogger(__name__)
 SEVERITY_ORDER = {"info": 0, "warning": 1, "unknown": 1, "critical": 2}
 DEFAULT_LEVEL = {"info": "L1", "warning": "L2", "unknown": "L2", "critical": "L3"}
 _LOG, _ALERT = Action("log", ()), Action("alert", ())
@@ -171,7 +173,11 @@ def diagnose(
     if catalog is not None:
         findings += _unknown_findings(store, catalog, at_ms, fleet, nodes)
     if model is not None:
-        findings += finding_dicts(store, at_ms, nodes, model)
+        try:
+            findings += finding_dicts(store, at_ms, nodes, model)
+        except Exception as exc:  # a model that breaks under a running watch or serve costs its part only
+            model.ran, model.error = False, f"{type(exc).__name__}: {exc}"
+            log.warning("model %s: %s; the rules' findings stand", model.meta.name, model.error)
     findings.sort(key=lambda f: (-SEVERITY_ORDER[f["severity"]], f["node_id"], f["rule_id"], f["device"]))
     if model is not None:
         pair(findings, rules, catalog)

@@ -39,9 +39,12 @@ class ModelUse:
     evaluated: set[str] = field(default_factory=set)
     ran: bool = False
     unjudged: dict[str, int] = field(default_factory=dict)  # GPU classes it was not trained for
+    error: str = ""  # why it did not run in the last diagnosis ("" when it ran)
 
     def describe(self) -> str:
         """The model's name, and the classes whose nodes it did not classify."""
+        if self.error:
+            return f"{self.meta.name} (FAILED: {self.error})"
         if not self.unjudged:
             return self.meta.name
         named = ", ".join(f"{hw} ({n} node{'s' if n > 1 else ''})" for hw, n in sorted(self.unjudged.items()))
@@ -73,7 +76,7 @@ def finding_dicts(
     from stethoscope.diagnosis.diagnose import LEVEL_ACTIONS, action_label, finding_id
 
     run = run_model(store, at_ms, nodes, use.meta)
-    use.evaluated, use.ran, use.unjudged = set(run.evaluated), True, dict(run.unjudged)
+    use.evaluated, use.ran, use.unjudged, use.error = set(run.evaluated), True, dict(run.unjudged), ""
     plan = LEVEL_ACTIONS[use.level]
     out = []
     for f in run.findings:

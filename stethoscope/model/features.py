@@ -352,12 +352,12 @@ def _gpu_model(detail: str) -> str:
 def normalise(x: np.ndarray, mask: np.ndarray, meta: ModelMeta, hw_classes: list[str]) -> np.ndarray:
     """What the graphs get: log1p where the feature says, then (v - mean) / std of the node's hardware
     class (the default where the class has none), masked positions 0."""
+    if len(hw_classes) == 0:
+        return np.zeros(x.shape, dtype=np.float32)
     logs = np.array([f.transform == "log1p" for f in meta.features])
     observed = mask > 0
     safe = np.where(observed, x, 0.0).astype(np.float64)
     safe[:, :, logs] = np.log1p(np.maximum(safe[:, :, logs], 0.0))
     mean = np.array([meta.norm_for(c).mean for c in hw_classes], dtype=np.float64)[:, None, :]
     std = np.array([meta.norm_for(c).std for c in hw_classes], dtype=np.float64)[:, None, :]
-    if len(hw_classes) == 0:
-        return np.zeros(x.shape, dtype=np.float32)
     return np.where(observed, (safe - mean) / std, 0.0).astype(np.float32)

@@ -1,7 +1,8 @@
 """Findings of the shipped model (docs/design.md "Learned diagnosis"): the 12 features of every node
-from one query, normalised, through the classifier and the detector in one batch each; a class over
-its threshold (from the metadata, chosen on validation data) or an outlier score over its threshold is
-a finding, explained (occlusion, one run for all findings) and placed on the topology (fault path).
+from one query, normalised, through the classifier and the detector in one batch each; the most
+probable class, when a fault class over its threshold (from the metadata, chosen on validation data;
+the decision the held-out scores measure), or an outlier score over its threshold is a finding,
+explained (occlusion, one run for all findings) and placed on the topology (fault path).
 
 model.outlier's layer is the layer of its largest deviation's feature; its confidence maps the
 score onto 0..1 as score / (score + threshold): 0.5 at the threshold, towards 1 far beyond it."""
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from stethoscope.model.evaluate import decide
 from stethoscope.model.explain import explain_classes, explain_outlier
 from stethoscope.model.inference import Graphs, graphs_for
 from stethoscope.model.metadata import ModelMeta, load, metadata_path
@@ -74,7 +76,7 @@ def run_model(
     meta = meta or load(metadata_path())
     graphs = graphs_for(meta)
     windows = read_windows(
-        store, at_ms, nodes=None if nodes is None else list(nodes), features=tuple(meta.features)
+        store, at_ms, nodes=None if nodes is None else list(nodes), features=tuple(graphs.meta.features)
     )
     return from_windows(graphs, windows, read_topology(store, windows.node_ids))
 
@@ -99,16 +101,16 @@ def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place]) -> Mo
     outliers = graphs.outlier(x, mask, [windows.hw_class[i] for i in rows], [windows.job[i] for i in rows])
 
     classes = [windows.hw_class[i] for i in rows]
-    judged = [not hw or hw in meta.normalisation for hw in classes]
+    # a node of no known class (no class fingerprint yet) may be any GPU: not judged either
+    judged = [hw in meta.normalisation for hw in classes]
     for hw, ok in zip(classes, judged, strict=True):
         if not ok:
-            run.unjudged[hw] = run.unjudged.get(hw, 0) + 1
-    targets = [
-        (row, index)
-        for row in range(len(rows))
-        for index, name in enumerate(meta.classes)
-        if index and judged[row] and probs[row, index] >= meta.thresholds[name]
-    ]
+            key = hw or "an unknown GPU class"
+            run.unjudged[key] = run.unjudged.get(key, 0) + 1
+    # the decision the held-out scores were measured with: the most probable class, if a fault class
+    # whose probability reaches its threshold (never two classes for one node)
+    decided = decide(probs, meta.thresholds, meta.classes)
+    targets = [(row, int(decided[row])) for row in range(len(rows)) if judged[row] and decided[row]]
     found: list[ModelFinding] = []
     for (row, index), explanation in zip(
         targets, explain_classes(graphs, x, mask, targets, probs, names), strict=True

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stethoscope.model.metadata import ModelError, ModelMeta
+from stethoscope.model.metadata import ModelError, ModelMeta, load
 
 MIN_PEERS = 3  # a group's size, the node included
 EXACT_UP_TO = 8  # groups up to this size get each node's median without it; larger ones the group's
@@ -173,6 +173,9 @@ def graphs_for(meta: ModelMeta) -> Graphs:
     with _LOCK:
         graphs = _CACHE.get(key)
         if graphs is None:
+            # files changed under a running watch or serve (retrained, fine-tuned): the graphs and
+            # their metadata (normalisation, thresholds) are read again together
+            changed = any(cached[0] == meta.path for cached in _CACHE)
             _CACHE.clear()
-            graphs = _CACHE[key] = Graphs(meta)
+            graphs = _CACHE[key] = Graphs(load(meta.path) if changed else meta)
         return graphs

@@ -273,9 +273,9 @@ def _unfold_resets(
     for key, steps in series.items():
         unfolded: list[tuple[int, float, float, float]] = []
         for at, low, high, last, summary in steps:
-            if summary and low < high:
+            if summary and low < high and raw[(*key, at)]:
                 unfolded.extend(raw[(*key, at)])
-            else:
+            else:  # still, or its raw rows expired (the rollup outlives them): its summary is all there is
                 unfolded.append((at, low, high, last))
         out[key] = unfolded
     return out
