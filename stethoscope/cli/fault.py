@@ -12,7 +12,14 @@ from stethoscope.catalog import LAYERS, Catalog, layer_of
 from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
 from stethoscope.store.client import Store
 from stethoscope.store.fault_file import impact_of
-from stethoscope.store.faults import Fault, known_nodes, latest_sample_ms, list_faults, record
+from stethoscope.store.faults import (
+    Fault,
+    known_nodes,
+    latest_sample_ms,
+    list_faults,
+    record,
+    stored_finding,
+)
 from stethoscope.timeutil import iso
 
 COMMANDS = ("fault", "audit")
@@ -115,14 +122,10 @@ def _rule_layer(rule_id: str, rules_path: Path | None) -> str | None:
 def _confirm(args: argparse.Namespace) -> int:
     with Store(args.dsn, args.database) as store:
         store.ensure_schema()
-        rows = store.query(
-            f"SELECT rule_id, node_id, device FROM {store.database}.findings FINAL "
-            "WHERE finding_id = {id:String}",
-            {"id": args.finding_id},
-        )
-        if not rows:
+        stored = stored_finding(store, args.finding_id)
+        if stored is None:
             return _usage(f"fault confirm: no stored finding {args.finding_id!r} (`diagnose --json` lists)")
-        rule_id, node, device = rows[0]
+        rule_id, node, device = stored
         layer = args.layer or _rule_layer(rule_id, args.rules)
         if layer is None:
             return _usage(f"fault confirm: rule {rule_id!r} is not among the rules; give --layer")

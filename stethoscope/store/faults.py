@@ -131,6 +131,16 @@ def list_faults(store: Store) -> list[Fault]:
     return [Fault(n, k, lay, int(at), d, s, note) for n, k, lay, at, d, s, note in rows]
 
 
+def stored_finding(store: Store, finding_id: str) -> tuple[str, str, str] | None:
+    """(rule_id, node_id, device) of a stored finding, for `fault confirm`; None when there is none."""
+    rows = store.query(
+        f"SELECT rule_id, node_id, device FROM {store.database}.findings FINAL "
+        "WHERE finding_id = {id:String}",
+        {"id": finding_id},
+    )
+    return (str(rows[0][0]), str(rows[0][1]), str(rows[0][2])) if rows else None
+
+
 def known_nodes(store: Store) -> set[str]:
     """Nodes the store knows: from the inventory table, the raw rows or the kept fault windows."""
     db = store.database
