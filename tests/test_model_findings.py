@@ -460,3 +460,28 @@ def test_a_model_damaged_under_a_running_cycle_costs_its_part_not_the_rules_find
     found = diagnose(store, rules, at, model=use)
     assert [f["rule_id"] for f in found] == ["rdma_drops_test"]
     assert not use.ran and "FAILED" in use.describe()
+
+
+def test_a_node_only_swept_is_not_classified_by_a_model_that_learned_stream_windows(
+    store, episode_set, model_json
+) -> None:
+    # the demo's swept lab nodes all read as communication faults before any stream arrived
+    from stethoscope.model.findings import run_model
+
+    at = now_ms()
+    plan = _fleet(episode_set)
+    _write(store, episode_set, {n: i for n, i in plan.items() if n != FAULTY}, at)
+    swept = MetricColumns()
+    for row in episode_set.to_rows(plan[FAULTY], FAULTY, at):
+        if row["device"] == "node" and row["timestamp"] % 60_000 < 5_000:  # one sample a minute, per GPU
+            swept.append(FAULTY, row["metric_name"], "gpu0", {}, row["value"], row["timestamp"])
+    store.insert_metrics(swept)
+    detail = json.dumps({"gpu": {"models": ["NVIDIA H200"], "count": 8}})  # a class the model knows
+    store.insert_rows(
+        "fingerprints",
+        [{"fingerprint": "h200x8", "kind": "class", "node_id": FAULTY, "detail": detail, "first_seen": at}],
+    )
+    run = run_model(store, at, meta=metadata.load(model_json))
+    assert FAULTY in run.evaluated
+    assert not [f for f in run.findings if f.node_id == FAULTY and f.rule_id != "model.outlier"]
+    assert run.unjudged == {"nodes only swept (no stream)": 1}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,6 +33,7 @@ class Windows:
     mask: np.ndarray  # float32 [N, STEPS, F], 1 observed (or carried), 0 gap
     hw_class: list[str]  # the class fingerprint's GPU model, "" when unknown
     job: list[str]  # the job label of the node's train_ rows, "" when it runs none
+    streamed: list[bool] = field(default_factory=list)  # a node part in the window (else only swept)
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,10 @@ def read_windows(
     )
     x, mask = _resample(rows, metric_names, plan, len(node_ids), int(at_ms))
     job = _jobs(rows, series_names, len(node_ids))
-    return Windows(node_ids, x, mask, _hw_classes(store, node_ids, nodes is not None), job)
+    streamed = np.zeros(len(node_ids) + 1, dtype=bool)
+    streamed[rows.node[rows.part == NODE]] = True  # index -1 (a node not asked for) lands on the spare
+    hw = _hw_classes(store, node_ids, nodes is not None)
+    return Windows(node_ids, x, mask, hw, job, [bool(s) for s in streamed[: len(node_ids)]])
 
 
 @dataclass

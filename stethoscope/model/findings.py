@@ -101,11 +101,13 @@ def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place]) -> Mo
     outliers = graphs.outlier(x, mask, [windows.hw_class[i] for i in rows], [windows.job[i] for i in rows])
 
     classes = [windows.hw_class[i] for i in rows]
-    # a node of no known class (no class fingerprint yet) may be any GPU: not judged either
-    judged = [hw in meta.normalisation for hw in classes]
-    for hw, ok in zip(classes, judged, strict=True):
+    # a node of no known class (no class fingerprint yet) may be any GPU: not judged either; nor a node
+    # only swept: the shipped model learned stream windows, and resampled sweeps read otherwise to it
+    streamed = [windows.streamed[i] for i in rows] if windows.streamed else [True] * len(rows)
+    judged = [hw in meta.normalisation and s for hw, s in zip(classes, streamed, strict=True)]
+    for hw, s, ok in zip(classes, streamed, judged, strict=True):
         if not ok:
-            key = hw or "an unknown GPU class"
+            key = (hw or "an unknown GPU class") if s else "nodes only swept (no stream)"
             run.unjudged[key] = run.unjudged.get(key, 0) + 1
     # the decision the held-out scores were measured with: the most probable class, if a fault class
     # whose probability reaches its threshold (never two classes for one node)
