@@ -409,7 +409,9 @@ def test_a_node_of_a_gpu_class_the_model_was_not_trained_for_gets_no_class_findi
     assert FAULTY in run.evaluated
     use = ModelUse(meta)
     diagnose(store, [], at, model=use)
-    assert "not trained for NVIDIA A100-SXM4-80GB (1 node)" in render([], 0, model=use.describe())
+    assert "1 node of NVIDIA A100-SXM4-80GB, a class it was not trained for" in render(
+        [], 0, model=use.describe()
+    )
 
 
 def test_the_audit_counts_the_models_warning_of_a_fault_the_rules_miss(
@@ -484,4 +486,4 @@ def test_a_node_only_swept_is_not_classified_by_a_model_that_learned_stream_wind
     run = run_model(store, at, meta=metadata.load(model_json))
     assert FAULTY in run.evaluated
     assert not [f for f in run.findings if f.node_id == FAULTY and f.rule_id != "model.outlier"]
-    assert run.unjudged == {"nodes only swept (no stream)": 1}
+    assert run.unjudged == {"only swept (no stream)": 1}

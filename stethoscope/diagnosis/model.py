@@ -20,7 +20,7 @@ from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.engine import _metrics
 from stethoscope.diagnosis.layers import CLASS_LAYERS, layer_of
 from stethoscope.diagnosis.rules import Action, Rule
-from stethoscope.model.findings import ModelFinding, run_model
+from stethoscope.model.findings import SWEPT, ModelFinding, run_model
 from stethoscope.model.metadata import FEATURES, ModelMeta
 from stethoscope.store.client import Store
 from stethoscope.timeutil import iso
@@ -47,10 +47,15 @@ class ModelUse:
             return f"{self.meta.name} (FAILED: {self.error})"
         if not self.unjudged:
             return self.meta.name
-        named = ", ".join(f"{hw} ({n} node{'s' if n > 1 else ''})" for hw, n in sorted(self.unjudged.items()))
+        parts = []
+        for what, n in sorted(self.unjudged.items()):
+            nodes = f"{n} node{'s' if n > 1 else ''}"
+            parts.append(
+                f"{nodes} {what}" if what == SWEPT else f"{nodes} of {what}, a class it was not trained for"
+            )
         return (
-            f"{self.meta.name} (not trained for {named}: outliers only there; "
-            "`stethoscope model finetune --class CLASS` adapts it)"
+            f"{self.meta.name} (not classified: {'; '.join(parts)}; outliers only there; "
+            "`stethoscope model finetune --class CLASS` adapts it to a class)"
         )
 
 

@@ -51,6 +51,9 @@ class ModelFinding:
         }
 
 
+SWEPT = "only swept (no stream)"
+
+
 @dataclass
 class ModelRun:
     findings: list[ModelFinding] = field(default_factory=list)
@@ -107,7 +110,7 @@ def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place]) -> Mo
     judged = [hw in meta.normalisation and s for hw, s in zip(classes, streamed, strict=True)]
     for hw, s, ok in zip(classes, streamed, judged, strict=True):
         if not ok:
-            key = (hw or "an unknown GPU class") if s else "nodes only swept (no stream)"
+            key = (hw or "an unknown GPU class") if s else SWEPT
             run.unjudged[key] = run.unjudged.get(key, 0) + 1
     # the decision the held-out scores were measured with: the most probable class, if a fault class
     # whose probability reaches its threshold (never two classes for one node)
