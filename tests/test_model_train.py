@@ -3,6 +3,8 @@ onnxruntime, reproducibility for a seed, and that a graph which disagrees with t
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,8 @@ from stethoscope.model import episodes, evaluate
 from stethoscope.model.features import normalise
 from stethoscope.model.metadata import ModelError, load
 from stethoscope.model.train import TrainConfig, parity, train
+
+from conftest import TOP
 
 SMALL = TrainConfig(seed=7, hidden=8, head=8, epochs=3)
 
@@ -121,3 +125,21 @@ def test_thresholds_are_chosen_on_validation_for_the_precision_asked():
     said = evaluate.decide(probs, chosen | {"outlier": 1.0})
     tp = np.sum((said == 1) & (labels == 1))
     assert tp / max(1, np.sum(said == 1)) >= 0.95
+
+
+def test_training_sets_torch_up_in_a_process_that_imported_ansible_first() -> None:
+    # ansible-core swaps sys.intern for a callable object; torch's compiler then refused to start
+    # ("substitute_in_graph expects a function"), failing every training test after an ansible one
+    script = (
+        "import sys, ansible.playbook\n"
+        "assert type(sys.intern).__name__ == 'SysInternPatch'\n"
+        "from stethoscope.model.train import require_torch\n"
+        "torch = require_torch()\n"
+        "torch.manual_seed(1); torch.use_deterministic_algorithms(True)\n"
+        "print(type(sys.intern).__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=TOP, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "SysInternPatch"  # ansible's patch is back in place afterwards

@@ -6,9 +6,12 @@ torch is imported only inside these functions (the `train` extra); inference nee
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +37,28 @@ class TorchMissing(ModelError):
     """Training without the `train` extra."""
 
 
+@contextlib.contextmanager
+def _builtin_intern() -> Iterator[None]:
+    """ansible-core replaces sys.intern with a callable object (to accept str subclasses) once it is
+    imported in the process; torch's compiler registers polyfills against sys.intern on first use and
+    refuses anything but a function. Torch is set up with the builtin in place."""
+    current = sys.intern
+    builtin = getattr(type(current), "unpatched_implementation", None)
+    if builtin is None:
+        yield
+        return
+    sys.intern = builtin
+    try:
+        yield
+    finally:
+        sys.intern = current
+
+
 def require_torch() -> Any:
     try:
-        import torch
+        with _builtin_intern():
+            import torch
+            import torch._dynamo
     except ImportError:
         raise TorchMissing("training needs torch, which is not installed: pip install '.[train]'") from None
     return torch
