@@ -28,6 +28,7 @@ from stethoscope.model.families import (
     Capture,
     EpisodesError,
     F,
+    Hardware,
     Window,
     replay,
     shifted,
@@ -161,16 +162,23 @@ def carry(values: np.ndarray, seen: np.ndarray, steps: int) -> tuple[np.ndarray,
     return x, valid.astype(np.float32)
 
 
-def generate(
-    seed: int = 7, per_family: int = 200, hw_class: str = "h200", capture: Capture | None = None
-) -> Episodes:
+def hardware(
+    hw_class: str, per_family: int, capture: Capture | None = None
+) -> tuple[Capture, Hardware, Hardware]:
+    """(the capture, the H200 calibrated on it, the hardware asked for), the arguments checked."""
     if hw_class not in ("h200", "shifted"):
         raise EpisodesError(f"unknown hardware class {hw_class!r} (h200 or shifted)")
     if per_family < 1:
         raise EpisodesError("per_family must be at least 1")
     capture = capture or Capture.read()
     h200 = capture.h200()
-    hw = h200 if hw_class == "h200" else shifted(h200)
+    return capture, h200, h200 if hw_class == "h200" else shifted(h200)
+
+
+def generate(
+    seed: int = 7, per_family: int = 200, hw_class: str = "h200", capture: Capture | None = None
+) -> Episodes:
+    capture, h200, hw = hardware(hw_class, per_family, capture)
     root = np.random.SeedSequence([seed, 0 if hw_class == "h200" else 1])
     names = [*FAMILIES, *REPLAYED]
     streams = root.spawn(len(names))

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from stethoscope.model.episodes import ARRAYS, GENERATOR_VERSION, Episodes, _assemble, data_hash
+from stethoscope.model.episodes import ARRAYS, GENERATOR_VERSION, Episodes, _assemble, data_hash, hardware
 from stethoscope.model.families import (
     CAPTURE,
     GPUS,
     Capture,
-    EpisodesError,
     F,
     Family,
-    Hardware,
     Window,
     _base,
     _bursts,
@@ -28,7 +26,6 @@ from stethoscope.model.families import (
     _sev,
     _slow,
     _some_gpus,
-    shifted,
 )
 from stethoscope.model.metadata import CLASSES, FEATURES, STEP_SECONDS, STEPS
 
@@ -225,13 +222,7 @@ def generate(
     seed: int = 7, per_family: int = 200, hw_class: str = "h200", capture: Capture | None = None
 ) -> Episodes:
     """per_family episodes of every fresh family, all in split "fresh"; deterministic for a seed."""
-    if hw_class not in ("h200", "shifted"):
-        raise EpisodesError(f"unknown hardware class {hw_class!r} (h200 or shifted)")
-    if per_family < 1:
-        raise EpisodesError("per_family must be at least 1")
-    capture = capture or Capture.read()
-    h200 = capture.h200()
-    hw: Hardware = h200 if hw_class == "h200" else shifted(h200)
+    _, _, hw = hardware(hw_class, per_family, capture)
     root = np.random.SeedSequence([seed, 0 if hw_class == "h200" else 1, SALT])
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS}
     for (name, (cls, family)), stream in zip(FRESH.items(), root.spawn(len(FRESH)), strict=True):

@@ -5,23 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jinja2 import Environment, PackageLoader, StrictUndefined
-
 from stethoscope.diagnosis.audit import Audit
 from stethoscope.report.board import SYMBOL
+from stethoscope.report.pages import PAGES
 from stethoscope.timeutil import iso, now_ms
-
-_ENV = Environment(
-    loader=PackageLoader("stethoscope.report", "templates"),
-    autoescape=True,
-    undefined=StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
 
 
 def render_audit(audit: Audit, store_name: str = "", board_page: str = "") -> str:
-    return _ENV.get_template("audit.html.j2").render(
+    return PAGES.get_template("audit.html.j2").render(
         audit=audit, symbol=SYMBOL, generated_at=iso(now_ms()), store_name=store_name, board_page=board_page
     )
 

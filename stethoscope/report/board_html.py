@@ -7,27 +7,19 @@ import datetime as dt
 import io
 import re
 
-from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from stethoscope.report.board import SYMBOL, Board, NodeBoard
+from stethoscope.report.pages import PAGES
 from stethoscope.report.smart import GROWTH_ALARM, MONTH_DAYS, Trend
-
-_ENV = Environment(
-    loader=PackageLoader("stethoscope.report", "templates"),
-    autoescape=True,
-    undefined=StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
 
 
 def render_board(board: Board) -> str:
-    return _ENV.get_template("board.html.j2").render(board=board, symbol=SYMBOL, alarm=GROWTH_ALARM)
+    return PAGES.get_template("board.html.j2").render(board=board, symbol=SYMBOL, alarm=GROWTH_ALARM)
 
 
 def render_node(board: Board, node: NodeBoard) -> str:
-    return _ENV.get_template("node.html.j2").render(
+    return PAGES.get_template("node.html.j2").render(
         board=board, node=node, symbol=SYMBOL, alarm=GROWTH_ALARM, figure=Markup(node.figure)
     )
 
