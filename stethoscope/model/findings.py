@@ -57,7 +57,9 @@ SWEPT = "only swept (no stream)"
 @dataclass
 class ModelRun:
     findings: list[ModelFinding] = field(default_factory=list)
-    evaluated: list[str] = field(default_factory=list)  # nodes the model saw data of
+    # nodes the model judged (data, a stream, a class it knows): their silent findings resolve, and
+    # the findings of a node it saw but could not judge go stale, not resolved
+    evaluated: list[str] = field(default_factory=list)
     # GPU classes it has no normalisation for, with their node counts: their nodes are not classified
     # (a healthy A100 read with an H200's statistics looks faulty) until `model finetune --class`
     unjudged: dict[str, int] = field(default_factory=dict)
@@ -99,7 +101,7 @@ def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place]) -> Mo
         return run
     x = normalise(windows.x[rows], windows.mask[rows], meta, [windows.hw_class[i] for i in rows])
     mask = np.ascontiguousarray(windows.mask[rows], np.float32)
-    node_ids = run.evaluated
+    node_ids = list(run.evaluated)
     probs = graphs.classify(x, mask)
     outliers = graphs.outlier(x, mask, [windows.hw_class[i] for i in rows], [windows.job[i] for i in rows])
 
@@ -112,6 +114,7 @@ def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place]) -> Mo
         if not ok:
             key = (hw or "an unknown GPU class") if s else SWEPT
             run.unjudged[key] = run.unjudged.get(key, 0) + 1
+    run.evaluated = [node for node, ok in zip(node_ids, judged, strict=True) if ok]
     # the decision the held-out scores were measured with: the most probable class, if a fault class
     # whose probability reaches its threshold (never two classes for one node)
     decided = decide(probs, meta.thresholds, meta.classes)
