@@ -175,6 +175,21 @@ def hardware(
     return capture, h200, h200 if hw_class == "h200" else shifted(h200)
 
 
+def manifest(seed: int, hw_class: str, hw: Hardware) -> dict:
+    """What every episode set records of how it was made (episodes.json)."""
+    return {
+        "generator_version": GENERATOR_VERSION,
+        "seed": seed,
+        "hw_class": hw_class,
+        "hardware": hw.__dict__,
+        "features": [f.metric for f in FEATURES],
+        "classes": list(CLASSES),
+        "steps": STEPS,
+        "step_seconds": STEP_SECONDS,
+        "gpus_per_node": GPUS,
+    }
+
+
 def generate(
     seed: int = 7, per_family: int = 200, hw_class: str = "h200", capture: Capture | None = None
 ) -> Episodes:
@@ -208,15 +223,7 @@ def generate(
     arrays = {k: np.concatenate(v) for k, v in parts.items()}
     splits = {s: sorted(set(arrays["family"][arrays["split"] == s].tolist())) for s in SPLITS}
     info = {
-        "generator_version": GENERATOR_VERSION,
-        "seed": seed,
-        "hw_class": hw_class,
-        "hardware": hw.__dict__,
-        "features": [f.metric for f in FEATURES],
-        "classes": list(CLASSES),
-        "steps": STEPS,
-        "step_seconds": STEP_SECONDS,
-        "gpus_per_node": GPUS,
+        **manifest(seed, hw_class, hw),
         "per_family": counts,
         "families_per_split": splits,
         "held_out": list(HELD_OUT),

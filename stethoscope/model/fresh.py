@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stethoscope.model.episodes import ARRAYS, GENERATOR_VERSION, Episodes, _assemble, data_hash, hardware
+from stethoscope.model.episodes import ARRAYS, Episodes, _assemble, data_hash, hardware, manifest
 from stethoscope.model.families import (
     CAPTURE,
     GPUS,
@@ -27,7 +27,7 @@ from stethoscope.model.families import (
     _slow,
     _some_gpus,
 )
-from stethoscope.model.metadata import CLASSES, FEATURES, STEP_SECONDS, STEPS
+from stethoscope.model.metadata import CLASSES, STEPS
 
 SPLIT = "fresh"
 SALT = 20261201  # keeps the fresh streams apart from episodes.generate's for the same seed
@@ -238,16 +238,8 @@ def generate(
         parts["severity"].append(window.severity.astype(np.float32))
     arrays = {k: np.concatenate(v) for k, v in parts.items()}
     info = {
-        "generator_version": GENERATOR_VERSION,
+        **manifest(seed, hw_class, hw),
         "fresh": True,
-        "seed": seed,
-        "hw_class": hw_class,
-        "hardware": hw.__dict__,
-        "features": [f.metric for f in FEATURES],
-        "classes": list(CLASSES),
-        "steps": STEPS,
-        "step_seconds": STEP_SECONDS,
-        "gpus_per_node": GPUS,
         "per_family": dict.fromkeys(FRESH, per_family),
         "families_per_split": {SPLIT: sorted(FRESH)},
         "calibrated_on": str(CAPTURE),
