@@ -46,6 +46,34 @@ def per_family(out: evaluate.Outputs, eps: episodes.Episodes) -> dict[str, dict]
     return families
 
 
+def history(path: Path, figures: dict) -> list[dict]:
+    """The earlier runs' headline figures, one per (model, fresh set): a hold-out is scored once
+    before it becomes training data, and that score is kept here after it has."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    kept = [h for h in earlier.get("history", []) if isinstance(h, dict)]
+    entry = {k: earlier.get(k) for k in HEADLINE}
+    entry["fresh_set"] = entry["fresh_set"] or 1  # set 1's file predates the field
+    key = ("model_data_hash", "fresh_set")
+    if [entry[k] for k in key] != [figures[k] for k in key] and entry not in kept:
+        kept.append(entry)
+    return kept
+
+
+HEADLINE = (
+    "model",
+    "model_data_hash",
+    "fresh_set",
+    "fresh_seed",
+    "fresh_data_hash",
+    "macro_f1",
+    "healthy_false_findings_percent",
+    "healthy_false_classifier_percent",
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=2026, help="generation seed (default 2026)")
@@ -69,6 +97,7 @@ def main() -> None:
     figures = {
         "model": meta.name,
         "model_data_hash": meta.data_hash,
+        "fresh_set": fresh.SET,
         "fresh_seed": args.seed,
         "per_family": args.per_family,
         "fresh_data_hash": eps.data_hash(),
@@ -93,6 +122,7 @@ def main() -> None:
     figures["control_generator_test_split"] = {
         k: control[k] for k in ("episodes", "macro_f1", "healthy_false_findings_percent")
     }
+    figures["history"] = history(args.json, figures)
     print(json.dumps(figures, indent=2))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(figures, indent=2) + "\n")

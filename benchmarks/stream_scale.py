@@ -42,6 +42,9 @@ def node_name(index: int) -> str:
 def generate(address: tuple[str, int], nodes: int, duration: float, paced: bool) -> dict:
     """Every node sends a new node-part sample once a period (at its own offset) and re-sends its
     previous 3; with `paced` false, the same datagrams as fast as possible (the ceiling run)."""
+    from stethoscope.telemetry.metric_set import load_sets
+
+    set_id = load_sets()["gpu_node"].id  # the set the collector knows (rules/telemetry.yml)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
     keys = [wire.node_secret(SECRET, node_name(i)) for i in range(nodes)]
@@ -51,7 +54,14 @@ def generate(address: tuple[str, int], nodes: int, duration: float, paced: bool)
     if not paced:  # the ceiling: datagrams made beforehand, sent back to back
         pool = [
             wire.encode(
-                keys[i], set_id=1, node_key=i, part=0, boot_epoch=boot, seq=0, ts_ms=0, values=[0.0] * SLOTS
+                keys[i],
+                set_id=set_id,
+                node_key=i,
+                part=0,
+                boot_epoch=boot,
+                seq=0,
+                ts_ms=0,
+                values=[0.0] * SLOTS,
             )
             for i in range(min(nodes, 2000))
         ]
@@ -73,7 +83,7 @@ def generate(address: tuple[str, int], nodes: int, duration: float, paced: bool)
             history[i].append(
                 wire.encode(
                     keys[i],
-                    set_id=1,
+                    set_id=set_id,
                     node_key=i,
                     part=0,
                     boot_epoch=boot,
@@ -95,7 +105,7 @@ def generate(address: tuple[str, int], nodes: int, duration: float, paced: bool)
             i, period_index = samples % nodes, samples // nodes
             datagram = wire.encode(
                 keys[i],
-                set_id=1,
+                set_id=set_id,
                 node_key=i,
                 part=0,
                 boot_epoch=boot,
@@ -184,7 +194,7 @@ def hold(rate: int, duration: float) -> dict:
     metric_set = load_sets()["gpu_node"]
     keyring = Keyring({i: node_name(i) for i in range(nodes)}, [SECRET])
     writer = Writer(holder.dsn, work / "spool", timeout=WRITE_TIMEOUT)
-    collector = Collector(keyring, {1: metric_set}, writer.write).start()
+    collector = Collector(keyring, {metric_set.id: metric_set}, writer.write).start()
     drops0 = _udp_rcvbuf_errors()
     usage0 = resource.getrusage(resource.RUSAGE_SELF)
     generator = _spawn_generator(collector.address, nodes, duration, paced=True)

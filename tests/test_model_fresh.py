@@ -1,5 +1,5 @@
-"""Fresh families (stethoscope.model.fresh): a clean hold-out for the shipped model, written after it
-was trained and chosen. Format and determinism only: their scores are a benchmark
+"""Fresh families (stethoscope.model.fresh, set 3): a clean hold-out for the shipped model, written
+before it was trained. Format and determinism only: their scores are a benchmark
 (benchmarks/model_fresh_families.py), not a test."""
 
 from __future__ import annotations
@@ -75,3 +75,39 @@ def test_fresh_generation_leaves_the_training_data_unchanged():
 def test_bad_per_family_is_refused():
     with pytest.raises(episodes.EpisodesError):
         fresh.generate(seed=1, per_family=0)
+
+
+def test_stand_in_peers_run_the_episodes_own_workload():
+    """Regression guard: set 1's small-batch and partial-node jobs were compared with peers running
+    a standard training job, so the outlier detector fired on a third of them; a job's ranks run one
+    workload, so a healthy workload family's stand-in peers come from that family."""
+    from stethoscope.model import evaluate
+
+    eps = episodes.generate(seed=5, per_family=8)
+    index = np.arange(len(eps))
+    groups = np.asarray(evaluate.peer_groups(eps, index))
+    small = eps.family == "healthy.small_batch"
+    peers_of_small = set(eps.family[np.isin(groups, groups[small]) & (eps.label == 0)])
+    assert peers_of_small == {"healthy.small_batch"}
+    standard = eps.family == "healthy.training"
+    peers_of_standard = set(eps.family[np.isin(groups, groups[standard]) & (eps.label == 0)])
+    assert "healthy.small_batch" not in peers_of_standard and "healthy.training" in peers_of_standard
+
+
+def test_a_workload_no_other_episode_can_stand_in_for_gets_no_outlier_score():
+    """Regression guard: stand-in peers for a job whose GPU load swings, or whose pace changes at its
+    own step, are other episodes with other swings: their gaps raised the detector's threshold
+    chosen on healthy validation episodes (3.9 -> 5.8) until a rank 1000x over its lockstep peers'
+    xmit wait no longer stood out. Such episodes are now left unscored."""
+    from stethoscope.model import evaluate, families
+
+    eps = episodes.generate(seed=5, per_family=8)
+    groups = evaluate.peer_groups(eps, np.arange(len(eps)))
+    for name, kind in families.WORKLOADS.items():
+        members = [g for g, f in zip(groups, eps.family, strict=True) if f == name]
+        if kind is None and members:
+            assert len(set(members)) == len(members), name  # each its own group: no peers
+    swinging = np.flatnonzero(eps.family == "healthy.periodic_load")
+    xn = np.nan_to_num(eps.x).astype(np.float32)
+    _, peer_mask = evaluate.peer_windows(xn, eps.mask, groups, eps.label == 0, seed=1)
+    assert (peer_mask[swinging] == 0).all()

@@ -393,3 +393,85 @@ def test_a_model_finding_raised_to_l4_by_the_inventory_is_capped_in_serve_and_ne
     assert any("drain" in action for action in finding["actions"])
     cap_stream_only([finding], [], set())
     assert finding["level"] == "L3" and not any("drain" in action for action in finding["actions"])
+
+
+@pytest.mark.slow
+def test_serve_execute_acts_once_per_stream_finding_across_cycles(tmp_path: Path, secret_file: Path) -> None:
+    """serve --execute end to end: datagrams -> collector -> store -> a stream rule -> the executor's
+    log action; one finding per node, one transaction, one action, however many cycles it stays open."""
+    database = f"t_{uuid.uuid4().hex[:8]}"
+    dsn = f"chdb://{tmp_path / 'db'}?database={database}"
+    log = tmp_path / "findings.log"
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "---\nall:\n  vars:\n"
+        f"    stethoscope_diagnose_log: {log}\n"
+        "  hosts:\n    gpu-a: {stethoscope_node_key: 1}\n    gpu-b: {stethoscope_node_key: 2}\n"
+    )
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "stream.yml").write_text(
+        "---\n- rule_id: stream_xmit_wait_test\n  description: the port waits to send\n"
+        "  severity: warning\n  level: L1\n  trigger:\n"
+        "    - {metric: ib_port_xmit_wait_per_second, operator: '>', threshold: 10, window: 1m,\n"
+        "       aggregate: max}\n"
+    )
+    command = _cli(tmp_path, dsn, "serve", "--inventory", str(inventory), "--secret-file", str(secret_file))
+    options = ["--rules", str(rules), "--execute", "--no-model", "--interval", "1"]
+    proc = subprocess.Popen(
+        [*command, *options, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        match = re.search(r"udp ([\d.]+):(\d+)", proc.stdout.readline())
+        assert match, proc.stderr.read() if proc.poll() is not None else ""
+        udp = (match[1], int(match[2]))
+        metric_set = load_sets()["gpu_node"]
+        slots = metric_set.parts["node"]
+        import socket
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        now_ms = int(time.time() * 1000)
+        for node, key_number in (("gpu-a", 1), ("gpu-b", 2)):
+            key = wire.node_secret(SECRET, node)
+            for seq in range(12):
+                values = [500.0] * len(slots)
+                datagram = wire.encode(
+                    key,
+                    set_id=metric_set.id,
+                    node_key=key_number,
+                    part=0,
+                    boot_epoch=1000,
+                    seq=seq,
+                    ts_ms=now_ms - 12 * 5000 + seq * 5000,
+                    values=values,
+                )
+                sock.sendto(datagram, udp)
+        deadline = time.time() + 60
+        while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 2):
+            time.sleep(0.3)
+        time.sleep(4)  # several more cycles with the findings still open
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted(e["node_id"] for e in entries) == ["gpu-a", "gpu-b"], entries
+    with Store(dsn) as store:
+        findings = store.query(
+            f"SELECT node_id, argMax(txn_id, version), argMax(status, version) FROM {database}.findings "
+            "WHERE rule_id = 'stream_xmit_wait_test' GROUP BY finding_id, node_id ORDER BY node_id"
+        )
+        actions = store.query(
+            f"SELECT txn_id, action, argMax(status, version) FROM {database}.actions "
+            "GROUP BY txn_id, finding_id, action, target"
+        )
+    assert [(node, status) for node, _, status in findings] == [("gpu-a", "open"), ("gpu-b", "open")]
+    assert sorted((txn, action, status) for txn, action, status in actions) == sorted(
+        (txn, "log", "ok") for _, txn, _ in findings
+    )

@@ -228,3 +228,35 @@ def test_diagnose_with_an_inventory_names_its_node_that_never_reported(store, tm
 
     assert run(AT - 10 * MINUTE) == []  # n00 is new to this inventory
     assert run(AT) == [(NODE_RULE, "n00")]
+
+
+def test_an_agent_that_stops_is_unknown_within_15_s_while_its_sweeps_keep_their_cadence(store):
+    """Regression guard (issue 11): a stream series was judged on the catalog's interval (60 s, or
+    the inventory's sweep interval), so an agent that stopped went unnoticed for 3 minutes or more.
+    Its series now stand on the stream's 5-s cadence; the same node's sweep rows on their own."""
+    stream = {"source": "stream", "agg": "max"}
+    stopped_s = 16  # the agent's last sample: 16 s before AT (more than 3 periods of 5 s)
+    sweeps(store, "n1", SWEEP, every_s=300, since_min=6 * 60, until_min=4)  # swept every 5 min
+    sweeps(
+        store,
+        "n1",
+        [("gpu_temperature_celsius", "node")],
+        every_s=5,
+        since_min=60,
+        until_min=stopped_s / 60,
+        labels=stream,
+    )
+    sweeps(store, "n2", SWEEP, every_s=300, since_min=6 * 60, until_min=4)
+    sweeps(
+        store,
+        "n2",
+        [("gpu_temperature_celsius", "node")],
+        every_s=5,
+        since_min=60,
+        until_min=0,
+        labels=stream,
+    )
+    swept_every_5_min = Catalog.load().with_intervals(300)
+    found = silences(store, swept_every_5_min, AT)
+    assert keys(found) == {(DEVICE_RULE, "n1", "node")}
+    assert silences(store, swept_every_5_min, AT - 6_000) == []  # 10 s after its last sample: not yet

@@ -29,7 +29,8 @@ LEAD_MS = 30_000
 
 def rows(nodes: list[str], faults: dict[str, str], seed: int, end_ms: int) -> list[dict]:
     data = episodes.generate(seed, 2 * len(nodes))
-    # healthy windows whose last minute has every feature: a gap there reads as a silent metric (UNKNOWN)
+    # windows whose last minute has every feature: a gap there reads as a silent metric (UNKNOWN), and
+    # a job that reports its step time only (as some episodes do) would hide a fault's collective time
     whole = data.mask[:, -12:, :].min(axis=(1, 2)) > 0
     healthy = iter(np.flatnonzero((data.family == "healthy.training") & whole))
     out = []
@@ -38,7 +39,7 @@ def rows(nodes: list[str], faults: dict[str, str], seed: int, end_ms: int) -> li
         if family is None:
             index = int(next(healthy))
         else:
-            matching = np.flatnonzero(data.family == family)
+            matching = np.flatnonzero((data.family == family) & whole)
             if not len(matching):
                 raise SystemExit(f"episode_stream: no family {family!r} (one of {sorted(set(data.family))})")
             index = int(matching[np.argmax(data.severity[matching])])  # the clearest case

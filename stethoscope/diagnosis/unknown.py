@@ -4,7 +4,8 @@ nothing.
 A series is a node's metric on one device from one source (sweep rows, or `source=stream` rows); other
 labels (an XID code) belong to it. It is silent when it reported within the last 24 h and has not
 for 3 of its intervals; its interval is the larger of the declared one (the catalog as the inventory
-sets it) and the spacing it has shown: from `metrics_hourly`, the median spacing inside the hours that
+sets it; for a `source=stream` series the stream's 5 s, so an agent that stops is UNKNOWN within
+15 s of data) and the spacing it has shown: from `metrics_hourly`, the median spacing inside the hours that
 hold two samples or more ((last - first) / (n - 1): a partial hour says the same as a full one) where
 those are at least half of its hours, else the mean gap between its hours (a series read hourly or
 every few hours, which a jittered pair in one hour must not make look fast), else an hour. Nothing
@@ -42,6 +43,7 @@ from stethoscope.store.client import Store, StoreError
 LOOKBACK_SECONDS = 24 * 3600
 MISSED_INTERVALS = 3
 DEFAULT_INTERVAL = 60
+STREAM_INTERVAL = 5  # the push stream's period (docs/design.md "Telemetry")
 GRACE_SWEEPS = 2
 FLEET_FRACTION = 0.10
 FLEET_MIN_NODES = 2  # one silent node is a node, whatever the size of the inventory
@@ -137,7 +139,9 @@ def _query(db: str) -> str:
         "{family_interval:UInt32}, {default:UInt32})"
     )
     names = "{names:Array(String)}, {intervals:Array(UInt32)}"
-    declared = f"transform(toString(metric_name), {names}, {fallback})"
+    # a stream series stands on the stream's cadence, whatever the sweeps' interval for its metric
+    swept = f"transform(toString(metric_name), {names}, {fallback})"
+    declared = f"if(source = 'stream', {{stream:UInt32}}, {swept})"
     spacing = "quantileExactIf(0.5)((last_ms - first_ms) / 1000 / (n - 1), n >= 2)"
     learned = (
         f"if(countIf(n >= 2) * 2 >= count(), {spacing}, "
@@ -181,6 +185,7 @@ def _params(catalog: Catalog, at_ms: int) -> dict[str, Any]:
         "families": families,
         "family_interval": min((catalog.families[f].interval for f in families), default=DEFAULT_INTERVAL),
         "default": DEFAULT_INTERVAL,
+        "stream": STREAM_INTERVAL,
     }
 
 

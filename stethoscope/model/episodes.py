@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from stethoscope.model import families, families_fresh1, families_fresh2, families_workloads
 from stethoscope.model.families import (
     CAPTURE,
-    FAMILIES,
     GPUS,
     HELD_OUT,
     REPLAYED,
@@ -46,11 +46,23 @@ __all__ = [
     "generate",
     "load",
 ]
-GENERATOR_VERSION = 1
+# 2: fresh set 1's families in training, wider step/collective/input shares, jobs that report
+# only their step time (the Reporter's default); 3: fresh set 2's families and healthy variety
+# (families_workloads) in training
+GENERATOR_VERSION = 3
+FAMILIES = {
+    **families.FAMILIES,
+    **families_fresh1.FRESH_V1,
+    **families_fresh2.FRESH_V2,
+    **families_workloads.WORKLOAD_FAMILIES,
+}
+# a job that reports its step time only (Reporter.step without comm_time/data_time)
+STEP_TIME_ONLY = 0.15
 # a stream sample at phase 0.5..4.5 s before a step's end stays valid for 15 s: two more steps
 STREAM_CARRY = 2
 NODE_FEATURES = [i for i, f in enumerate(FEATURES) if not f.metric.startswith("train_")]
 JOB_FEATURES = [i for i, f in enumerate(FEATURES) if f.metric.startswith("train_")]
+TIMING_FEATURES = [F["train_allreduce_latency_ms"], F["train_data_wait_ms"]]
 VALIDATION_SHARE = 0.2
 SPLITS = ("train", "validation", "test")
 
@@ -145,9 +157,11 @@ def _assemble(w: Window) -> tuple[np.ndarray, np.ndarray]:
     t = np.arange(STEPS)[None, :]
     node_seen &= ~(long_gap[:, None] & (t >= gap_start) & (t < gap_start + gap_len))
     job_seen = w.job & (rng.random((n, STEPS)) >= loss)
+    step_only = rng.random(n) < STEP_TIME_ONLY
     seen = np.empty(values.shape, dtype=bool)
     seen[:, :, NODE_FEATURES] = node_seen[:, :, None]
     seen[:, :, JOB_FEATURES] = job_seen[:, :, None]
+    seen[:, :, TIMING_FEATURES] &= ~step_only[:, None, None]
     return carry(values, seen, STREAM_CARRY)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from stethoscope.model.families import workload
 from stethoscope.model.metadata import CLASSES, FEATURES, ModelError, ModelMeta
 
 # The generator's families that the shipped rules do not catch (issue 10 "Training data"): the
@@ -85,6 +86,22 @@ def job_phase(mask: np.ndarray) -> list[str]:
     return [f"{a}-{b}" if r else "none" for a, b, r in zip(first, last, ran, strict=True)]
 
 
+def peer_groups(episodes: Any, index: np.ndarray) -> list[str]:
+    """Per episode, who may stand in for its peers: the same split, hardware class, job phase and
+    workload (a job's ranks run the same workload at the same time); a group of one where no other
+    episode can stand in (families.WORKLOADS: None), which leaves it without an outlier score."""
+    columns = (
+        episodes.split[index],
+        episodes.hw_class[index],
+        job_phase(episodes.mask[index]),
+        episodes.family[index],
+    )
+    return [
+        f"{s}|{h}|{j}|{w}" if (w := workload(f)) is not None else f"unpaired|{i}"
+        for i, (s, h, j, f) in enumerate(zip(*columns, strict=True))
+    ]
+
+
 def peer_windows(
     xn: np.ndarray,
     mask: np.ndarray,
@@ -94,7 +111,8 @@ def peer_windows(
     k: int = PEERS,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Stand-in peers for single-node episodes: the elementwise median of k healthy episodes of the
-    same group (split, hardware class and whether a job runs), never the episode itself. A job's
+    same group (split, hardware class, when a job runs, and its workload: families.workload), never
+    the episode itself. A job's
     ranks share its step pattern, which another episode's job does not: for the job's features the
     peers' window is the episode's own level over its first JOB_BASELINE_STEPS steps."""
     rng = np.random.default_rng(seed)
@@ -211,11 +229,7 @@ def run_graphs(graphs: Graphs, episodes: Any, index: np.ndarray, seed: int) -> O
     x, mask = episodes.x[index], episodes.mask[index]
     xn = normalise(x, mask, meta, list(episodes.hw_class[index]))
     probs = graphs.classify(xn, mask)
-    groups = [
-        f"{s}|{h}|{j}"
-        for s, h, j in zip(episodes.split[index], episodes.hw_class[index], job_phase(mask), strict=True)
-    ]
-    peer, peer_mask = peer_windows(xn, mask, groups, episodes.label[index] == 0, seed)
+    peer, peer_mask = peer_windows(xn, mask, peer_groups(episodes, index), episodes.label[index] == 0, seed)
     score, deviation = graphs.detect(xn, mask, peer, peer_mask)
     score = np.where(peer_mask.reshape(len(index), -1).any(axis=1), score, np.nan)
     layers = [meta.classes.index(f.layer) for f in meta.features]

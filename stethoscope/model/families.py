@@ -172,9 +172,9 @@ def _base(rng: np.random.Generator, hw: Hardware, n: int, busy: np.ndarray) -> W
     disk = rng.uniform(30, 44, (n, 1)) + busy * rng.uniform(2, 5, (n, 1))
     node[:, :, F["disk_temperature_celsius"]] = np.rint(disk + rng.normal(0, 0.35, (n, T)) * noise)
 
-    step = 10 ** rng.uniform(np.log10(150), np.log10(2500), (n, 1))
-    comm_share = rng.uniform(0.08, 0.3, (n, 1))
-    data_share = rng.uniform(0.005, 0.04, (n, 1))
+    step = 10 ** rng.uniform(np.log10(40), np.log10(4000), (n, 1))
+    comm_share = rng.uniform(0.04, 0.4, (n, 1))
+    data_share = rng.uniform(0.003, 0.06, (n, 1))
     jitter = rng.normal(0, 0.02, (n, T)) * noise
     step_ms = step * (1 + jitter)
     checkpoint = rng.random((n, T)) < 0.01  # a checkpoint or evaluation step now and then
@@ -484,6 +484,27 @@ FAMILIES: dict[str, tuple[str, Family]] = {
 }
 HELD_OUT = ("communication.flapping_link", "storage.data_stall_bursts", "compute.clock_decay")
 REPLAYED = ("healthy.replay_idle", "healthy.replay_load")
+# Healthy families that run a workload of their own (their node signals differ from a standard
+# training job's): a job's ranks run the same workload, so their stand-in peers in evaluation come
+# from the same family (stethoscope.model.evaluate.peer_groups); every other family is "standard".
+# None: a pattern of its own in every episode (a swing, a change of pace at its own step), which a
+# job's ranks share and no other episode can stand in for; such episodes get no outlier score.
+# Names of every set: the training families, fresh sets 1 and 2 (now training) and set 3.
+WORKLOADS: dict[str, str | None] = {
+    "healthy.power_capped": "power_capped",
+    "healthy.small_batch": "small_batch",
+    "healthy.partial_node": "partial_node",
+    "healthy.inference_server": "inference_server",
+    "healthy.load_wander": None,
+    "healthy.periodic_load": None,
+    "healthy.phase_change": None,
+    "healthy.pipeline_bubbles": None,
+    "healthy.eval_phase": None,
+}
+
+
+def workload(family: str) -> str | None:
+    return WORKLOADS.get(family, "standard")
 
 
 def replay(rng: np.random.Generator, hw: Hardware, h200: Hardware, capture: Capture, n: int, load: bool):

@@ -1,8 +1,9 @@
-"""Fresh families: a clean hold-out for a shipped model. They were written after core12 was trained
-and its architecture chosen, from what the faults look like on a real node rather than from the
-training families, and no training, validation or model selection has seen them (episodes.HELD_OUT
-was seen while the architecture was chosen). Same signals, aggregation, sample loss and masking
-as stethoscope.model.episodes; split "fresh". Scored by benchmarks/model_fresh_families.py."""
+"""Fresh families (set 3): a clean hold-out for the shipped model. Written before the model of
+generator version 3 was trained, from what these conditions look like on a real node rather than
+from the training families; no training, validation or model selection has seen them. (Sets 1 and
+2, the hold-outs of generator versions 1 and 2, are training data now: families_fresh1/2.) Same
+signals, aggregation, sample loss and masking as stethoscope.model.episodes; split "fresh". Scored
+by benchmarks/model_fresh_families.py, once per model."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import numpy as np
 from stethoscope.model.episodes import ARRAYS, Episodes, _assemble, data_hash, hardware, manifest
 from stethoscope.model.families import (
     CAPTURE,
-    GPUS,
     Capture,
     F,
     Family,
@@ -22,7 +22,6 @@ from stethoscope.model.families import (
     _disk_warm,
     _fault,
     _gpu_slow,
-    _rate,
     _sev,
     _slow,
     _some_gpus,
@@ -30,99 +29,73 @@ from stethoscope.model.families import (
 from stethoscope.model.metadata import CLASSES, STEPS
 
 SPLIT = "fresh"
-SALT = 20261201  # keeps the fresh streams apart from episodes.generate's for the same seed
-
-
-def _smooth_walk(rng: np.random.Generator, n: int, scale: float, keep: float = 0.9) -> np.ndarray:
-    """[n, T] a slowly wandering signal around 0 (AR(1) with coefficient keep)."""
-    steps = rng.normal(0.0, scale, (n, STEPS))
-    walk = np.zeros((n, STEPS))
-    for t in range(1, STEPS):
-        walk[:, t] = keep * walk[:, t - 1] + steps[:, t]
-    return walk
+SET = 3
+SALT = 20261203  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
 
 
 # --- healthy -----------------------------------------------------------------------------------
 
 
-def healthy_small_batch(rng, hw, n):
-    """A small-batch job that never reaches the power cap: short, jittery steps (30-120 ms), GPUs
-    at 70-90 % utilisation and 55-80 % of the cap's power, so the clock runs near its maximum and
-    the GPUs cooler; collectives and input take a larger share of the short step."""
+def healthy_checkpoint_saves(rng, hw, n):
+    """A job that saves a checkpoint every 15-40 steps, as it has all along: each save stalls the
+    steps for 1-3 samples by the same amount, the input waits behind the writes and the local
+    drive warms while it writes, then cools."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    share = rng.uniform(0.55, 0.8, (n, 1, 1))
-    w.power = hw.idle_power + (w.power - hw.idle_power) * share
-    high = hw.load_clock + (hw.max_clock - hw.load_clock) * rng.uniform(0.5, 1.0, (n, 1, 1))
-    clock = high + (w.clock - hw.load_clock)
-    w.clock = np.minimum(hw.clock_step * np.rint(clock / hw.clock_step), hw.max_clock)
-    w.temp = np.rint(hw.idle_temp + (w.temp - hw.idle_temp) * share**0.8)
-    util = rng.uniform(70, 90, (n, 1, 1)) + rng.normal(0, 3.0, (n, STEPS, GPUS)) * w.noise[:, :, None]
-    w.util = np.clip(np.rint(util), 0, 100)
-    factor = rng.uniform(30, 120, (n, 1)) / w.step_ms.mean(axis=1, keepdims=True)
-    jitter = 1 + rng.normal(0, 0.06, (n, STEPS)) * w.noise
-    w.step_ms = w.step_ms * factor * jitter
-    w.comm_ms = w.comm_ms * factor * rng.uniform(1.0, 1.8, (n, 1))
-    w.data_ms = w.data_ms * factor * rng.uniform(1.0, 2.5, (n, 1))
+    t = np.arange(STEPS)[None, :]
+    period = rng.integers(15, 41, (n, 1))
+    length = rng.integers(1, 4, (n, 1))
+    saving = (t + rng.integers(0, 40, (n, 1))) % period < length
+    stall = w.step_ms * saving * rng.uniform(0.3, 1.5, (n, 1))
+    w.data_ms = w.data_ms + 0.5 * stall
+    _slow(w, stall)
+    _disk_warm(w, saving.astype(float), rng.uniform(1, 4, (n, 1)))
     return w
 
 
-def healthy_partial_node(rng, hw, n):
-    """A job on 2, 4 or 6 of the node's 8 GPUs, the others idle: the node's slowest clock is an
-    idle GPU's, its utilisation the busy share, its power a mix of both."""
+def healthy_hot_aisle(rng, hw, n):
+    """A node in a warm spot of the room: its GPUs run 5-10 C warmer than most from the start of the
+    window and stay there, well below any slowdown; clocks, power and pace as any other node."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    rest = _base(rng, hw, n, _busy(rng, n, "idle"))
-    used = np.argsort(rng.random((n, GPUS)), axis=1) < rng.choice([2, 4, 6], n)[:, None]
-    pick = used[:, None, :]
-    w.temp = np.where(pick, w.temp, rest.temp)
-    w.power = np.where(pick, w.power, rest.power)
-    w.clock = np.where(pick, w.clock, rest.clock)
-    w.util = np.where(pick, w.util, rest.util)
+    w.temp = w.temp + np.rint(rng.uniform(5, 10, (n, 1, 1)))
+    w.node[:, :, F["disk_temperature_celsius"]] += np.rint(rng.uniform(2, 6, (n, 1)))
     return w
 
 
-def healthy_inference_server(rng, hw, n):
-    """An inference server: no training job (no train_ metrics), GPU load following the request
-    rate, wandering between a fifth and nearly full; below the cap the clock stays high."""
-    load = np.clip(rng.uniform(0.35, 0.75, (n, 1)) + _smooth_walk(rng, n, 0.05), 0.15, 0.95)
-    w = _base(rng, hw, n, load)
-    w.job = np.zeros((n, STEPS), dtype=bool)
-    active = np.clip(load * 4, 0, 1)[:, :, None]
-    clock = hw.idle_clock + active * (hw.max_clock - 45 - hw.idle_clock) + rng.normal(0, 15, w.clock.shape)
-    w.clock = np.minimum(hw.clock_step * np.rint(clock / hw.clock_step), hw.max_clock)
+def healthy_variable_sequences(rng, hw, n):
+    """A job with variable-length sequences (packing off): every step takes its own time, a fifth
+    to two fifths spread around its mean, the collectives with it; the GPUs stay busy."""
+    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    spread = rng.lognormal(0, rng.uniform(0.2, 0.4, (n, 1)), (n, STEPS))
+    spread = spread / np.median(spread, axis=1, keepdims=True)
+    w.step_ms = w.step_ms * spread
+    w.comm_ms = w.comm_ms * (0.5 + 0.5 * spread)
     return w
 
 
 # --- communication -----------------------------------------------------------------------------
 
 
-def rdma_drop_creep(rng, hw, n):
-    """RDMA receive drops that rise slowly over minutes (a receive buffer or a NIC firmware leak),
-    with now and then a few correctable PCIe errors on the NIC's link; collectives slow with the
-    drop rate (retransmissions)."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 50)
-    s = _sev(w)
-    ramp = w.after(rng.integers(40, 100, n))
-    _rate(w, "rdma_qps_dropped_per_second", 10 ** (-0.5 + (0.8 + 2.5 * s) * ramp), ramp > 0)
-    aer = (ramp > 0) * _bursts(w, on=1, off=15)
-    _rate(w, "pcie_aer_correctable_errors_per_second", 10 ** (0.2 + 1.2 * s), aer)
-    factor = 1 + ramp * (0.15 + 1.0 * s)
-    extra = w.comm_ms * (factor - 1)
+def nic_rail_down(rng, hw, n):
+    """One of the node's NICs (a rail) goes down cleanly: no errors on the others, but their ports
+    now carry its share, so they wait to send more and every collective takes longer."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+    s, on = _sev(w), w.after()
+    xmit = w.node[:, :, F["ib_port_xmit_wait_per_second"]]
+    w.node[:, :, F["ib_port_xmit_wait_per_second"]] = np.rint(xmit * (1 + on * (0.5 + 3 * s)))
+    extra = w.comm_ms * on * (0.25 + 1.0 * s)
     w.comm_ms = w.comm_ms + extra
     _slow(w, extra)
     return w
 
 
-def link_downtrained(rng, hw, n):
-    """A link that retrained to a lower width or speed after a short burst of symbol errors: the
-    errors stop, but the port now waits to send and every collective stays slower."""
+def remote_collective_hiccups(rng, hw, n):
+    """Another node of the job hiccups (its own fault, not this node's): this node's collectives
+    spike now and then for a sample or two, longer as it gets worse; nothing on this node itself."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after()
-    t = np.arange(STEPS)[None, :]
-    burst = (t >= w.onset[:, None]) & (t < w.onset[:, None] + rng.integers(1, 5, (n, 1)))
-    _rate(w, "ib_symbol_errors_per_second", 10 ** (1.0 + 2.0 * s), burst)
-    xmit = w.node[:, :, F["ib_port_xmit_wait_per_second"]]
-    w.node[:, :, F["ib_port_xmit_wait_per_second"]] = np.rint(xmit * (1 + on * (2 + 10 * s)))
-    extra = w.comm_ms * on * (0.4 + 1.5 * s)
+    s = _sev(w)
+    on = w.after() * _bursts(w, on=1.5, off=6)
+    grows = w.after(rng.integers(20, 60, w.n))
+    extra = w.comm_ms * on * (0.5 + 3.0 * s) * (0.5 + 0.5 * grows)
     w.comm_ms = w.comm_ms + extra
     _slow(w, extra)
     return w
@@ -131,97 +104,87 @@ def link_downtrained(rng, hw, n):
 # --- storage -----------------------------------------------------------------------------------
 
 
-def cache_fill_staircase(rng, hw, n):
-    """A local cache that fills: each time a tier fills, reads fall through to the slower one and
-    the data wait jumps a step higher, then stays; a few steps until the cache is full. The cache's
-    drive warms a little with each level."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 40)
+def drive_wearing_out(rng, hw, n):
+    """A local drive near the end of its life: reads retry, so the input wait rises slowly over the
+    window with spikes now and then, and the drive runs a few degrees warmer as it works harder."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 50)
     s = _sev(w)
-    t = np.arange(STEPS)[None, :]
-    every = rng.integers(8, 20, (n, 1))
-    levels = np.clip((t - w.onset[:, None]) // every + 1, 0, rng.integers(3, 7, (n, 1)))
-    extra = w.step_ms * levels * (0.05 + 0.25 * s) * rng.lognormal(0, 0.15, (n, STEPS))
+    ramp = w.after(rng.integers(40, 90, w.n))
+    spikes = _bursts(w, on=1, off=10) * rng.uniform(1, 4, (n, STEPS))
+    extra = w.step_ms * ramp * (0.1 + 0.8 * s) * (1 + spikes)
     w.data_ms = w.data_ms + extra
     _slow(w, extra)
-    _disk_warm(w, np.ones((n, STEPS)), levels * rng.uniform(0.2, 0.8, (n, 1)))
+    _disk_warm(w, ramp, 2 + 6 * s)
     return w
 
 
-def checkpoint_stall_growing(rng, hw, n):
-    """Periodic checkpoints that take longer each time (a drive or file system that fills and
-    fragments): every 12-24 steps the step stalls for a few steps, each stall longer than the last;
-    the input pipeline waits behind the writes, and the drive warms while it writes."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 40)
+def page_cache_thrash(rng, hw, n):
+    """The data set outgrows the page cache (another job took the memory): input waits come in
+    spikes, more often as the window goes on; the drive warms a little with the extra reads."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 60)
     s = _sev(w)
     t = np.arange(STEPS)[None, :]
-    period = rng.integers(12, 25, (n, 1))
-    since = t - w.onset[:, None]
-    index = np.where(since >= 0, since // period, -1)
-    length = 1 + np.floor(index * rng.uniform(0.5, 1.5, (n, 1)))
-    stalled = (since >= 0) & (since % period < length)
-    stall = w.step_ms * stalled * (0.5 + 3.0 * s) * (1 + 0.3 * np.maximum(index, 0))
-    w.data_ms = w.data_ms + 0.6 * stall
-    _slow(w, stall)
-    _disk_warm(w, stalled.astype(float), rng.uniform(2, 6, (n, 1)))
+    since = np.clip(t - w.onset[:, None], 0, None)
+    chance = np.where(t >= w.onset[:, None], 0.1 + 0.5 * since / STEPS, 0.0)
+    miss = rng.random((n, STEPS)) < chance
+    extra = w.step_ms * miss * (0.4 + 2.0 * s) * rng.lognormal(0, 0.3, (n, STEPS))
+    w.data_ms = w.data_ms + extra
+    _slow(w, extra)
+    _disk_warm(w, (since > 0).astype(float), rng.uniform(0.5, 2.5, (n, 1)))
     return w
 
 
 # --- compute -----------------------------------------------------------------------------------
 
 
-def one_gpu_power_sag(rng, hw, n):
-    """One GPU whose power drops while its clock holds (its memory or a power rail throttling it):
-    it stays busy but gets less done per step, so the job waits for it and the others wait in the
-    collectives; it runs cooler."""
+def hbm_temperature_throttle(rng, hw, n):
+    """One or two GPUs whose memory runs hot (a poorly seated heat sink): their die temperature is
+    only a few degrees up, but the memory throttles in bouts, the clock dips during each, the job
+    waits for them."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 6, n))
-    gpu = _some_gpus(w, 1, 1)[:, None, :]
-    sag = (1 - on * (0.25 + 0.45 * s))[:, :, None]
-    w.power = np.where(gpu, hw.idle_power + (w.power - hw.idle_power) * sag, w.power)
-    w.temp = np.where(gpu, np.rint(hw.idle_temp + (w.temp - hw.idle_temp) * (0.5 + 0.5 * sag)), w.temp)
-    extra = w.step_ms * on * (0.05 + 0.4 * s)
-    waiting = (w.step_ms / (w.step_ms + extra))[:, :, None]
-    w.util = np.where(gpu, w.util, np.rint(w.util * (0.5 + 0.5 * waiting)))
-    w.comm_ms = w.comm_ms + 0.6 * extra
-    w.step_ms = w.step_ms + extra
-    return w
-
-
-def thermal_creep_pair(rng, hw, n):
-    """Two GPUs that warm slowly (a failing fan or clogged filter in their airflow path): their
-    temperature creeps up over minutes; at the power cap the leakage of a hotter chip eats into the
-    budget, so their clock falls gradually once they are well above normal, and the step follows."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 50)
     s = _sev(w)
-    creep = w.after(rng.integers(50, 100, n))
-    pair = _some_gpus(w, 2, 2)
-    rise = creep[:, :, None] * (8 + 25 * s[:, :, None])
-    w.temp = np.where(pair[:, None, :], np.rint(w.temp + rise), w.temp)
-    excess = np.clip((w.temp.max(axis=2) - (hw.load_temp + 8)) / 25, 0, 1)
-    power = w.power.copy()
-    _gpu_slow(w, pair, 1 - excess * (0.05 + 0.3 * s))
-    w.power = np.where(pair[:, None, :], power, w.power)  # the cap still holds their power
+    gpus = _some_gpus(w, 1, 2)
+    bouts = w.after() * np.maximum(_bursts(w, on=3, off=5), 0.3)
+    w.temp = np.where(gpus[:, None, :], np.rint(w.temp + bouts[:, :, None] * (2 + 5 * s[:, :, None])), w.temp)
+    _gpu_slow(w, gpus, 1 - bouts * (0.1 + 0.35 * s))
     return w
 
 
-# name -> (class, family); none of these names is in families.FAMILIES
+def gpu_hung(rng, hw, n):
+    """A GPU hangs (the kernel never returns, XID 79 before it falls off the bus): from the onset it
+    shows full utilisation at a low power, the other GPUs fall idle waiting in a collective, and
+    the job stops reporting steps (training stuck)."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 20, 110)
+    on = w.after()[:, :, None] > 0
+    hung = _some_gpus(w, 1, 1)[:, None, :]
+    rest = _base(rng, hw, n, _busy(rng, n, "idle"))
+    stuck_power = hw.idle_power * rng.uniform(1.3, 2.0, (n, 1, 1))
+    w.util = np.where(on, np.where(hung, 100.0, rest.util), w.util)
+    w.power = np.where(on, np.where(hung, stuck_power, rest.power * 1.1), w.power)
+    w.clock = np.where(on, np.where(hung, w.clock, rest.clock), w.clock)
+    w.temp = np.where(on, np.rint(np.maximum(rest.temp, w.temp - (w.temp - rest.temp) * 0.5)), w.temp)
+    w.job = w.job & ~on[:, :, 0]
+    return w
+
+
+# name -> (class, family); none of these names is a training family's (episodes.FAMILIES)
 FRESH: dict[str, tuple[str, Family]] = {
-    "healthy.small_batch": ("healthy", healthy_small_batch),
-    "healthy.partial_node": ("healthy", healthy_partial_node),
-    "healthy.inference_server": ("healthy", healthy_inference_server),
-    "communication.rdma_drop_creep": ("communication", rdma_drop_creep),
-    "communication.link_downtrained": ("communication", link_downtrained),
-    "storage.cache_fill_staircase": ("storage", cache_fill_staircase),
-    "storage.checkpoint_stall_growing": ("storage", checkpoint_stall_growing),
-    "compute.one_gpu_power_sag": ("compute", one_gpu_power_sag),
-    "compute.thermal_creep_pair": ("compute", thermal_creep_pair),
+    "healthy.checkpoint_saves": ("healthy", healthy_checkpoint_saves),
+    "healthy.hot_aisle": ("healthy", healthy_hot_aisle),
+    "healthy.variable_sequences": ("healthy", healthy_variable_sequences),
+    "communication.nic_rail_down": ("communication", nic_rail_down),
+    "communication.remote_collective_hiccups": ("communication", remote_collective_hiccups),
+    "storage.drive_wearing_out": ("storage", drive_wearing_out),
+    "storage.page_cache_thrash": ("storage", page_cache_thrash),
+    "compute.hbm_temperature_throttle": ("compute", hbm_temperature_throttle),
+    "compute.gpu_hung": ("compute", gpu_hung),
 }
 
 
 def generate(
     seed: int = 7, per_family: int = 200, hw_class: str = "h200", capture: Capture | None = None
 ) -> Episodes:
-    """per_family episodes of every fresh family, all in split "fresh"; deterministic for a seed."""
+    """per_family episodes of every fresh family (set 2), all in split "fresh"; deterministic for a seed."""
     _, _, hw = hardware(hw_class, per_family, capture)
     root = np.random.SeedSequence([seed, 0 if hw_class == "h200" else 1, SALT])
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS}
@@ -240,6 +203,7 @@ def generate(
     info = {
         **manifest(seed, hw_class, hw),
         "fresh": True,
+        "fresh_set": SET,
         "per_family": dict.fromkeys(FRESH, per_family),
         "families_per_split": {SPLIT: sorted(FRESH)},
         "calibrated_on": str(CAPTURE),
