@@ -210,6 +210,24 @@ def _slow(w: Window, extra_ms: np.ndarray) -> None:
     w.power = w.hw.idle_power + (w.power - w.hw.idle_power) * (0.4 + 0.6 * share)
 
 
+def _collectives_slower(w: Window, extra: np.ndarray) -> None:
+    """The job's collectives take extra_ms [n, T] longer, and so its step."""
+    w.comm_ms = w.comm_ms + extra
+    _slow(w, extra)
+
+
+def _input_slower(w: Window, extra: np.ndarray) -> None:
+    """The job waits extra_ms [n, T] longer for its input, and so its step."""
+    w.data_ms = w.data_ms + extra
+    _slow(w, extra)
+
+
+def _port_waits(w: Window, factor: np.ndarray) -> None:
+    """The IB port waits to send `factor` [n, T] times as long."""
+    xmit = w.node[:, :, F["ib_port_xmit_wait_per_second"]]
+    w.node[:, :, F["ib_port_xmit_wait_per_second"]] = np.rint(xmit * factor)
+
+
 def _busy(rng: np.random.Generator, n: int, kind: str) -> np.ndarray:
     t = np.arange(STEPS)[None, :]
     if kind == "idle":
@@ -305,8 +323,7 @@ def ib_symbol_errors(rng, hw, n):
     s, on = _sev(w), w.after()
     _rate(w, "ib_symbol_errors_per_second", 10 ** (0.3 + 2.5 * s), on)
     extra = w.comm_ms * on * 0.6 * s
-    w.comm_ms = w.comm_ms + extra
-    _slow(w, extra)
+    _collectives_slower(w, extra)
     return w
 
 
@@ -315,8 +332,7 @@ def aer_storm(rng, hw, n):
     s, on = _sev(w), w.after(rng.integers(1, 20, n))
     _rate(w, "pcie_aer_correctable_errors_per_second", 10 ** (0.7 + 3 * s), on)
     extra = w.comm_ms * on * 0.3 * s
-    w.comm_ms = w.comm_ms + extra
-    _slow(w, extra)
+    _collectives_slower(w, extra)
     return w
 
 
@@ -326,8 +342,7 @@ def allreduce_centre(rng, hw, n):
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s, on = _sev(w), w.after(rng.integers(1, 30, n))
     extra = w.comm_ms * on * (0.6 + 3.0 * s)
-    w.comm_ms = w.comm_ms + extra
-    _slow(w, extra)
+    _collectives_slower(w, extra)
     return w
 
 
@@ -335,11 +350,9 @@ def congested_neighbour(rng, hw, n):
     """A node behind the slow centre's switch: its port waits to send, its collectives slow down."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s, on = _sev(w), w.after(rng.integers(1, 20, n))
-    xmit = w.node[:, :, F["ib_port_xmit_wait_per_second"]]
-    w.node[:, :, F["ib_port_xmit_wait_per_second"]] = np.rint(xmit * (1 + on * (3 + 40 * s)))
+    _port_waits(w, 1 + on * (3 + 40 * s))
     extra = w.comm_ms * on * (0.4 + 2.0 * s)
-    w.comm_ms = w.comm_ms + extra
-    _slow(w, extra)
+    _collectives_slower(w, extra)
     return w
 
 
@@ -350,8 +363,7 @@ def flapping_link(rng, hw, n):
     _rate(w, "ib_symbol_errors_per_second", 10 ** (0.5 + 2 * s), on)
     _rate(w, "rdma_qps_dropped_per_second", 10 ** (0.3 + 2 * s), on)
     extra = w.comm_ms * on * (0.5 + 2 * s)
-    w.comm_ms = w.comm_ms + extra
-    _slow(w, extra)
+    _collectives_slower(w, extra)
     return w
 
 
@@ -366,8 +378,7 @@ def slow_nvme_clean_smart(rng, hw, n):
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s, on = _sev(w), w.after(rng.integers(1, 15, n))
     extra = w.step_ms * on * (0.1 + 0.9 * s) * rng.lognormal(0, 0.2, (n, STEPS))
-    w.data_ms = w.data_ms + extra
-    _slow(w, extra)
+    _input_slower(w, extra)
     _disk_warm(w, on, rng.uniform(1, 6, (n, 1)))
     return w
 
@@ -378,8 +389,7 @@ def nvme_overheat(rng, hw, n):
     _disk_warm(w, on, 20 + 25 * s)
     hot = np.clip((w.node[:, :, F["disk_temperature_celsius"]] - 65) / 10, 0, 1)
     extra = w.step_ms * hot * (0.1 + 0.8 * s)
-    w.data_ms = w.data_ms + extra
-    _slow(w, extra)
+    _input_slower(w, extra)
     return w
 
 
@@ -387,8 +397,7 @@ def nvme_latency_ramp(rng, hw, n):
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 70)
     s, on = _sev(w), w.after(rng.integers(30, 80, n))
     extra = w.step_ms * on * (0.1 + 1.2 * s)
-    w.data_ms = w.data_ms + extra
-    _slow(w, extra)
+    _input_slower(w, extra)
     _disk_warm(w, on, rng.uniform(0, 3, (n, 1)))
     return w
 
@@ -398,8 +407,7 @@ def data_stall_bursts(rng, hw, n):
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s, on = _sev(w), w.after() * _bursts(w, on=2, off=8)
     extra = w.step_ms * on * (0.3 + 2.5 * s)
-    w.data_ms = w.data_ms + extra
-    _slow(w, extra)
+    _input_slower(w, extra)
     return w
 
 

@@ -10,14 +10,16 @@ import numpy as np
 
 from stethoscope.model.families import (
     GPUS,
-    F,
     Family,
     _base,
     _bursts,
     _busy,
+    _collectives_slower,
     _disk_warm,
     _fault,
     _gpu_slow,
+    _input_slower,
+    _port_waits,
     _rate,
     _sev,
     _slow,
@@ -100,8 +102,7 @@ def rdma_drop_creep(rng, hw, n):
     _rate(w, "pcie_aer_correctable_errors_per_second", 10 ** (0.2 + 1.2 * s), aer)
     factor = 1 + ramp * (0.15 + 1.0 * s)
     extra = w.comm_ms * (factor - 1)
-    w.comm_ms = w.comm_ms + extra
-    _slow(w, extra)
+    _collectives_slower(w, extra)
     return w
 
 
@@ -113,11 +114,9 @@ def link_downtrained(rng, hw, n):
     t = np.arange(STEPS)[None, :]
     burst = (t >= w.onset[:, None]) & (t < w.onset[:, None] + rng.integers(1, 5, (n, 1)))
     _rate(w, "ib_symbol_errors_per_second", 10 ** (1.0 + 2.0 * s), burst)
-    xmit = w.node[:, :, F["ib_port_xmit_wait_per_second"]]
-    w.node[:, :, F["ib_port_xmit_wait_per_second"]] = np.rint(xmit * (1 + on * (2 + 10 * s)))
+    _port_waits(w, 1 + on * (2 + 10 * s))
     extra = w.comm_ms * on * (0.4 + 1.5 * s)
-    w.comm_ms = w.comm_ms + extra
-    _slow(w, extra)
+    _collectives_slower(w, extra)
     return w
 
 
@@ -134,8 +133,7 @@ def cache_fill_staircase(rng, hw, n):
     every = rng.integers(8, 20, (n, 1))
     levels = np.clip((t - w.onset[:, None]) // every + 1, 0, rng.integers(3, 7, (n, 1)))
     extra = w.step_ms * levels * (0.05 + 0.25 * s) * rng.lognormal(0, 0.15, (n, STEPS))
-    w.data_ms = w.data_ms + extra
-    _slow(w, extra)
+    _input_slower(w, extra)
     _disk_warm(w, np.ones((n, STEPS)), levels * rng.uniform(0.2, 0.8, (n, 1)))
     return w
 

@@ -14,12 +14,14 @@ from stethoscope.model.families import (
     Family,
     _base,
     _busy,
+    _collectives_slower,
     _disk_warm,
     _fault,
     _gpu_slow,
+    _input_slower,
+    _port_waits,
     _rate,
     _sev,
-    _slow,
     _some_gpus,
 )
 from stethoscope.model.metadata import STEPS
@@ -81,11 +83,9 @@ def switch_uplink_congestion(rng, hw, n):
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 60)
     s = _sev(w)
     ramp = w.after(rng.integers(20, 60, n))
-    xmit = w.node[:, :, F["ib_port_xmit_wait_per_second"]]
-    w.node[:, :, F["ib_port_xmit_wait_per_second"]] = np.rint(xmit * (1 + ramp * (2 + 20 * s)))
+    _port_waits(w, 1 + ramp * (2 + 20 * s))
     extra = w.comm_ms * ramp * (0.2 + 1.3 * s) * rng.lognormal(0, 0.15, (n, STEPS))
-    w.comm_ms = w.comm_ms + extra
-    _slow(w, extra)
+    _collectives_slower(w, extra)
     return w
 
 
@@ -96,8 +96,7 @@ def nic_pcie_replays(rng, hw, n):
     s, on = _sev(w), w.after(rng.integers(1, 8, n))
     _rate(w, "pcie_aer_correctable_errors_per_second", 10 ** (0.2 + 1.5 * s), on)
     extra = w.comm_ms * on * (0.1 + 0.6 * s)
-    w.comm_ms = w.comm_ms + extra
-    _slow(w, extra)
+    _collectives_slower(w, extra)
     return w
 
 
@@ -111,8 +110,7 @@ def remote_fs_slowdown(rng, hw, n):
     s = _sev(w)
     ramp = w.after(rng.integers(6, 30, n))
     extra = w.step_ms * ramp * (0.15 + 1.2 * s) * rng.lognormal(0, 0.3, (n, STEPS))
-    w.data_ms = w.data_ms + extra
-    _slow(w, extra)
+    _input_slower(w, extra)
     return w
 
 
@@ -129,8 +127,7 @@ def drive_thermal_cycling(rng, hw, n):
     _disk_warm(w, heat, 12 + 20 * s)
     hot = np.clip((w.node[:, :, F["disk_temperature_celsius"]] - 62) / 8, 0, 1)
     extra = w.step_ms * hot * (0.2 + 1.0 * s)
-    w.data_ms = w.data_ms + extra
-    _slow(w, extra)
+    _input_slower(w, extra)
     return w
 
 

@@ -19,9 +19,12 @@ from stethoscope.model.families import (
     _base,
     _bursts,
     _busy,
+    _collectives_slower,
     _disk_warm,
     _fault,
     _gpu_slow,
+    _input_slower,
+    _port_waits,
     _sev,
     _slow,
     _some_gpus,
@@ -80,11 +83,9 @@ def nic_rail_down(rng, hw, n):
     now carry its share, so they wait to send more and every collective takes longer."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s, on = _sev(w), w.after()
-    xmit = w.node[:, :, F["ib_port_xmit_wait_per_second"]]
-    w.node[:, :, F["ib_port_xmit_wait_per_second"]] = np.rint(xmit * (1 + on * (0.5 + 3 * s)))
+    _port_waits(w, 1 + on * (0.5 + 3 * s))
     extra = w.comm_ms * on * (0.25 + 1.0 * s)
-    w.comm_ms = w.comm_ms + extra
-    _slow(w, extra)
+    _collectives_slower(w, extra)
     return w
 
 
@@ -96,8 +97,7 @@ def remote_collective_hiccups(rng, hw, n):
     on = w.after() * _bursts(w, on=1.5, off=6)
     grows = w.after(rng.integers(20, 60, w.n))
     extra = w.comm_ms * on * (0.5 + 3.0 * s) * (0.5 + 0.5 * grows)
-    w.comm_ms = w.comm_ms + extra
-    _slow(w, extra)
+    _collectives_slower(w, extra)
     return w
 
 
@@ -112,8 +112,7 @@ def drive_wearing_out(rng, hw, n):
     ramp = w.after(rng.integers(40, 90, w.n))
     spikes = _bursts(w, on=1, off=10) * rng.uniform(1, 4, (n, STEPS))
     extra = w.step_ms * ramp * (0.1 + 0.8 * s) * (1 + spikes)
-    w.data_ms = w.data_ms + extra
-    _slow(w, extra)
+    _input_slower(w, extra)
     _disk_warm(w, ramp, 2 + 6 * s)
     return w
 
@@ -128,8 +127,7 @@ def page_cache_thrash(rng, hw, n):
     chance = np.where(t >= w.onset[:, None], 0.1 + 0.5 * since / STEPS, 0.0)
     miss = rng.random((n, STEPS)) < chance
     extra = w.step_ms * miss * (0.4 + 2.0 * s) * rng.lognormal(0, 0.3, (n, STEPS))
-    w.data_ms = w.data_ms + extra
-    _slow(w, extra)
+    _input_slower(w, extra)
     _disk_warm(w, (since > 0).astype(float), rng.uniform(0.5, 2.5, (n, 1)))
     return w
 
