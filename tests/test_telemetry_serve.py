@@ -78,6 +78,36 @@ def _start_serve(tmp_path: Path, dsn: str, secret_file: Path) -> tuple[subproces
     return proc, (match[1], int(match[2])), match[3]
 
 
+def _send_node_part(udp: tuple, count: int, every_ms: int, values_of) -> int:
+    """`count` node-part samples of gpu-a (key 1) and gpu-b (key 2), `every_ms` apart up to now, as
+    their agents send them; values_of(seq, slots) gives a sample's values. Returns the values sent."""
+    import socket
+
+    metric_set = load_sets()["gpu_node"]
+    slots = len(metric_set.parts["node"])
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    now_ms = int(time.time() * 1000)
+    sent = 0
+    for node, key_number in (("gpu-a", 1), ("gpu-b", 2)):
+        key = wire.node_secret(SECRET, node)
+        for seq in range(count):
+            values = values_of(seq, slots)
+            datagram = wire.encode(
+                key,
+                set_id=metric_set.id,
+                node_key=key_number,
+                part=0,
+                boot_epoch=1000,
+                seq=seq,
+                ts_ms=now_ms - count * every_ms + seq * every_ms,
+                values=values,
+            )
+            sock.sendto(datagram, udp)
+            sent += len(values)
+    sock.close()
+    return sent
+
+
 def _get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
@@ -105,30 +135,7 @@ def test_serve_stores_the_stream_serves_http_and_loses_nothing_on_sigterm(
         assert "stethoscope_cycles_total" in metrics and "stethoscope_telemetry_datagrams_total" in metrics
         status, report = _get(f"{http}/report")
         assert status == 200 and "<h1>Health board</h1>" in report
-        metric_set = load_sets()["gpu_node"]
-        import socket
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        now_ms = int(time.time() * 1000)
-        sent = 0
-        for node, key_number in (("gpu-a", 1), ("gpu-b", 2)):
-            key = wire.node_secret(SECRET, node)
-            for seq in range(40):
-                values = [float(i + seq) for i in range(len(metric_set.parts["node"]))]
-                sock.sendto(
-                    wire.encode(
-                        key,
-                        set_id=metric_set.id,
-                        node_key=key_number,
-                        part=0,
-                        boot_epoch=1000,
-                        seq=seq,
-                        ts_ms=now_ms - 40_000 + seq * 1000,
-                        values=values,
-                    ),
-                    udp,
-                )
-                sent += len(values)
+        sent = _send_node_part(udp, 40, 1000, lambda seq, slots: [float(i + seq) for i in range(slots)])
         proc.send_signal(signal.SIGTERM)  # within the collector's 1-second batch
         out, err = proc.communicate(timeout=60)
     finally:
@@ -429,27 +436,7 @@ def test_serve_execute_acts_once_per_stream_finding_across_cycles(tmp_path: Path
         match = re.search(r"udp ([\d.]+):(\d+)", proc.stdout.readline())
         assert match, proc.stderr.read() if proc.poll() is not None else ""
         udp = (match[1], int(match[2]))
-        metric_set = load_sets()["gpu_node"]
-        slots = metric_set.parts["node"]
-        import socket
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        now_ms = int(time.time() * 1000)
-        for node, key_number in (("gpu-a", 1), ("gpu-b", 2)):
-            key = wire.node_secret(SECRET, node)
-            for seq in range(12):
-                values = [500.0] * len(slots)
-                datagram = wire.encode(
-                    key,
-                    set_id=metric_set.id,
-                    node_key=key_number,
-                    part=0,
-                    boot_epoch=1000,
-                    seq=seq,
-                    ts_ms=now_ms - 12 * 5000 + seq * 5000,
-                    values=values,
-                )
-                sock.sendto(datagram, udp)
+        _send_node_part(udp, 12, 5000, lambda seq, slots: [500.0] * slots)
         deadline = time.time() + 60
         while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 2):
             time.sleep(0.3)
