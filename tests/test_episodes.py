@@ -165,12 +165,14 @@ def test_jobs_that_report_only_their_step_time_are_in_the_training_data(data):
 
 
 def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
-    """Regression guard: fresh sets 1 and 2 found healthy workloads the training data lacked (small
-    batches, an inference server, part of a node, swinging GPU load, a change of pace) read as
-    faults; once scored, a hold-out becomes training data and the next set is the hold-out."""
-    from stethoscope.model import families_fresh1, families_fresh2, families_workloads, fresh
+    """Regression guard: fresh sets 1-3 found healthy workloads the training data lacked (small
+    batches, an inference server, part of a node, swinging GPU load, a change of pace, routine
+    checkpoint saves) read as faults; once scored, a hold-out becomes training data and the next
+    set is the hold-out."""
+    from stethoscope.model import families_fresh1, families_fresh2, families_fresh3, families_workloads, fresh
 
-    for added in (families_fresh1.FRESH_V1, families_fresh2.FRESH_V2, families_workloads.WORKLOAD_FAMILIES):
+    added_sets = (families_fresh1.FRESH_V1, families_fresh2.FRESH_V2, families_fresh3.FRESH_V3)
+    for added in (*added_sets, families_workloads.WORKLOAD_FAMILIES):
         assert set(added) <= set(episodes.FAMILIES)
     assert not set(fresh.FRESH) & set(episodes.FAMILIES)
     trained = set(data.family[data.split == "train"])
@@ -180,8 +182,9 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         "healthy.partial_node",
         "healthy.pipeline_bubbles",
         "healthy.phase_change",
+        "healthy.checkpoint_saves",
     } <= trained
-    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 3
+    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 4
 
 
 def test_step_times_cover_small_and_large_batches(data):

@@ -497,7 +497,7 @@ REPLAYED = ("healthy.replay_idle", "healthy.replay_load")
 # from the same family (stethoscope.model.evaluate.peer_groups); every other family is "standard".
 # None: a pattern of its own in every episode (a swing, a change of pace at its own step), which a
 # job's ranks share and no other episode can stand in for; such episodes get no outlier score.
-# Names of every set: the training families, fresh sets 1 and 2 (now training) and set 3.
+# Names of every set: the training families, fresh sets 1-3 (now training) and set 4.
 WORKLOADS: dict[str, str | None] = {
     "healthy.power_capped": "power_capped",
     "healthy.small_batch": "small_batch",
@@ -508,6 +508,10 @@ WORKLOADS: dict[str, str | None] = {
     "healthy.phase_change": None,
     "healthy.pipeline_bubbles": None,
     "healthy.eval_phase": None,
+    "healthy.checkpoint_saves": None,
+    "healthy.job_restart": None,
+    "healthy.room_temperature_cycle": None,
+    "healthy.two_jobs": "two_jobs",
 }
 
 

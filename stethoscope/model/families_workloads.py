@@ -1,4 +1,4 @@
-"""Healthy variety (generator version 3): what a healthy node's signals may do that no fault family
+"""Healthy variety (since generator version 3): what a healthy node's signals may do that no fault family
 needs. Fresh set 2 showed healthy workloads whose GPU load swings (pipeline bubbles) or whose step
 changes pace (an evaluation pass) read as faults: the training families had every healthy window
 steady, so any change meant a fault. These families move the GPU signals, or the job's pace, the way

@@ -1,7 +1,7 @@
-"""Fresh families (set 3): a clean hold-out for the shipped model. Written before the model of
-generator version 3 was trained, from what these conditions look like on a real node rather than
-from the training families; no training, validation or model selection has seen them. (Sets 1 and
-2, the hold-outs of generator versions 1 and 2, are training data now: families_fresh1/2.) Same
+"""Fresh families (set 4): a clean hold-out for the shipped model. Written before the model of
+generator version 4 was trained, from what these conditions look like on a real node rather than
+from the training families; no training, validation or model selection has seen them. (Sets 1-3,
+the hold-outs of generator versions 1-3, are training data now: families_fresh1/2/3.) Same
 signals, aggregation, sample loss and masking as stethoscope.model.episodes; split "fresh". Scored
 by benchmarks/model_fresh_families.py, once per model."""
 
@@ -12,12 +12,12 @@ import numpy as np
 from stethoscope.model.episodes import ARRAYS, Episodes, _assemble, data_hash, hardware, manifest
 from stethoscope.model.families import (
     CAPTURE,
+    GPUS,
     Capture,
     F,
     Family,
     Window,
     _base,
-    _bursts,
     _busy,
     _collectives_slower,
     _disk_warm,
@@ -25,157 +25,164 @@ from stethoscope.model.families import (
     _gpu_slow,
     _input_slower,
     _port_waits,
+    _rate,
     _sev,
-    _slow,
     _some_gpus,
 )
 from stethoscope.model.metadata import CLASSES, STEPS
 
 SPLIT = "fresh"
-SET = 3
-SALT = 20261203  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
+SET = 4
+SALT = 20261204  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
 
 
 # --- healthy -----------------------------------------------------------------------------------
 
 
-def healthy_checkpoint_saves(rng, hw, n):
-    """A job that saves a checkpoint every 15-40 steps, as it has all along: each save stalls the
-    steps for 1-3 samples by the same amount, the input waits behind the writes and the local
-    drive warms while it writes, then cools."""
+def healthy_job_restart(rng, hw, n):
+    """One job ends and the next starts inside the window: the GPUs idle for 15 s to a minute and a
+    quarter between them, the new job has a pace of its own and slow first steps (warm-up)."""
+    t = np.arange(STEPS)[None, :]
+    end = rng.integers(20, STEPS - 40, (n, 1))
+    start = end + rng.integers(3, 16, (n, 1))
+    busy = ((t < end) | (t >= start)).astype(float)
+    w = _base(rng, hw, n, busy)
+    second = t >= start
+    pace = rng.uniform(0.4, 2.5, (n, 1))
+    w.step_ms = np.where(second, w.step_ms * pace, w.step_ms)
+    w.comm_ms = np.where(second, w.comm_ms * pace * rng.uniform(0.5, 2.0, (n, 1)), w.comm_ms)
+    w.data_ms = np.where(second, w.data_ms * pace * rng.uniform(0.5, 2.0, (n, 1)), w.data_ms)
+    warm = second & (t < start + rng.integers(2, 7, (n, 1)))
+    w.step_ms = np.where(warm, w.step_ms * rng.uniform(1.5, 3.0, (n, 1)), w.step_ms)
+    return w
+
+
+def healthy_two_jobs(rng, hw, n):
+    """Two jobs share the node, four GPUs each: one at full load, the other lighter (40-80 % busy),
+    its GPUs at lower power and higher clocks; the step time reported is the slower job's."""
+    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    light = np.zeros((n, GPUS), dtype=bool)
+    light[:, GPUS // 2 :] = True
+    light = np.where(rng.random((n, 1)) < 0.5, light, ~light)[:, None, :]
+    level = rng.uniform(0.4, 0.8, (n, 1, 1))
+    w.util = np.where(light, np.clip(np.rint(w.util * level), 0, 100), w.util)
+    w.power = np.where(light, hw.idle_power + (w.power - hw.idle_power) * level, w.power)
+    up = hw.clock_step * np.rint((w.clock + (1 - level) * (hw.max_clock - hw.load_clock)) / hw.clock_step)
+    w.clock = np.where(light, np.minimum(up, hw.max_clock), w.clock)
+    w.temp = np.where(light, np.rint(hw.idle_temp + (w.temp - hw.idle_temp) * (0.5 + 0.5 * level)), w.temp)
+    return w
+
+
+def healthy_room_temperature_cycle(rng, hw, n):
+    """The room's cooling cycles: the inlet air, and with it every GPU and drive, warms and cools by
+    2-5 C over 8-30 minutes; clocks, power and pace unchanged (well below any slowdown)."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
     t = np.arange(STEPS)[None, :]
-    period = rng.integers(15, 41, (n, 1))
-    length = rng.integers(1, 4, (n, 1))
-    saving = (t + rng.integers(0, 40, (n, 1))) % period < length
-    stall = w.step_ms * saving * rng.uniform(0.3, 1.5, (n, 1))
-    w.data_ms = w.data_ms + 0.5 * stall
-    _slow(w, stall)
-    _disk_warm(w, saving.astype(float), rng.uniform(1, 4, (n, 1)))
-    return w
-
-
-def healthy_hot_aisle(rng, hw, n):
-    """A node in a warm spot of the room: its GPUs run 5-10 C warmer than most from the start of the
-    window and stay there, well below any slowdown; clocks, power and pace as any other node."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
-    w.temp = w.temp + np.rint(rng.uniform(5, 10, (n, 1, 1)))
-    w.node[:, :, F["disk_temperature_celsius"]] += np.rint(rng.uniform(2, 6, (n, 1)))
-    return w
-
-
-def healthy_variable_sequences(rng, hw, n):
-    """A job with variable-length sequences (packing off): every step takes its own time, a fifth
-    to two fifths spread around its mean, the collectives with it; the GPUs stay busy."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
-    spread = rng.lognormal(0, rng.uniform(0.2, 0.4, (n, 1)), (n, STEPS))
-    spread = spread / np.median(spread, axis=1, keepdims=True)
-    w.step_ms = w.step_ms * spread
-    w.comm_ms = w.comm_ms * (0.5 + 0.5 * spread)
+    period = rng.uniform(96, 360, (n, 1))
+    swing = rng.uniform(2, 5, (n, 1)) * np.sin(2 * np.pi * t / period + rng.uniform(0, 2 * np.pi, (n, 1)))
+    w.temp = np.rint(w.temp + swing[:, :, None])
+    w.node[:, :, F["disk_temperature_celsius"]] = np.rint(w.node[:, :, F["disk_temperature_celsius"]] + swing)
     return w
 
 
 # --- communication -----------------------------------------------------------------------------
 
 
-def nic_rail_down(rng, hw, n):
-    """One of the node's NICs (a rail) goes down cleanly: no errors on the others, but their ports
-    now carry its share, so they wait to send more and every collective takes longer."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after()
-    _port_waits(w, 1 + on * (0.5 + 3 * s))
-    extra = w.comm_ms * on * (0.25 + 1.0 * s)
+def link_flap_once(rng, hw, n):
+    """The node's IB link goes down once for 5-15 s and comes back: the collectives in flight stall
+    (a step many times as long), the port waits; afterwards a trickle of symbol errors remains and
+    collectives stay a little slower (retransmissions)."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 20, 100)
+    s = _sev(w)
+    t = np.arange(STEPS)[None, :]
+    down = (t >= w.onset[:, None]) & (t < w.onset[:, None] + rng.integers(1, 4, (n, 1)))
+    after = w.after()
+    _port_waits(w, 1 + down * (10 + 40 * s))
+    _rate(w, "ib_symbol_errors_per_second", 10 ** (-0.7 + 1.2 * s), after)
+    extra = w.comm_ms * (down * (5 + 15 * s) + after * (0.05 + 0.25 * s))
     _collectives_slower(w, extra)
     return w
 
 
-def remote_collective_hiccups(rng, hw, n):
-    """Another node of the job hiccups (its own fault, not this node's): this node's collectives
-    spike now and then for a sample or two, longer as it gets worse; nothing on this node itself."""
+def rdma_retry_steady(rng, hw, n):
+    """RDMA receive drops at a steady moderate rate from the onset (a mis-set buffer after a driver
+    update): the collectives retransmit and take longer, with no link errors."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s = _sev(w)
-    on = w.after() * _bursts(w, on=1.5, off=6)
-    grows = w.after(rng.integers(20, 60, w.n))
-    extra = w.comm_ms * on * (0.5 + 3.0 * s) * (0.5 + 0.5 * grows)
-    _collectives_slower(w, extra)
+    s, on = _sev(w), w.after(rng.integers(1, 5, n))
+    _rate(w, "rdma_qps_dropped_per_second", 10 ** (0.3 + 1.4 * s), on)
+    _collectives_slower(w, w.comm_ms * on * (0.15 + 0.65 * s))
     return w
 
 
 # --- storage -----------------------------------------------------------------------------------
 
 
-def drive_wearing_out(rng, hw, n):
-    """A local drive near the end of its life: reads retry, so the input wait rises slowly over the
-    window with spikes now and then, and the drive runs a few degrees warmer as it works harder."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 50)
+def raid_rebuild(rng, hw, n):
+    """The local RAID starts rebuilding a member: the drives work harder and warm by 4-10 C over a
+    minute or two, and the job's reads wait behind the rebuild's."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s = _sev(w)
-    ramp = w.after(rng.integers(40, 90, w.n))
-    spikes = _bursts(w, on=1, off=10) * rng.uniform(1, 4, (n, STEPS))
-    extra = w.step_ms * ramp * (0.1 + 0.8 * s) * (1 + spikes)
-    _input_slower(w, extra)
-    _disk_warm(w, ramp, 2 + 6 * s)
+    ramp = w.after(rng.integers(10, 25, n))
+    _disk_warm(w, ramp, 4 + 6 * s)
+    extra = w.data_ms * ramp * (0.5 + 3 * s) + w.step_ms * ramp * (0.05 + 0.35 * s)
+    _input_slower(w, extra * rng.lognormal(0, 0.2, (n, STEPS)))
     return w
 
 
-def page_cache_thrash(rng, hw, n):
-    """The data set outgrows the page cache (another job took the memory): input waits come in
-    spikes, more often as the window goes on; the drive warms a little with the extra reads."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 60)
+def nvme_gc_stalls(rng, hw, n):
+    """A drive whose garbage collection stalls reads once it is nearly full: from the onset, every
+    6-20 samples one sample's input wait is half a step to three steps long; the drive a little warmer."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 70)
     s = _sev(w)
     t = np.arange(STEPS)[None, :]
-    since = np.clip(t - w.onset[:, None], 0, None)
-    chance = np.where(t >= w.onset[:, None], 0.1 + 0.5 * since / STEPS, 0.0)
-    miss = rng.random((n, STEPS)) < chance
-    extra = w.step_ms * miss * (0.4 + 2.0 * s) * rng.lognormal(0, 0.3, (n, STEPS))
-    _input_slower(w, extra)
-    _disk_warm(w, (since > 0).astype(float), rng.uniform(0.5, 2.5, (n, 1)))
+    since = t - w.onset[:, None]
+    stall = (since >= 0) & (since % rng.integers(6, 21, (n, 1)) == 0)
+    _input_slower(w, w.step_ms * stall * (0.5 + 2.5 * s))
+    _disk_warm(w, (since >= 0).astype(float), rng.uniform(1, 3, (n, 1)))
     return w
 
 
 # --- compute -----------------------------------------------------------------------------------
 
 
-def hbm_temperature_throttle(rng, hw, n):
-    """One or two GPUs whose memory runs hot (a poorly seated heat sink): their die temperature is
-    only a few degrees up, but the memory throttles in bouts, the clock dips during each, the job
-    waits for them."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+def fans_failing(rng, hw, n):
+    """The node's fans fail one after another: every GPU warms slowly by 10-25 C over several
+    minutes, and once the hottest runs well above normal all clocks come down and the step with them."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 40)
     s = _sev(w)
-    gpus = _some_gpus(w, 1, 2)
-    bouts = w.after() * np.maximum(_bursts(w, on=3, off=5), 0.3)
-    w.temp = np.where(gpus[:, None, :], np.rint(w.temp + bouts[:, :, None] * (2 + 5 * s[:, :, None])), w.temp)
-    _gpu_slow(w, gpus, 1 - bouts * (0.1 + 0.35 * s))
+    ramp = w.after(rng.integers(40, 100, n))
+    w.temp = np.rint(w.temp + ramp[:, :, None] * (10 + 15 * s[:, :, None]))
+    hot = np.clip((w.temp.max(axis=2) - (hw.load_temp + 12)) / 10, 0, 1)
+    _gpu_slow(w, np.ones((n, GPUS), dtype=bool), 1 - hot * (0.1 + 0.2 * s))
     return w
 
 
-def gpu_hung(rng, hw, n):
-    """A GPU hangs (the kernel never returns, XID 79 before it falls off the bus): from the onset it
-    shows full utilisation at a low power, the other GPUs fall idle waiting in a collective, and
-    the job stops reporting steps (training stuck)."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 20, 110)
-    on = w.after()[:, :, None] > 0
-    hung = _some_gpus(w, 1, 1)[:, None, :]
-    rest = _base(rng, hw, n, _busy(rng, n, "idle"))
-    stuck_power = hw.idle_power * rng.uniform(1.3, 2.0, (n, 1, 1))
-    w.util = np.where(on, np.where(hung, 100.0, rest.util), w.util)
-    w.power = np.where(on, np.where(hung, stuck_power, rest.power * 1.1), w.power)
-    w.clock = np.where(on, np.where(hung, w.clock, rest.clock), w.clock)
-    w.temp = np.where(on, np.rint(np.maximum(rest.temp, w.temp - (w.temp - rest.temp) * 0.5)), w.temp)
-    w.job = w.job & ~on[:, :, 0]
+def memory_bound_straggler(rng, hw, n):
+    """One GPU gets less done per step at the same clock and power (retired memory rows, a degraded
+    HBM stack): a little warmer, every step waits for it, the other GPUs idle in the collectives."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+    s, on = _sev(w), w.after(rng.integers(1, 6, n))
+    gpu = _some_gpus(w, 1, 1)[:, None, :]
+    w.temp = np.where(gpu, np.rint(w.temp + on[:, :, None] * (2 + 3 * s[:, :, None])), w.temp)
+    extra = w.step_ms * on * (0.05 + 0.3 * s)
+    waiting = (w.step_ms / (w.step_ms + extra))[:, :, None]
+    w.util = np.where(gpu, w.util, np.rint(w.util * waiting))
+    w.comm_ms = w.comm_ms + 0.7 * extra
+    w.step_ms = w.step_ms + extra
     return w
 
 
 # name -> (class, family); none of these names is a training family's (episodes.FAMILIES)
 FRESH: dict[str, tuple[str, Family]] = {
-    "healthy.checkpoint_saves": ("healthy", healthy_checkpoint_saves),
-    "healthy.hot_aisle": ("healthy", healthy_hot_aisle),
-    "healthy.variable_sequences": ("healthy", healthy_variable_sequences),
-    "communication.nic_rail_down": ("communication", nic_rail_down),
-    "communication.remote_collective_hiccups": ("communication", remote_collective_hiccups),
-    "storage.drive_wearing_out": ("storage", drive_wearing_out),
-    "storage.page_cache_thrash": ("storage", page_cache_thrash),
-    "compute.hbm_temperature_throttle": ("compute", hbm_temperature_throttle),
-    "compute.gpu_hung": ("compute", gpu_hung),
+    "healthy.job_restart": ("healthy", healthy_job_restart),
+    "healthy.two_jobs": ("healthy", healthy_two_jobs),
+    "healthy.room_temperature_cycle": ("healthy", healthy_room_temperature_cycle),
+    "communication.link_flap_once": ("communication", link_flap_once),
+    "communication.rdma_retry_steady": ("communication", rdma_retry_steady),
+    "storage.raid_rebuild": ("storage", raid_rebuild),
+    "storage.nvme_gc_stalls": ("storage", nvme_gc_stalls),
+    "compute.fans_failing": ("compute", fans_failing),
+    "compute.memory_bound_straggler": ("compute", memory_bound_straggler),
 }
 
 
