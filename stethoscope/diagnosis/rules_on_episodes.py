@@ -1,7 +1,7 @@
 """The rules alone on labelled episodes (what `stethoscope model evaluate` prints beside the model):
 each episode becomes one synthetic node in a scratch embedded database, the shipped rules diagnose
-them all at the episodes' common end, and each node's most severe finding names a class by its
-rule's catalog layer.
+them all at the episodes' common end, and each node's most severe finding names a class: the one its
+rule speaks for (diagnosis.model.rule_class, as "model agrees" pairs them).
 
 The episodes carry the model's 12 stream features and nothing else, so a rule that also reads
 another metric (a counter's total, SMART, transmit discards) cannot fire here: the rules-alone
@@ -17,28 +17,15 @@ import numpy as np
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import SEVERITY_ORDER, diagnose
-from stethoscope.diagnosis.rules import Condition, Group, Rule
+from stethoscope.diagnosis.model import rule_class
+from stethoscope.diagnosis.rules import Rule
 from stethoscope.model.evaluate import RULES_MISS, class_scores
-from stethoscope.model.metadata import CLASSES, FEATURES
+from stethoscope.model.metadata import CLASSES
 from stethoscope.store.batch import MetricColumns
 from stethoscope.store.client import Store
 
 MAX_EPISODES = 400  # a bounded sample: every episode is 120 steps x 12 metrics of rows
 END_MS = 1_798_761_600_000  # 2027-01-01T00:00Z: any fixed instant; all episodes end there
-# catalog layer -> class; job-layer rules (step-time sub-health) point at a straggler: compute
-LAYER_CLASS = {"communication": 1, "network": 1, "storage": 2, "compute": 3, "job": 3}
-FEATURE_CLASS = {f.metric: CLASSES.index(f.layer) for f in FEATURES}
-# where the catalog declares no layer, the name's prefix gives the class (as the board's bands do)
-PREFIX_CLASS = (
-    (("nvlink_", "nccl_", "bench_allreduce", "ib_", "rdma_", "net_", "bench_rdma"), 1),
-    (("smart_", "nvme_", "disk_", "bench_fio"), 2),
-)
-
-
-def _metrics(item: Condition | Group) -> list[str]:
-    if isinstance(item, Condition):
-        return [item.metric]
-    return [m for child in item.items for m in _metrics(child)]
 
 
 def sample(index: np.ndarray, limit: int = MAX_EPISODES, seed: int = 0) -> np.ndarray:
@@ -67,25 +54,9 @@ def rules_predictions(
     for f in findings:
         rank = SEVERITY_ORDER[f["severity"]]
         if f["node_id"] not in worst or rank > worst[f["node_id"]][0]:
-            worst[f["node_id"]] = (rank, class_of(by_rule[f["rule_id"]], catalog))
+            worst[f["node_id"]] = (rank, CLASSES.index(rule_class(by_rule[f["rule_id"]], catalog)))
     pred = np.array([worst[n][1] if n in worst else 0 for n in nodes], dtype=int)
     return pred, findings
-
-
-def class_of(rule: Rule, catalog: Catalog) -> int:
-    """The class a rule's finding names: the catalog layer of its first metric."""
-    metrics = _metrics(rule.when)
-    if not metrics:
-        return 3
-    if metrics[0] in FEATURE_CLASS:  # the model's own features: the class it labels them with
-        return FEATURE_CLASS[metrics[0]]
-    spec = catalog.get(metrics[0])
-    if spec is not None and spec.layer in LAYER_CLASS:
-        return LAYER_CLASS[spec.layer]
-    for prefixes, number in PREFIX_CLASS:
-        if metrics[0].startswith(prefixes):
-            return number
-    return 3  # gpu_, pcie_, cpu_, train_ and the rest
 
 
 def rules_scores(episodes: Any, index: np.ndarray, rules: list[Rule], catalog: Catalog) -> dict[str, Any]:
