@@ -78,9 +78,10 @@ def _start_serve(tmp_path: Path, dsn: str, secret_file: Path) -> tuple[subproces
     return proc, (match[1], int(match[2])), match[3]
 
 
-def _send_node_part(udp: tuple, count: int, every_ms: int, values_of) -> int:
-    """`count` node-part samples of gpu-a (key 1) and gpu-b (key 2), `every_ms` apart up to now, as
-    their agents send them; values_of(seq, slots) gives a sample's values. Returns the values sent."""
+def _send_node_part(udp: tuple, count: int, every_ms: int, values_of, first_seq: int = 0) -> int:
+    """`count` node-part samples of gpu-a (key 1) and gpu-b (key 2) from sequence number `first_seq`,
+    `every_ms` apart up to now, as their agents send them; values_of(seq, slots) gives a sample's
+    values. Returns the values sent."""
     import socket
 
     metric_set = load_sets()["gpu_node"]
@@ -90,7 +91,7 @@ def _send_node_part(udp: tuple, count: int, every_ms: int, values_of) -> int:
     sent = 0
     for node, key_number in (("gpu-a", 1), ("gpu-b", 2)):
         key = wire.node_secret(SECRET, node)
-        for seq in range(count):
+        for seq in range(first_seq, first_seq + count):
             values = values_of(seq, slots)
             datagram = wire.encode(
                 key,
@@ -99,7 +100,7 @@ def _send_node_part(udp: tuple, count: int, every_ms: int, values_of) -> int:
                 part=0,
                 boot_epoch=1000,
                 seq=seq,
-                ts_ms=now_ms - count * every_ms + seq * every_ms,
+                ts_ms=now_ms - (first_seq + count - seq) * every_ms,
                 values=values,
             )
             sock.sendto(datagram, udp)
@@ -405,7 +406,10 @@ def test_a_model_finding_raised_to_l4_by_the_inventory_is_capped_in_serve_and_ne
 @pytest.mark.slow
 def test_serve_execute_acts_once_per_stream_finding_across_cycles(tmp_path: Path, secret_file: Path) -> None:
     """serve --execute end to end: datagrams -> collector -> store -> a stream rule -> the executor's
-    log action; one finding per node, one transaction, one action, however many cycles it stays open."""
+    log action; one finding per node, one transaction, one action, however many cycles it stays
+    open while the agents keep sending."""
+    import threading
+
     database = f"t_{uuid.uuid4().hex[:8]}"
     dsn = f"chdb://{tmp_path / 'db'}?database={database}"
     log = tmp_path / "findings.log"
@@ -432,23 +436,47 @@ def test_serve_execute_acts_once_per_stream_finding_across_cycles(tmp_path: Path
         text=True,
         env=_env(),
     )
+    stop = threading.Event()
     try:
-        match = re.search(r"udp ([\d.]+):(\d+)", proc.stdout.readline())
+        match = re.search(r"udp ([\d.]+):(\d+), http (http://[\d.]+:\d+)", proc.stdout.readline())
         assert match, proc.stderr.read() if proc.poll() is not None else ""
-        udp = (match[1], int(match[2]))
-        _send_node_part(udp, 12, 5000, lambda seq, slots: [500.0] * slots)
+        udp, http = (match[1], int(match[2])), match[3]
+
+        def agents() -> None:  # both nodes send a sample a second as long as the test runs
+            seq = 0
+            while not stop.is_set():
+                _send_node_part(udp, 1, 0, lambda _, slots: [500.0] * slots, first_seq=seq)
+                seq += 1
+                stop.wait(1.0)
+
+        sender = threading.Thread(target=agents, daemon=True)
+        sender.start()
+
+        def cycles() -> int:
+            return json.loads(_get(f"{http}/healthz")[1])["cycles"]
+
         deadline = time.time() + 60
         while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 2):
             time.sleep(0.3)
-        time.sleep(4)  # several more cycles with the findings still open
+        first = cycles()
+        while time.time() < deadline and cycles() < first + 3:
+            time.sleep(0.3)
+        later = cycles()
+        stop.set()
+        sender.join()
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
+        stop.set()
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
+    assert later >= first + 3  # the findings stayed open over three more cycles
     entries = [json.loads(line) for line in log.read_text().splitlines()]
-    assert sorted(e["node_id"] for e in entries) == ["gpu-a", "gpu-b"], entries
+    assert sorted((e["rule_id"], e["node_id"]) for e in entries) == [
+        ("stream_xmit_wait_test", "gpu-a"),
+        ("stream_xmit_wait_test", "gpu-b"),
+    ], entries
     with Store(dsn) as store:
         findings = store.query(
             f"SELECT node_id, argMax(txn_id, version), argMax(status, version) FROM {database}.findings "

@@ -230,33 +230,32 @@ def test_diagnose_with_an_inventory_names_its_node_that_never_reported(store, tm
     assert run(AT) == [(NODE_RULE, "n00")]
 
 
-def test_an_agent_that_stops_is_unknown_within_15_s_while_its_sweeps_keep_their_cadence(store):
+def test_an_agent_that_stops_is_unknown_within_seconds_while_its_sweeps_keep_their_cadence(store):
     """Regression guard (issue 11): a stream series was judged on the catalog's interval (60 s, or
     the inventory's sweep interval), so an agent that stopped went unnoticed for 3 minutes or more.
-    Its series now stand on the stream's 5-s cadence; the same node's sweep rows on their own."""
+    Its series now stand on the stream's 5-s period (3 periods missing, judged 10 s later for
+    delivery and clock skew); the same node's sweep rows keep their own cadence."""
     stream = {"source": "stream", "agg": "max"}
-    stopped_s = 16  # the agent's last sample: 16 s before AT (more than 3 periods of 5 s)
-    sweeps(store, "n1", SWEEP, every_s=300, since_min=6 * 60, until_min=4)  # swept every 5 min
+    node_part = [("gpu_temperature_celsius", "node")]
+    sweeps(store, ["n1", "n2"], SWEEP, every_s=300, since_min=6 * 60, until_min=4)  # swept every 5 min
+    sweeps(store, "n1", node_part, every_s=5, since_min=60, until_min=0.5, labels=stream)  # stopped 30 s ago
     sweeps(
-        store,
-        "n1",
-        [("gpu_temperature_celsius", "node")],
-        every_s=5,
-        since_min=60,
-        until_min=stopped_s / 60,
-        labels=stream,
-    )
-    sweeps(store, "n2", SWEEP, every_s=300, since_min=6 * 60, until_min=4)
-    sweeps(
-        store,
-        "n2",
-        [("gpu_temperature_celsius", "node")],
-        every_s=5,
-        since_min=60,
-        until_min=0,
-        labels=stream,
-    )
+        store, "n2", node_part, every_s=5, since_min=60, until_min=20 / 60, labels=stream
+    )  # clock 20 s slow
     swept_every_5_min = Catalog.load().with_intervals(300)
     found = silences(store, swept_every_5_min, AT)
     assert keys(found) == {(DEVICE_RULE, "n1", "node")}
-    assert silences(store, swept_every_5_min, AT - 6_000) == []  # 10 s after its last sample: not yet
+    assert silences(store, swept_every_5_min, AT - 10_000) == []  # 20 s after n1's last sample: not yet
+
+
+def test_a_longer_agent_period_in_the_inventory_moves_the_streams_unknown_line(store):
+    """The agents went from 5 s to 30 s ten minutes ago: the spacing the series showed all day is
+    still 5 s, so without the inventory's push_agent_period a sample 60 s old reads as silent."""
+    stream = {"source": "stream", "agg": "max"}
+    node_part = [("gpu_temperature_celsius", "node")]
+    sweeps(store, "n1", SWEEP, every_s=60, since_min=6 * 60, until_min=0)
+    sweeps(store, "n1", node_part, every_s=5, since_min=6 * 60, until_min=10, labels=stream)
+    sweeps(store, "n1", node_part, every_s=30, since_min=9.5, until_min=1, labels=stream)
+    assert keys(silences(store, Catalog.load(), AT)) == {(DEVICE_RULE, "n1", "node")}
+    thirty = Fleet((Host("n1", "n1"),), stream_interval=30)
+    assert silences(store, Catalog.load(), AT, thirty) == []  # push_agent_period 30: 60 s is two periods

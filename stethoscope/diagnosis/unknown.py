@@ -4,12 +4,14 @@ nothing.
 A series is a node's metric on one device from one source (sweep rows, or `source=stream` rows); other
 labels (an XID code) belong to it. It is silent when it reported within the last 24 h and has not
 for 3 of its intervals; its interval is the larger of the declared one (the catalog as the inventory
-sets it; for a `source=stream` series the stream's 5 s, so an agent that stops is UNKNOWN within
-15 s of data) and the spacing it has shown: from `metrics_hourly`, the median spacing inside the hours that
-hold two samples or more ((last - first) / (n - 1): a partial hour says the same as a full one) where
-those are at least half of its hours, else the mean gap between its hours (a series read hourly or
-every few hours, which a jittered pair in one hour must not make look fast), else an hour. Nothing
-reads raw rows, except for a series with rows after an evaluation time in the past: its hour being
+sets it; for a `source=stream` series the stream's period, 5 s unless the inventory sets
+`push_agent_period`, so an agent that stops is UNKNOWN once 3 periods are missing, judged
+STREAM_ALLOWANCE seconds later for delivery and clock skew) and the spacing it has shown: from
+`metrics_hourly`, the median spacing inside the hours that hold two samples or more ((last - first)
+/ (n - 1): a partial hour says the same as a full one) where those are at least half of its hours,
+else the mean gap between its hours (a series read hourly or every few hours, which a jittered pair
+in one hour must not make look fast), else an hour. Nothing reads raw rows, except for a series with
+rows after an evaluation time in the past: its hour being
 evaluated comes from them, so that it sees only what had arrived by then.
 
 - `unknown.device`: the silent metrics of one device of a node that still reports.
@@ -43,7 +45,10 @@ from stethoscope.store.client import Store, StoreError
 LOOKBACK_SECONDS = 24 * 3600
 MISSED_INTERVALS = 3
 DEFAULT_INTERVAL = 60
-STREAM_INTERVAL = 5  # the push stream's period (docs/design.md "Telemetry")
+STREAM_INTERVAL = 5  # the push stream's period (docs/design.md "Telemetry"; push_agent_period)
+# a stream series is judged this much later than its 3 periods: the collector's one-second batch,
+# the write (p99 2 s at 2,000 nodes, benchmarks/store_latency.py) and a clock a few seconds off
+STREAM_ALLOWANCE = 10
 GRACE_SWEEPS = 2
 FLEET_FRACTION = 0.10
 FLEET_MIN_NODES = 2  # one silent node is a node, whatever the size of the inventory
@@ -73,14 +78,20 @@ class Fleet:
 
     hosts: tuple[Host, ...]
     sweep_interval: int = SWEEP_INTERVAL
+    stream_interval: int = STREAM_INTERVAL
 
     @classmethod
     def of(cls, inventory: Inventory) -> Fleet:
-        sweep = inventory.settings.get("stethoscope_sweep_interval")
-        hosts = tuple(inventory.hosts.values())
-        if isinstance(sweep, int) and not isinstance(sweep, bool) and sweep > 0:
-            return cls(hosts, sweep)
-        return cls(hosts)
+        def seconds(name: str, default: int) -> int:
+            value = inventory.settings.get(name)
+            ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+            return value if ok else default
+
+        return cls(
+            tuple(inventory.hosts.values()),
+            seconds("stethoscope_sweep_interval", SWEEP_INTERVAL),
+            seconds("push_agent_period", STREAM_INTERVAL),
+        )
 
     @property
     def names(self) -> list[str]:
@@ -155,7 +166,8 @@ def _query(db: str) -> str:
         "HAVING last > {at:Int64} - {lookback:Int64} * 1000"
     )
     flagged = (
-        "SELECT *, last < {at:Int64} - {missed:UInt32} * interval_s * 1000 AS stale, "
+        "SELECT *, last < {at:Int64} - ({missed:UInt32} * interval_s "
+        "+ if(source = 'stream', {allowance:UInt32}, 0)) * 1000 AS stale, "
         f"metric_name = '{PROBE}' AS probe, "
         "countIf(NOT stale AND NOT probe) OVER (PARTITION BY node_id) AS fresh, "
         "maxIf(last, NOT probe AND source != 'stream') OVER (PARTITION BY node_id) AS swept, "
@@ -170,7 +182,7 @@ def _query(db: str) -> str:
     )
 
 
-def _params(catalog: Catalog, at_ms: int) -> dict[str, Any]:
+def _params(catalog: Catalog, at_ms: int, stream_interval: int) -> dict[str, Any]:
     families = sorted(catalog.families)
     hour_ms = at_ms - at_ms % _HOUR_MS
     return {
@@ -185,7 +197,8 @@ def _params(catalog: Catalog, at_ms: int) -> dict[str, Any]:
         "families": families,
         "family_interval": min((catalog.families[f].interval for f in families), default=DEFAULT_INTERVAL),
         "default": DEFAULT_INTERVAL,
-        "stream": STREAM_INTERVAL,
+        "stream": stream_interval,
+        "allowance": STREAM_ALLOWANCE,
     }
 
 
@@ -210,9 +223,9 @@ class _Node:
     flowing: set[tuple[str, str]] = field(default_factory=set)  # (device, metric) another source still sends
 
 
-def _nodes_seen(store: Store, catalog: Catalog, at_ms: int) -> dict[str, _Node]:
+def _nodes_seen(store: Store, catalog: Catalog, at_ms: int, stream_interval: int) -> dict[str, _Node]:
     seen: dict[str, _Node] = {}
-    rows = store.query(_query(store.database), _params(catalog, at_ms))
+    rows = store.query(_query(store.database), _params(catalog, at_ms, stream_interval))
     for node_id, metric, device, last_ms, value, silent, probe, fresh, swept, flowing in rows:
         node = seen.setdefault(node_id, _Node(int(fresh), int(swept)))
         if probe and value >= 1 and last_ms >= swept:
@@ -274,7 +287,7 @@ def record_new_hosts(store: Store, fleet: Fleet, at_ms: int) -> list[str]:
 
 def survey(store: Store, catalog: Catalog, at_ms: int, fleet: Fleet | None = None) -> Survey:
     _require_rollup(store)
-    seen = _nodes_seen(store, catalog, at_ms)
+    seen = _nodes_seen(store, catalog, at_ms, fleet.stream_interval if fleet else STREAM_INTERVAL)
     scope: Iterable[str] = seen if fleet is None else fleet.names
     absent = [] if fleet is None else [name for name in fleet.names if name not in seen]
     last_ms, first_ms = _history(store, absent, at_ms)
