@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The shipped model (rules/models/core12*) on fresh families (stethoscope/model/fresh.py): variants
-of each fault class and of healthy nodes written after the model was trained and chosen, so a
-clean hold-out (the test split's HELD_OUT families were seen while the architecture was chosen).
+of each fault class and of healthy nodes written before the model was trained (set 1: after it was
+trained and chosen), so a clean hold-out (the test split's HELD_OUT families were seen while the
+architecture was chosen). Once scored, a set becomes training data for the next model; each
+earlier scoring stays under `history` (which model, by its graphs' fingerprint; which set; when).
 Scored as `stethoscope model evaluate` scores (stethoscope/model/evaluate.py): per-class precision,
 recall, F1, macro-F1, confusion, healthy false findings; and per family: the share found (the
 classifier names the class, or the outlier detector fires on a feature of its layer), the
@@ -15,8 +17,11 @@ there).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import json
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -42,36 +47,84 @@ def per_family(out: evaluate.Outputs, eps: episodes.Episodes) -> dict[str, dict]
         else:
             entry["recall"] = round(float(found[members].mean()), 4)
             entry["classifier_recall"] = round(float((out.pred == eps.label)[members].mean()), 4)
+        # the share the detector could judge (stand-in peers exist: evaluate.peer_groups)
+        entry["outlier_scored"] = round(float(np.isfinite(out.score[members]).mean()), 4)
         families[name] = entry
     return families
 
 
+# what each earlier scoring keeps in `history`: a hold-out is scored once by a model before it
+# becomes training data, and that score stays here after it has
+HEADLINE = (
+    "model",
+    "model_fingerprint",
+    "model_data_hash",
+    "generator_version",
+    "fresh_set",
+    "fresh_seed",
+    "per_family",
+    "fresh_data_hash",
+    "scored_at",
+    "macro_f1",
+    "per_class_f1",
+    "healthy_false_findings_percent",
+    "healthy_false_classifier_percent",
+    "family_found",
+)
+SAME_SCORING = ("model_fingerprint", "fresh_set", "fresh_seed", "per_family")
+
+
+def fingerprint(meta) -> str:
+    """Which model scored: its two graphs and its thresholds (the data hash alone cannot tell two
+    trainings on the same data apart, e.g. after the detector's threshold was recalibrated)."""
+    digest = hashlib.sha256()
+    for graph in sorted(meta.graphs.values()):
+        digest.update(meta.path.with_name(graph).read_bytes())
+    digest.update(json.dumps(meta.thresholds, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def headline(figures: dict) -> dict:
+    entry = {k: figures.get(k) for k in HEADLINE}
+    if entry["per_class_f1"] is None and isinstance(figures.get("per_class"), dict):
+        entry["per_class_f1"] = {c: v["f1"] for c, v in figures["per_class"].items()}
+    if entry["family_found"] is None and isinstance(figures.get("families"), dict):
+        entry["family_found"] = {
+            name: f.get("recall", f.get("no_finding")) for name, f in figures["families"].items()
+        }
+    return entry
+
+
 def history(path: Path, figures: dict) -> list[dict]:
-    """The earlier runs' headline figures, one per (model, fresh set): a hold-out is scored once
-    before it becomes training data, and that score is kept here after it has."""
+    """The earlier scorings kept in `path`, and the one it holds now unless this run repeats it."""
     try:
         earlier = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
     kept = [h for h in earlier.get("history", []) if isinstance(h, dict)]
-    entry = {k: earlier.get(k) for k in HEADLINE}
-    entry["fresh_set"] = entry["fresh_set"] or 1  # set 1's file predates the field
-    key = ("model_data_hash", "fresh_set")
-    if [entry[k] for k in key] != [figures[k] for k in key] and entry not in kept:
+    entry = headline(earlier)
+    repeated = [entry[k] for k in SAME_SCORING] == [figures[k] for k in SAME_SCORING]
+    if earlier.get("macro_f1") is not None and not repeated and entry not in kept:
         kept.append(entry)
     return kept
 
 
-HEADLINE = (
-    "model",
-    "model_data_hash",
-    "fresh_set",
-    "fresh_seed",
-    "fresh_data_hash",
-    "macro_f1",
-    "healthy_false_findings_percent",
-    "healthy_false_classifier_percent",
-)
+PEER_POOL = 60  # healthy standard training jobs that stand in for the fresh episodes' peers
+
+
+def outputs_with_standard_peers(meta, eps: episodes.Episodes, seed: int) -> evaluate.Outputs:
+    """The graphs' outputs on the fresh episodes. A fresh set need not hold a healthy standard job
+    (set 4 does not), and without one its fault episodes would have no stand-in peers, so the
+    detector could not judge them: a pool of the generator's healthy.training episodes joins them
+    as peers, in the fresh split, and is never scored itself."""
+    pool = episodes.generate(seed + 1, PEER_POOL)
+    keep = np.flatnonzero(pool.family == "healthy.training")
+    arrays = {k: np.concatenate([getattr(eps, k), getattr(pool, k)[keep]]) for k in episodes.ARRAYS}
+    arrays["split"][len(eps) :] = eps.split[0]
+    joined = episodes.Episodes(**arrays, info=eps.info)
+    out = evaluate.run_graphs(evaluate.Graphs(meta), joined, np.arange(len(joined)), meta.seed)
+    mine = slice(0, len(eps))
+    return evaluate.Outputs(*(getattr(out, f.name)[mine] for f in dataclasses.fields(out)))
 
 
 def main() -> None:
@@ -84,9 +137,8 @@ def main() -> None:
     started = time.perf_counter()
     eps = fresh.generate(args.seed, args.per_family)
     generated = time.perf_counter() - started
-    index = np.arange(len(eps))
     started = time.perf_counter()
-    out = evaluate.run_graphs(evaluate.Graphs(meta), eps, index, meta.seed)
+    out = outputs_with_standard_peers(meta, eps, args.seed)
     scores = evaluate.score_outputs(out, eps.label, eps.family)
     seconds = time.perf_counter() - started
     print(evaluate.render(scores, f"model {meta.name} on fresh families ({seconds:.2f} s)"))
@@ -96,7 +148,10 @@ def main() -> None:
         print(f"  {name:<36} {share}  said {f['said']}")
     figures = {
         "model": meta.name,
+        "model_fingerprint": fingerprint(meta),
         "model_data_hash": meta.data_hash,
+        "generator_version": (meta.history[-1] if meta.history else {}).get("generator_version"),
+        "scored_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "fresh_set": fresh.SET,
         "fresh_seed": args.seed,
         "per_family": args.per_family,
@@ -123,6 +178,7 @@ def main() -> None:
         k: control[k] for k in ("episodes", "macro_f1", "healthy_false_findings_percent")
     }
     figures["history"] = history(args.json, figures)
+    figures["per_class_f1"] = {c: v["f1"] for c, v in scores["per_class"].items()}
     print(json.dumps(figures, indent=2))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(figures, indent=2) + "\n")
