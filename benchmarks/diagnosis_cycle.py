@@ -5,7 +5,8 @@ rows) in <= 5 s on a 2-core machine, all parts together: rules <= 3 s, UNKNOWN <
 model <= 1.5 s. Reports the cycle, then each part on its own: the rules (their total, the slowest 5,
 and the same rules with every increase read from the raw rows only, the engine before
 metrics_hourly stood in for whole hours), UNKNOWN, and the learned model (features, both graphs,
-explanation and path for every node, over the last 10 minutes of stream that the data also holds). Wall and CPU seconds both: on a shared machine the CPU time says what the wall clock cannot.
+explanation and path for every node, over the last 10 minutes of stream that the data also holds).
+Wall and CPU seconds both: on a shared machine the CPU time says what the wall clock cannot.
 UNKNOWN answers for an inventory of the N nodes plus two that never reported.
 
 The data is generated inside ClickHouse (INSERT ... SELECT from numbers()), healthy values with noise

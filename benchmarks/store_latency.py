@@ -121,11 +121,11 @@ def main() -> int:
         "cpus": os.cpu_count(),
     }
     print(json.dumps(figures, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(figures, indent=1) + "\n")
     if not steady:  # e.g. the generator's metric set is not the collector's: every datagram refused
         print("store_latency: no sample reached the store; nothing was measured", file=sys.stderr)
         return 1
+    if args.out:
+        args.out.write_text(json.dumps(figures, indent=1) + "\n")
     return 0
 
 

@@ -169,10 +169,10 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
     batches, an inference server, part of a node, swinging GPU load, a change of pace, routine
     checkpoint saves) read as faults; once scored, a hold-out becomes training data and the next
     set is the hold-out."""
-    from stethoscope.model import families_fresh1, families_fresh2, families_fresh3, families_workloads, fresh
+    from stethoscope.model import families_healthy_variety, families_set1, families_set2, families_set3, fresh
 
-    added_sets = (families_fresh1.FRESH_V1, families_fresh2.FRESH_V2, families_fresh3.FRESH_V3)
-    for added in (*added_sets, families_workloads.WORKLOAD_FAMILIES):
+    added_sets = (families_set1.SET1, families_set2.SET2, families_set3.SET3)
+    for added in (*added_sets, families_healthy_variety.HEALTHY_VARIETY):
         assert set(added) <= set(episodes.FAMILIES)
     assert not set(fresh.FRESH) & set(episodes.FAMILIES)
     trained = set(data.family[data.split == "train"])

@@ -111,3 +111,41 @@ def test_a_workload_no_other_episode_can_stand_in_for_gets_no_outlier_score():
     xn = np.nan_to_num(eps.x).astype(np.float32)
     _, peer_mask = evaluate.peer_windows(xn, eps.mask, groups, eps.label == 0, seed=1)
     assert (peer_mask[swinging] == 0).all()
+
+
+def test_every_workload_tag_names_a_family_that_exists():
+    """A misspelt name in families.WORKLOADS would fall back to "standard" without a word."""
+    from stethoscope.model import families
+
+    known = set(episodes.FAMILIES) | set(fresh.FRESH)
+    assert set(families.WORKLOADS) <= known, set(families.WORKLOADS) - known
+    assert all(name.startswith("healthy.") for name in families.WORKLOADS)
+
+
+def test_rules_miss_recall_counts_jobs_that_send_their_timings_and_the_others_apart():
+    """Regression guard: with a share of jobs sending their step time alone, an AllReduce centre in
+    such a job shows nothing a slow disk would not; its misses are reported apart, not hidden in the
+    family's recall."""
+    from stethoscope.model import evaluate
+
+    n = 4
+    labels = np.full(n, CLASSES.index("communication"))
+    families = np.full(n, "communication.allreduce_centre")
+    pred = np.array([1, 1, 1, 0])  # the last one, a job sending its step time only, is missed
+    out = evaluate.Outputs(
+        probs=np.zeros((n, len(CLASSES)), np.float32),
+        pred=pred,
+        score=np.full(n, np.nan),
+        deviation=np.zeros((n, len(FEATURES)), np.float32),
+        outlier=np.zeros(n, dtype=bool),
+        outlier_layer=np.zeros(n, dtype=int),
+    )
+    timed = np.array([True, True, True, False])
+    found = evaluate.score_outputs(out, labels, families, timed)["rules_miss"][
+        "communication.allreduce_centre"
+    ]
+    assert found["recall"] == 1.0 and found["episodes"] == 3
+    assert found["step_time_only"] == {"episodes": 1, "recall": 0.0}
+    mask = np.ones((2, STEPS, len(FEATURES)), np.float32)
+    mask[1, :, [FEATURES.index(f) for f in FEATURES if f.metric in evaluate.TIMINGS]] = 0
+    assert evaluate.reports_timings(mask).tolist() == [True, False]

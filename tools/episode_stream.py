@@ -22,8 +22,9 @@ from stethoscope.model import episodes
 from stethoscope.timeutil import now_ms
 
 JOB = "4242"
-# the window ends this far ahead (ingest accepts 5 min): still current when diagnose runs after the
-# ingest, instead of a stream that stopped (UNKNOWN) seconds ago
+# the window ends this far ahead (ingest accepts 5 min): still current when diagnose and report run
+# after the ingest, instead of a stream that stopped (UNKNOWN within 25 s) moments ago; not further,
+# or the window diagnose reads (the 10 minutes before now) would miss the episodes' last steps
 LEAD_MS = 30_000
 
 
@@ -39,9 +40,11 @@ def rows(nodes: list[str], faults: dict[str, str], seed: int, end_ms: int) -> li
         if family is None:
             index = int(next(healthy))
         else:
+            if family not in set(data.family):
+                raise SystemExit(f"episode_stream: no family {family!r} (one of {sorted(set(data.family))})")
             matching = np.flatnonzero((data.family == family) & whole)
             if not len(matching):
-                raise SystemExit(f"episode_stream: no family {family!r} (one of {sorted(set(data.family))})")
+                raise SystemExit(f"episode_stream: no {family!r} episode has all features in its last minute")
             index = int(matching[np.argmax(data.severity[matching])])  # the clearest case
         for row in data.to_rows(index, node, end_ms):
             if "job" in row["labels"]:  # episodes are independent nodes, not one job's ranks

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stethoscope.model import families, families_fresh1, families_fresh2, families_fresh3, families_workloads
+from stethoscope.model import families, families_healthy_variety, families_set1, families_set2, families_set3
 from stethoscope.model.families import (
     CAPTURE,
     GPUS,
@@ -48,14 +48,14 @@ __all__ = [
 ]
 # 2: fresh set 1's families in training, wider step/collective/input shares, jobs that report
 # only their step time (the Reporter's default); 3: fresh set 2's families and healthy variety
-# (families_workloads) in training; 4: fresh set 3's families in training
+# (families_healthy_variety) in training; 4: fresh set 3's families in training
 GENERATOR_VERSION = 4
 FAMILIES = {
-    **families.FAMILIES,
-    **families_fresh1.FRESH_V1,
-    **families_fresh2.FRESH_V2,
-    **families_fresh3.FRESH_V3,
-    **families_workloads.WORKLOAD_FAMILIES,
+    **families.CORE_FAMILIES,
+    **families_set1.SET1,
+    **families_set2.SET2,
+    **families_set3.SET3,
+    **families_healthy_variety.HEALTHY_VARIETY,
 }
 # a job that reports its step time only (Reporter.step without comm_time/data_time)
 STEP_TIME_ONLY = 0.15

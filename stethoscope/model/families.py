@@ -469,8 +469,9 @@ def clock_decay(rng, hw, n):
 
 
 Family = Callable[[np.random.Generator, Hardware, int], Window]
-# name -> (class, family); families in HELD_OUT appear only in split "test"
-FAMILIES: dict[str, tuple[str, Family]] = {
+# name -> (class, family): the core families; families in HELD_OUT appear only in split "test".
+# The generator's whole set (episodes.FAMILIES) adds the earlier hold-outs and the healthy variety.
+CORE_FAMILIES: dict[str, tuple[str, Family]] = {
     "healthy.idle": ("healthy", healthy_idle),
     "healthy.training": ("healthy", healthy_training),
     "healthy.power_capped": ("healthy", healthy_power_capped),
@@ -497,7 +498,7 @@ REPLAYED = ("healthy.replay_idle", "healthy.replay_load")
 # from the same family (stethoscope.model.evaluate.peer_groups); every other family is "standard".
 # None: a pattern of its own in every episode (a swing, a change of pace at its own step), which a
 # job's ranks share and no other episode can stand in for; such episodes get no outlier score.
-# Names of every set: the training families, fresh sets 1-3 (now training) and set 4.
+# Names from the core families, fresh sets 1-3 (training now) and the current hold-out, set 4.
 WORKLOADS: dict[str, str | None] = {
     "healthy.power_capped": "power_capped",
     "healthy.small_batch": "small_batch",

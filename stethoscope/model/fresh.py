@@ -1,7 +1,7 @@
 """Fresh families (set 4): a clean hold-out for the shipped model. Written before the model of
 generator version 4 was trained, from what these conditions look like on a real node rather than
 from the training families; no training, validation or model selection has seen them. (Sets 1-3,
-the hold-outs of generator versions 1-3, are training data now: families_fresh1/2/3.) Same
+the hold-outs of generator versions 1-3, are training data now: families_set1/2/3.) Same
 signals, aggregation, sample loss and masking as stethoscope.model.episodes; split "fresh". Scored
 by benchmarks/model_fresh_families.py, once per model."""
 
@@ -189,7 +189,7 @@ FRESH: dict[str, tuple[str, Family]] = {
 def generate(
     seed: int = 7, per_family: int = 200, hw_class: str = "h200", capture: Capture | None = None
 ) -> Episodes:
-    """per_family episodes of every fresh family (set 2), all in split "fresh"; deterministic for a seed."""
+    """per_family episodes of every fresh family, all in split "fresh"; deterministic for a seed."""
     _, _, hw = hardware(hw_class, per_family, capture)
     root = np.random.SeedSequence([seed, 0 if hw_class == "h200" else 1, SALT])
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS}

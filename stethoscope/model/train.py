@@ -329,7 +329,8 @@ def score_split(graphs: evaluate.Graphs, episodes: Any, split: str, seed: int) -
     if not len(index):
         return {}
     out = evaluate.run_graphs(graphs, episodes, index, seed)
-    return evaluate.score_outputs(out, episodes.label[index], episodes.family[index])
+    timed = evaluate.reports_timings(episodes.mask[index])
+    return evaluate.score_outputs(out, episodes.label[index], episodes.family[index], timed)
 
 
 def history_entry(

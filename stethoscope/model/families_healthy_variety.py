@@ -73,7 +73,7 @@ def healthy_phase_change(rng, hw, n):
     return w
 
 
-WORKLOAD_FAMILIES: dict[str, tuple[str, Family]] = {
+HEALTHY_VARIETY: dict[str, tuple[str, Family]] = {
     "healthy.load_wander": ("healthy", healthy_load_wander),
     "healthy.periodic_load": ("healthy", healthy_periodic_load),
     "healthy.phase_change": ("healthy", healthy_phase_change),

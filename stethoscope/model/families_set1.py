@@ -2,7 +2,7 @@
 generator version 1 had been trained and chosen, and scored it once (macro-F1 0.633: healthy
 workloads unlike the training ones read as faults; benchmarks/results/model_fresh_families.json's
 `history`). Since generator version 2 they are training families (stethoscope.model.episodes), and
-stethoscope.model.fresh holds a new hold-out written before that model was trained."""
+stethoscope.model.fresh holds the current hold-out."""
 
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ def thermal_creep_pair(rng, hw, n):
 
 
 # name -> (class, family)
-FRESH_V1: dict[str, tuple[str, Family]] = {
+SET1: dict[str, tuple[str, Family]] = {
     "healthy.small_batch": ("healthy", healthy_small_batch),
     "healthy.partial_node": ("healthy", healthy_partial_node),
     "healthy.inference_server": ("healthy", healthy_inference_server),

@@ -2,7 +2,8 @@
 generator version 3 was trained and scored it once (macro-F1 0.730, 32 % of healthy episodes with a
 finding: routine checkpoint saves read as a storage fault, a hung GPU read as healthy;
 benchmarks/results/model_fresh_families.json's `history`). Since generator version 4 they are
-training families (stethoscope.model.episodes); stethoscope.model.fresh holds set 4."""
+training families (stethoscope.model.episodes.FAMILIES); stethoscope.model.fresh holds the current
+hold-out."""
 
 from __future__ import annotations
 
@@ -156,7 +157,7 @@ def gpu_hung(rng, hw, n):
 
 
 # name -> (class, family)
-FRESH_V3: dict[str, tuple[str, Family]] = {
+SET3: dict[str, tuple[str, Family]] = {
     "healthy.checkpoint_saves": ("healthy", healthy_checkpoint_saves),
     "healthy.hot_aisle": ("healthy", healthy_hot_aisle),
     "healthy.variable_sequences": ("healthy", healthy_variable_sequences),

@@ -2,7 +2,8 @@
 generator version 2 was trained and scored it once (macro-F1 0.756: every fault class found at
 0.94-1.0 recall, but healthy jobs whose GPU load swings or whose pace changes read as faults;
 benchmarks/results/model_fresh_families.json's `history`). Since generator version 3 they are
-training families (stethoscope.model.episodes); stethoscope.model.fresh holds set 3."""
+training families (stethoscope.model.episodes.FAMILIES); stethoscope.model.fresh holds the current
+hold-out."""
 
 from __future__ import annotations
 
@@ -158,7 +159,7 @@ def lost_power_supply(rng, hw, n):
 
 
 # name -> (class, family)
-FRESH_V2: dict[str, tuple[str, Family]] = {
+SET2: dict[str, tuple[str, Family]] = {
     "healthy.pipeline_bubbles": ("healthy", healthy_pipeline_bubbles),
     "healthy.eval_phase": ("healthy", healthy_eval_phase),
     "healthy.dataloader_jitter": ("healthy", healthy_dataloader_jitter),
