@@ -259,3 +259,11 @@ def test_a_longer_agent_period_in_the_inventory_moves_the_streams_unknown_line(s
     assert keys(silences(store, Catalog.load(), AT)) == {(DEVICE_RULE, "n1", "node")}
     thirty = Fleet((Host("n1", "n1"),), stream_interval=30)
     assert silences(store, Catalog.load(), AT, thirty) == []  # push_agent_period 30: 60 s is two periods
+
+
+def test_the_collectors_own_health_rows_never_make_its_host_an_unknown_node(store):
+    """Regression guard: after `serve` stopped, the controller's host name (under which the collector
+    stores its health metrics, device "collector") read as a silent node, alerting."""
+    sweeps(store, "n1", SWEEP, until_min=0)
+    sweeps(store, "controller", [("telemetry_packets_rejected_total", "collector")], every_s=5, until_min=30)
+    assert silences(store, Catalog.load(), AT) == []

@@ -28,7 +28,9 @@ evaluated comes from them, so that it sees only what had arrived by then.
   and no per-node storm); device findings of nodes that still report stay.
 
 Never UNKNOWN: a metric a node never had, training-job metrics (a job that ends stops reporting),
-what a benchmark recorded (bench_*, label phase=bench), and the unreachable probe itself.
+what a benchmark recorded (bench_*, label phase=bench), the unreachable probe itself, and the stream
+collector's own health (device `collector`, stored under the controller's host name: a stopped
+`serve` is no silent node, and a stream that stops everywhere is `unknown.fleet`).
 UNKNOWN never resolves a rule finding: `silent_series` gives the silent set to whoever decides that.
 """
 
@@ -111,7 +113,7 @@ class Survey:
 
 _SKIPPED = (
     "NOT startsWith(metric_name, 'train_') AND NOT startsWith(metric_name, 'cuda_') "
-    "AND NOT startsWith(metric_name, 'bench_') AND labels['phase'] != 'bench'"
+    "AND NOT startsWith(metric_name, 'bench_') AND labels['phase'] != 'bench' AND device != 'collector'"
 )
 
 
