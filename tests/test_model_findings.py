@@ -405,11 +405,11 @@ def test_a_node_of_a_gpu_class_the_model_was_not_trained_for_gets_no_class_findi
     meta = metadata.load(model_json)
     run = run_model(store, at, meta=meta)
     assert not [f for f in run.findings if f.node_id == FAULTY and f.rule_id != "model.outlier"]
-    assert run.unjudged == {"NVIDIA A100-SXM4-80GB": 1}
+    assert run.unjudged == {"NVIDIA A100-SXM4-80GB": [FAULTY]}
     assert FAULTY not in run.evaluated  # seen, not judged: its old findings go stale, not resolved
     use = ModelUse(meta)
     diagnose(store, [], at, model=use)
-    assert "1 node of NVIDIA A100-SXM4-80GB, a class it was not trained for" in render(
+    assert f"{FAULTY}: NVIDIA A100-SXM4-80GB, a class it was not trained for" in render(
         [], 0, model=use.describe()
     )
 
@@ -486,4 +486,4 @@ def test_a_node_only_swept_is_not_classified_by_a_model_that_learned_stream_wind
     run = run_model(store, at, meta=metadata.load(model_json))
     assert FAULTY not in run.evaluated  # seen, not judged: its old findings go stale, not resolved
     assert not [f for f in run.findings if f.node_id == FAULTY and f.rule_id != "model.outlier"]
-    assert run.unjudged == {"only swept (no stream)": 1}
+    assert run.unjudged == {"only swept (no stream)": [FAULTY]}

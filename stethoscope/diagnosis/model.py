@@ -28,6 +28,7 @@ from stethoscope.timeutil import iso
 LEVELS = ("L1", "L2", "L3", "L4")
 COOLDOWN_SECONDS = 3600  # as a rule's default: a flapping model finding re-opens without acting
 SHOWN = 3  # metrics named in a message
+NAMED = 6  # nodes named in the line on the ones not classified
 
 
 @dataclass
@@ -38,7 +39,7 @@ class ModelUse:
     level: str = "L2"
     evaluated: set[str] = field(default_factory=set)
     ran: bool = False
-    unjudged: dict[str, int] = field(default_factory=dict)  # GPU classes it was not trained for
+    unjudged: dict[str, list[str]] = field(default_factory=dict)  # why not classified -> the nodes
     error: str = ""  # why it did not run in the last diagnosis ("" when it ran)
 
     def describe(self) -> str:
@@ -48,13 +49,15 @@ class ModelUse:
         if not self.unjudged:
             return self.meta.name
         parts = []
-        for what, n in sorted(self.unjudged.items()):
-            nodes = f"{n} node{'s' if n > 1 else ''}"
+        for what, names in sorted(self.unjudged.items()):
+            shown = ", ".join(names[:NAMED]) + (
+                f" and {len(names) - NAMED} more" if len(names) > NAMED else ""
+            )
             parts.append(
-                f"{nodes} {what}" if what == SWEPT else f"{nodes} of {what}, a class it was not trained for"
+                f"{shown} {what}" if what == SWEPT else f"{shown}: {what}, a class it was not trained for"
             )
         return (
-            f"{self.meta.name} (not classified: {'; '.join(parts)}; outliers only there; "
+            f"{self.meta.name} (not classified, scored against their peers only: {'; '.join(parts)}; "
             "`stethoscope model finetune --class CLASS` adapts it to a class)"
         )
 

@@ -60,9 +60,9 @@ class ModelRun:
     # nodes the model judged (data, a stream, a class it knows): their silent findings resolve, and
     # the findings of a node it saw but could not judge go stale, not resolved
     evaluated: list[str] = field(default_factory=list)
-    # GPU classes it has no normalisation for, with their node counts: their nodes are not classified
-    # (a healthy A100 read with an H200's statistics looks faulty) until `model finetune --class`
-    unjudged: dict[str, int] = field(default_factory=dict)
+    # why nodes were not classified (only swept, or a GPU class it has no normalisation for: a healthy
+    # A100 read with an H200's statistics looks faulty, until `model finetune --class`) -> the nodes
+    unjudged: dict[str, list[str]] = field(default_factory=dict)
 
 
 def model_findings(
@@ -110,10 +110,10 @@ def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place]) -> Mo
     # only swept: the shipped model learned stream windows, and resampled sweeps read otherwise to it
     streamed = [windows.streamed[i] for i in rows] if windows.streamed else [True] * len(rows)
     judged = [hw in meta.normalisation and s for hw, s in zip(classes, streamed, strict=True)]
-    for hw, s, ok in zip(classes, streamed, judged, strict=True):
+    for node, hw, s, ok in zip(node_ids, classes, streamed, judged, strict=True):
         if not ok:
             key = (hw or "an unknown GPU class") if s else SWEPT
-            run.unjudged[key] = run.unjudged.get(key, 0) + 1
+            run.unjudged.setdefault(key, []).append(node)
     run.evaluated = [node for node, ok in zip(node_ids, judged, strict=True) if ok]
     # the decision the held-out scores were measured with: the most probable class, if a fault class
     # whose probability reaches its threshold (never two classes for one node)
