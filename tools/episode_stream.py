@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""The last 10 minutes of the 5-second stream for lab nodes, from the learned diagnosis's episodes
-(stethoscope.model.episodes, calibrated on the real H200 capture), as NDJSON metric rows exactly as
-the stream collector stores them: for `make demo`, whose lab nodes are only swept (a minute of
-`stethoscope agent` fills 12 of the model's 120 steps, and no job runs in the lab).
+"""The last 10 minutes of the 5-second stream for lab nodes, and 4 more ahead that repeat the last
+one, from the learned diagnosis's episodes (stethoscope.model.episodes, calibrated on the real H200
+capture), as NDJSON metric rows exactly as the stream collector stores them: for `make demo`, whose
+lab nodes are only swept (a minute of `stethoscope agent` fills 12 of the model's 120 steps, and no
+job runs in the lab).
 
 Each node runs a job of its own; each gets a healthy training window, except those given --fault.
 
@@ -22,10 +23,10 @@ from stethoscope.model import episodes
 from stethoscope.timeutil import now_ms
 
 JOB = "4242"
-# the window ends this far ahead (ingest accepts 5 min): still current when diagnose and report run
-# after the ingest, instead of a stream that stopped (UNKNOWN within 25 s) moments ago; not further,
-# or the window diagnose reads (the 10 minutes before now) would miss the episodes' last steps
-LEAD_MS = 30_000
+# the episode's 10 minutes end now; its last minute then repeats for 4 more (ingest accepts rows up
+# to 5 min ahead), as a fleet whose agents keep sending would: the read commands after the demo see
+# the same state instead of a stream that stopped (UNKNOWN within 25 s) moments ago
+TAIL_MINUTES = 4
 
 
 def rows(nodes: list[str], faults: dict[str, str], seed: int, end_ms: int) -> list[dict]:
@@ -46,11 +47,17 @@ def rows(nodes: list[str], faults: dict[str, str], seed: int, end_ms: int) -> li
             if not len(matching):
                 raise SystemExit(f"episode_stream: no {family!r} episode has all features in its last minute")
             index = int(matching[np.argmax(data.severity[matching])])  # the clearest case
-        for row in data.to_rows(index, node, end_ms):
+        window = data.to_rows(index, node, end_ms)
+        last_minute = [row for row in window if row["timestamp"] > end_ms - 60_000]
+        tail = [
+            {**row, "timestamp": row["timestamp"] + minute * 60_000}
+            for minute in range(1, TAIL_MINUTES + 1)
+            for row in last_minute
+        ]
+        for row in window + tail:
             if "job" in row["labels"]:  # episodes are independent nodes, not one job's ranks
                 row["labels"] = {**row["labels"], "job": f"{JOB}-{node}"}
-            row["timestamp"] = row["timestamp"] / 1000  # ingest reads epoch seconds
-            out.append(row)
+            out.append({**row, "timestamp": row["timestamp"] / 1000})  # ingest reads epoch seconds
     return out
 
 
@@ -74,7 +81,7 @@ def main() -> int:
         if not sep:
             parser.error(f"--fault {pair!r}: expected NODE=FAMILY")
         faults[node] = family
-    end = now_ms() + LEAD_MS
+    end = now_ms()
     for row in rows(args.nodes, faults, args.seed, end):
         sys.stdout.write(json.dumps(row, sort_keys=True) + "\n")
     return 0
