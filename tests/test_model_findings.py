@@ -487,3 +487,22 @@ def test_a_node_only_swept_is_not_classified_by_a_model_that_learned_stream_wind
     assert FAULTY not in run.evaluated  # seen, not judged: its old findings go stale, not resolved
     assert not [f for f in run.findings if f.node_id == FAULTY and f.rule_id != "model.outlier"]
     assert run.unjudged == {"only swept (no stream)": [FAULTY]}
+
+
+def test_a_node_whose_stream_stopped_is_not_judged_on_the_minutes_it_did_send(
+    store, episode_set, model_json
+) -> None:
+    """Regression guard (a fresh-clone run): minutes after the demo's stream ended, the model still
+    judged its nodes on the part of the window that had data (node03, healthy, read as a storage
+    fault) beside their UNKNOWN findings. A node whose agent has sent nothing for 25 s is left to
+    UNKNOWN; its model findings go stale."""
+    from stethoscope.model.findings import run_model
+
+    at = now_ms()
+    _write(store, episode_set, _fleet(episode_set), at)
+    meta = metadata.load(model_json)
+    assert set(run_model(store, at, meta=meta).evaluated) == set(_fleet(episode_set))
+    later = run_model(store, at + 120_000, meta=meta)
+    assert later.evaluated == []
+    assert all(f.rule_id == "model.outlier" for f in later.findings)  # the peers' gaps still count
+    assert sorted(later.unjudged["whose stream stopped"]) == sorted(_fleet(episode_set))

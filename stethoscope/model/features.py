@@ -23,6 +23,9 @@ from stethoscope.model.metadata import FEATURES, STEP_SECONDS, STEPS, Feature, M
 from stethoscope.store.client import Store
 
 STREAM_HOLD_MS = 15_000
+# as UNKNOWN judges a stream series (diagnosis.unknown: 3 periods, 10 s later): a node whose agent has
+# sent nothing for longer is not judged on the minutes it did send
+STREAM_CURRENT_MS = 25_000
 SWEEP_HOLD_FACTOR = 1.5
 
 
@@ -34,6 +37,8 @@ class Windows:
     hw_class: list[str]  # the class fingerprint's GPU model, "" when unknown
     job: list[str]  # the job label of the node's train_ rows, "" when it runs none
     streamed: list[bool] = field(default_factory=list)  # a node part in the window (else only swept)
+    # a node-part sample in the last STREAM_CURRENT_MS: its agent still sends (else the stream stopped)
+    current: list[bool] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -176,8 +181,11 @@ def read_windows(
     job = _jobs(rows, series_names, len(node_ids))
     streamed = np.zeros(len(node_ids) + 1, dtype=bool)
     streamed[rows.node[rows.part == NODE]] = True  # index -1 (a node not asked for) lands on the spare
+    current = np.zeros(len(node_ids) + 1, dtype=bool)
+    current[rows.node[(rows.part == NODE) & (rows.ts > int(at_ms) - STREAM_CURRENT_MS)]] = True
     hw = _hw_classes(store, node_ids, nodes is not None)
-    return Windows(node_ids, x, mask, hw, job, [bool(s) for s in streamed[: len(node_ids)]])
+    n = len(node_ids)
+    return Windows(node_ids, x, mask, hw, job, streamed[:n].tolist(), current[:n].tolist())
 
 
 @dataclass

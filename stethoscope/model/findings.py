@@ -52,6 +52,7 @@ class ModelFinding:
 
 
 SWEPT = "only swept (no stream)"
+STOPPED = "whose stream stopped"
 
 
 @dataclass
@@ -109,11 +110,20 @@ def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place]) -> Mo
     # a node of no known class (no class fingerprint yet) may be any GPU: not judged either; nor a node
     # only swept: the shipped model learned stream windows, and resampled sweeps read otherwise to it
     streamed = [windows.streamed[i] for i in rows] if windows.streamed else [True] * len(rows)
-    judged = [hw in meta.normalisation and s for hw, s in zip(classes, streamed, strict=True)]
-    for node, hw, s, ok in zip(node_ids, classes, streamed, judged, strict=True):
-        if not ok:
-            key = (hw or "an unknown GPU class") if s else SWEPT
-            run.unjudged.setdefault(key, []).append(node)
+    current = [windows.current[i] for i in rows] if windows.current else streamed
+    judged = []
+    for node, hw, s, now in zip(node_ids, classes, streamed, current, strict=True):
+        if not s:
+            why = SWEPT
+        elif not now:  # its agent stopped: UNKNOWN speaks for it, not minutes-old samples
+            why = STOPPED
+        elif hw not in meta.normalisation:
+            why = hw or "an unknown GPU class"
+        else:
+            why = None
+        if why is not None:
+            run.unjudged.setdefault(why, []).append(node)
+        judged.append(why is None)
     run.evaluated = [node for node, ok in zip(node_ids, judged, strict=True) if ok]
     # the decision the held-out scores were measured with: the most probable class, if a fault class
     # whose probability reaches its threshold (never two classes for one node)
