@@ -166,6 +166,14 @@ def test_summary_on_an_uninitialised_database_says_run_db_init(tmp_dsn):
     assert "Traceback" not in result.stderr and "UNKNOWN_DATABASE" not in result.stderr
 
 
+def test_diagnose_on_an_uninitialised_database_is_a_configuration_error_saying_run_db_init(tmp_dsn):
+    """Regression guard (a fresh-clone run): `diagnose` on a database that was never created ended
+    in ClickHouse's UNKNOWN_DATABASE and exit 3 (a failed run), where `summary` says what to do."""
+    result = cli("diagnose", "--dsn", tmp_dsn, "--no-model")
+    assert result.returncode == 2, result.stderr
+    assert "stethoscope db init" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_verify_refuses_a_node_that_is_not_a_valid_host_of_the_inventory(tmp_path, tmp_dsn):
     cli("--dsn", tmp_dsn, "db", "init")
     for node in ("node;rm -rf /", "-oProxyCommand=sh"):  # refused by the one validator

@@ -16,7 +16,7 @@ from stethoscope.cli import report as report_commands
 from stethoscope.cli import telemetry
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from stethoscope.paths import default_spool_dir
-from stethoscope.store.client import Store, StoreError
+from stethoscope.store.client import SchemaMissing, Store, StoreError
 from stethoscope.store.dsn import ConfigError, redact
 from stethoscope.store.ingest import parse_ndjson
 from stethoscope.store.spool import ReplayReport, Spool
@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     except (ConfigError, CatalogError) as exc:
+        print(f"stethoscope: {redact(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except SchemaMissing as exc:  # before StoreError, its base: a missing schema is the user's to create
         print(f"stethoscope: {redact(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except StoreError as exc:

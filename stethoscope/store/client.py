@@ -85,6 +85,18 @@ class StoreError(RuntimeError):
     """The store could not do what was asked; the message is meant for a human."""
 
 
+class SchemaMissing(StoreError):
+    """The database, or a table `db init` creates, does not exist: a configuration error (exit 2),
+    not a failed run."""
+
+
+def _failure(dsn: str, exc: Exception) -> StoreError:
+    text = str(exc)
+    if "UNKNOWN_DATABASE" in text or "UNKNOWN_TABLE" in text:
+        return SchemaMissing(f"{_explain(dsn, exc)}: run `stethoscope db init` first")
+    return StoreError(_explain(dsn, exc))
+
+
 def _in_use(exc: Exception) -> bool:
     text = str(exc)
     return "Unable to open the chdb engine" in text or "Cannot lock file" in text
@@ -257,7 +269,7 @@ class Store:
         except StoreError:
             raise
         except Exception as exc:
-            raise StoreError(_explain(self.dsn, exc)) from None
+            raise _failure(self.dsn, exc) from None
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
         try:
@@ -265,7 +277,7 @@ class Store:
         except StoreError:
             raise
         except Exception as exc:
-            raise StoreError(_explain(self.dsn, exc)) from None
+            raise _failure(self.dsn, exc) from None
 
     def query_arrow(
         self, sql: str, parameters: dict[str, Any] | None = None, settings: dict[str, Any] | None = None
@@ -276,7 +288,7 @@ class Store:
         except StoreError:
             raise
         except Exception as exc:
-            raise StoreError(_explain(self.dsn, exc)) from None
+            raise _failure(self.dsn, exc) from None
 
     def _insert(self, table: str, columns: Sequence[Sequence[Any]], names: Sequence[str]) -> None:
         try:
@@ -286,7 +298,7 @@ class Store:
         except StoreError:
             raise
         except Exception as exc:
-            raise StoreError(_explain(self.dsn, exc)) from None
+            raise _failure(self.dsn, exc) from None
 
     # writes -----------------------------------------------------------------------------------
     def insert_metrics(self, metrics: MetricColumns) -> int:
