@@ -70,8 +70,9 @@ HEADLINE = (
     "healthy_false_findings_percent",
     "healthy_false_classifier_percent",
     "family_found",
+    "note",
 )
-SAME_SCORING = ("model_fingerprint", "fresh_set", "fresh_seed", "per_family")
+SAME_SCORING = ("model_fingerprint", "fresh_set", "fresh_seed", "per_family", "fresh_data_hash")
 
 
 def fingerprint(meta) -> str:
@@ -150,7 +151,9 @@ def main() -> None:
         "model": meta.name,
         "model_fingerprint": fingerprint(meta),
         "model_data_hash": meta.data_hash,
-        "generator_version": (meta.history[-1] if meta.history else {}).get("generator_version"),
+        "generator_version": next(
+            (h.get("generator_version") for h in reversed(meta.history) if h.get("action") == "train"), None
+        ),
         "scored_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "fresh_set": fresh.SET,
         "fresh_seed": args.seed,

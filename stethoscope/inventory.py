@@ -68,9 +68,14 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
     return Inventory(path.resolve(), hosts, _all_group_settings(loader, manager, path))
 
 
+# role variables the controller reads too: the agents' period sets UNKNOWN's line for the stream
+FLEET_WIDE_ROLE_VARS = ("push_agent_period",)
+
+
 def _all_group_settings(loader: Any, manager: Any, path: Path) -> dict[str, Any]:
-    """The `stethoscope_*` vars of the `all` group: inline in the inventory file, then group_vars/all
-    (Ansible's precedence), never one host's own (a host var there would speak for the fleet)."""
+    """The `stethoscope_*` vars (and FLEET_WIDE_ROLE_VARS) of the `all` group: inline in the inventory
+    file, then group_vars/all (Ansible's precedence), never one host's own (a host var there would
+    speak for the fleet)."""
     from ansible.utils.vars import combine_vars
     from ansible.vars.plugins import get_vars_from_inventory_sources
 
@@ -78,4 +83,4 @@ def _all_group_settings(loader: Any, manager: Any, path: Path) -> dict[str, Any]
     merged = group.get_vars()
     for stage in ("inventory", "task"):  # where the vars plugins run depends on RUN_VARS_PLUGINS
         merged = combine_vars(merged, get_vars_from_inventory_sources(loader, [str(path)], [group], stage))
-    return {k: v for k, v in merged.items() if k.startswith("stethoscope_")}
+    return {k: v for k, v in merged.items() if k.startswith("stethoscope_") or k in FLEET_WIDE_ROLE_VARS}

@@ -31,6 +31,7 @@ from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import LEVEL_ACTIONS, action_label, diagnose
 from stethoscope.diagnosis.model import ModelUse
 from stethoscope.diagnosis.rules import Condition, Group, Rule
+from stethoscope.diagnosis.unknown import Fleet
 from stethoscope.report import board
 from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
@@ -104,6 +105,7 @@ class Server:
         execute_with: Any = None,
         flush_interval: float = 1.0,
         model: ModelUse | None = None,
+        fleet: Fleet | None = None,
     ):
         self.store = Store(dsn, database)
         self.spool_dir = spool_dir
@@ -112,6 +114,7 @@ class Server:
         self.interval, self.rules, self.catalog = interval, rules, catalog
         self.execute_with = execute_with
         self.model = model
+        self.fleet = fleet  # the inventory's hosts and cadences UNKNOWN answers for
         self.flush_interval = flush_interval
         self.state = CycleState()
         self.stop_event = threading.Event()
@@ -156,7 +159,7 @@ class Server:
         at_ms = int(time.time() * 1000)
         rules = self.rules()
         try:
-            findings = diagnose(self.store, rules, at_ms, self.catalog, model=self.model)
+            findings = diagnose(self.store, rules, at_ms, self.catalog, fleet=self.fleet, model=self.model)
             cap_stream_only(findings, rules, self.stream_names)
             if self.execute_with is not None:
                 from stethoscope.remediation.executor import Executor

@@ -503,6 +503,5 @@ def test_a_node_whose_stream_stopped_is_not_judged_on_the_minutes_it_did_send(
     meta = metadata.load(model_json)
     assert set(run_model(store, at, meta=meta).evaluated) == set(_fleet(episode_set))
     later = run_model(store, at + 120_000, meta=meta)
-    assert later.evaluated == []
-    assert all(f.rule_id == "model.outlier" for f in later.findings)  # the peers' gaps still count
+    assert later.evaluated == [] and later.findings == []
     assert sorted(later.unjudged["whose stream stopped"]) == sorted(_fleet(episode_set))

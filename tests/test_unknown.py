@@ -267,3 +267,17 @@ def test_the_collectors_own_health_rows_never_make_its_host_an_unknown_node(stor
     sweeps(store, "n1", SWEEP, until_min=0)
     sweeps(store, "controller", [("telemetry_packets_rejected_total", "collector")], every_s=5, until_min=30)
     assert silences(store, Catalog.load(), AT) == []
+
+
+def test_the_inventorys_push_agent_period_reaches_unknown(tmp_path):
+    """Regression guard: the inventory kept only stethoscope_* vars, so the role's push_agent_period
+    never reached UNKNOWN's stream line (always 5 s); YAML may write it 30, 30.0 or "30"."""
+    from stethoscope.inventory import load_inventory
+
+    for written in ("30", "30.0", "'30'"):
+        path = tmp_path / f"hosts{len(written)}.yml"
+        path.write_text(f"---\nall:\n  vars:\n    push_agent_period: {written}\n  hosts:\n    n1: {{}}\n")
+        assert Fleet.of(load_inventory(path)).stream_interval == 30, written
+    plain = tmp_path / "plain.yml"
+    plain.write_text("---\nall:\n  hosts:\n    n1: {}\n")
+    assert Fleet.of(load_inventory(plain)).stream_interval == 5

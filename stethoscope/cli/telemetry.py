@@ -182,7 +182,7 @@ def _collector(args: argparse.Namespace, keyring: Keyring, sets: dict[int, Metri
 
 
 def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet]) -> int:
-    from stethoscope.cli.diagnose import _executor_factory, catalog_for, inventory_of, model_of
+    from stethoscope.cli.diagnose import _executor_factory, catalog_for, fleet_of, inventory_of, model_of
     from stethoscope.diagnosis.ruleset import RuleSet
     from stethoscope.serve import Server
 
@@ -216,6 +216,7 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
         catalog=catalog,
         execute_with=_executor_factory(args, inventory),
         model=model,
+        fleet=fleet_of(args, inventory),
     ).start()
     assert server.collector is not None and server.httpd is not None
     udp, http = server.collector.address, server.httpd.server_address[:2]

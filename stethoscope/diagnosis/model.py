@@ -20,7 +20,7 @@ from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.engine import _metrics
 from stethoscope.diagnosis.layers import CLASS_LAYERS, layer_of
 from stethoscope.diagnosis.rules import Action, Rule
-from stethoscope.model.findings import STOPPED, SWEPT, ModelFinding, run_model
+from stethoscope.model.findings import STOPPED, SWEPT, UNKNOWN_CLASS, ModelFinding, run_model
 from stethoscope.model.metadata import FEATURES, ModelMeta
 from stethoscope.store.client import Store
 from stethoscope.timeutil import iso
@@ -53,11 +53,12 @@ class ModelUse:
             shown = ", ".join(names[:NAMED]) + (
                 f" and {len(names) - NAMED} more" if len(names) > NAMED else ""
             )
-            parts.append(
-                f"{shown} {what}"
-                if what in (SWEPT, STOPPED)
-                else f"{shown}: {what}, a class it was not trained for"
-            )
+            if what in (SWEPT, STOPPED):
+                parts.append(f"{shown} {what}")
+            elif what == UNKNOWN_CLASS:
+                parts.append(f"{shown}: {what} (no class fingerprint yet)")
+            else:
+                parts.append(f"{shown}: {what}, a class it was not trained for")
         return (
             f"{self.meta.name} (not classified, scored against their peers only: {'; '.join(parts)}; "
             "`stethoscope model finetune --class CLASS` adapts it to a class)"

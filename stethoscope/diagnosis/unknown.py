@@ -30,12 +30,13 @@ evaluated comes from them, so that it sees only what had arrived by then.
 Never UNKNOWN: a metric a node never had, training-job metrics (a job that ends stops reporting),
 what a benchmark recorded (bench_*, label phase=bench), the unreachable probe itself, and the stream
 collector's own health (device `collector`, stored under the controller's host name: a stopped
-`serve` is no silent node, and a stream that stops everywhere is `unknown.fleet`).
+`serve` is no silent node).
 UNKNOWN never resolves a rule finding: `silent_series` gives the silent set to whoever decides that.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,9 +86,14 @@ class Fleet:
     @classmethod
     def of(cls, inventory: Inventory) -> Fleet:
         def seconds(name: str, default: int) -> int:
-            value = inventory.settings.get(name)
-            ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-            return value if ok else default
+            value = inventory.settings.get(name)  # YAML may give 30, 30.0 or "30"
+            if value is None or isinstance(value, bool):
+                return default
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                return default
+            return max(1, math.ceil(number)) if number > 0 else default
 
         return cls(
             tuple(inventory.hosts.values()),

@@ -248,7 +248,7 @@ def reports_timings(mask: np.ndarray) -> np.ndarray:
     """[E] bool: the episode's job sent its collective and input times (Reporter.step's comm_time and
     data_time), not its step time alone."""
     timing = [i for i, f in enumerate(FEATURES) if f.metric in TIMINGS]
-    return (mask[:, :, timing] > 0).any(axis=(1, 2))
+    return np.asarray((mask[:, :, timing] > 0).any(axis=(1, 2)), dtype=bool)
 
 
 def score_outputs(
@@ -279,19 +279,19 @@ def score_outputs(
     timed = np.ones(len(labels), dtype=bool) if timed is None else timed
     for family in RULES_MISS:
         members = np.array([f.startswith(family) for f in families], dtype=bool)
-        if (members & timed).any():
-            seen = members & timed
-            misses[family] = {
-                "episodes": int(seen.sum()),
-                "recall": round(float(found[seen].mean()), 4),
-                "classifier_recall": round(float((out.pred == labels)[seen].mean()), 4),
+        seen, alone = members & timed, members & ~timed
+        if not members.any():
+            continue
+        entry: dict[str, Any] = {"episodes": int(seen.sum())}
+        misses[family] = entry
+        if seen.any():
+            entry["recall"] = round(float(found[seen].mean()), 4)
+            entry["classifier_recall"] = round(float((out.pred == labels)[seen].mean()), 4)
+        if alone.any():
+            entry["step_time_only"] = {
+                "episodes": int(alone.sum()),
+                "recall": round(float(found[alone].mean()), 4),
             }
-            if (members & ~timed).any():
-                alone = members & ~timed
-                misses[family]["step_time_only"] = {
-                    "episodes": int(alone.sum()),
-                    "recall": round(float(found[alone].mean()), 4),
-                }
     scores["rules_miss"] = misses
     return scores
 
@@ -360,8 +360,9 @@ def render(scores: dict[str, Any], title: str = "model") -> str:
     for family, m in scores.get("rules_miss", {}).items():
         by_classifier = m.get("classifier_recall")
         alone = m.get("step_time_only")
+        found_share = f"{m['recall']:.3f}" if "recall" in m else "-"
         lines.append(
-            f"  rules miss {family}{where}: found {m['recall']:.3f} of {m['episodes']}"
+            f"  rules miss {family}{where}: found {found_share} of {m['episodes']}"
             + (f" (classifier {by_classifier:.3f})" if by_classifier is not None else "")
             + (
                 f"; jobs sending their step time only: {alone['recall']:.3f} of {alone['episodes']}"

@@ -53,6 +53,7 @@ class ModelFinding:
 
 SWEPT = "only swept (no stream)"
 STOPPED = "whose stream stopped"
+UNKNOWN_CLASS = "an unknown GPU class"
 
 
 @dataclass
@@ -118,7 +119,7 @@ def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place]) -> Mo
         elif not now:  # its agent stopped: UNKNOWN speaks for it, not minutes-old samples
             why = STOPPED
         elif hw not in meta.normalisation:
-            why = hw or "an unknown GPU class"
+            why = hw or UNKNOWN_CLASS
         else:
             why = None
         if why is not None:
@@ -147,7 +148,9 @@ def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place]) -> Mo
             )
         )
     limit = meta.thresholds["outlier"]
-    over = outliers.scored & (np.nan_to_num(outliers.score, nan=-1.0) >= limit)
+    gone = set(run.unjudged.get(STOPPED, ()))  # their agents stopped: no outlier on old samples either
+    stopped = np.array([node in gone for node in node_ids], dtype=bool)
+    over = outliers.scored & ~stopped & (np.nan_to_num(outliers.score, nan=-1.0) >= limit)
     for row in (int(r) for r in np.flatnonzero(over)):
         score = float(outliers.score[row])
         layer = meta.features[int(np.argmax(outliers.deviation[row]))].layer
