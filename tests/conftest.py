@@ -62,6 +62,24 @@ def ansible_env(tmp_path: Path, dsn: str | None = None, **extra: str) -> dict[st
     return env
 
 
+def swept_lab(tmp_path: Path, dsn: str) -> dict[str, str]:
+    """The lab built under tmp_path, its database initialised and swept three times by the real
+    collect.yml, as `make demo` does (rules needing 3 samples can fire); returns the environment."""
+    env = ansible_env(tmp_path, dsn, STETHOSCOPE_LAB_DIR=str(tmp_path / "lab"))
+    subprocess.run(
+        [sys.executable, str(TOP / "tools/lab.py"), "build"], env=env, check=True, capture_output=True
+    )
+    cli = [sys.executable, "-m", "stethoscope.cli"]
+    subprocess.run([*cli, "db", "init"], env=env, cwd=TOP, check=True, capture_output=True)
+    playbook = str(Path(sys.executable).parent / "ansible-playbook")
+    for _sweep in range(3):
+        play = subprocess.run(
+            [playbook, str(TOP / "playbooks/collect.yml")], env=env, cwd=TOP, capture_output=True, text=True
+        )
+        assert play.returncode == 0, play.stdout[-3000:]
+    return env
+
+
 @contextlib.contextmanager
 def database_held_elsewhere(path: Path, seconds: float = 120):
     """Another process holds the embedded database at `path` open until the block ends (or `seconds`).

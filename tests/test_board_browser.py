@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TOP, ansible_env
+from conftest import TOP, swept_lab
 
-BIN = Path(sys.executable).parent
 CHROMIUM = shutil.which("chromium")
 UNSHARE = shutil.which("unshare")
 
@@ -71,18 +70,8 @@ def console_errors(stderr: str) -> list[str]:
 def lab_board(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("board")
     dsn = f"chdb://{tmp / 'db'}"
-    env = ansible_env(tmp, dsn, STETHOSCOPE_LAB_DIR=str(tmp / "lab"))
-    subprocess.run(
-        [sys.executable, str(TOP / "tools/lab.py"), "build"], env=env, check=True, capture_output=True
-    )
+    env = swept_lab(tmp, dsn)
     cli = [sys.executable, "-m", "stethoscope.cli"]
-    subprocess.run([*cli, "db", "init"], env=env, cwd=TOP, check=True, capture_output=True)
-    for _sweep in range(3):  # as `make demo`: rules needing 3 samples can fire
-        play = subprocess.run(
-            [str(BIN / "ansible-playbook"), str(TOP / "playbooks/collect.yml")],
-            env=env, cwd=TOP, capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert play.returncode == 0, play.stdout[-3000:]
     diagnosed = subprocess.run([*cli, "diagnose", "--json"], env=env, cwd=TOP, capture_output=True, text=True)
     assert diagnosed.returncode in (0, 1), diagnosed.stderr
     report = subprocess.run(

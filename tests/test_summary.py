@@ -6,28 +6,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from stethoscope.timeutil import now_ms
 
-from conftest import TOP, ansible_env
-
-BIN = Path(sys.executable).parent
+from conftest import TOP, swept_lab
 
 
 def test_summary_lists_exactly_the_findings_diagnose_gives_on_the_lab(tmp_path, tmp_dsn):
-    env = ansible_env(tmp_path, tmp_dsn, STETHOSCOPE_LAB_DIR=str(tmp_path / "lab"))
-    subprocess.run(
-        [sys.executable, str(TOP / "tools/lab.py"), "build"], env=env, check=True, capture_output=True
-    )
+    env = swept_lab(tmp_path, tmp_dsn)
     cli = [sys.executable, "-m", "stethoscope.cli"]
-    subprocess.run([*cli, "db", "init"], env=env, cwd=TOP, check=True, capture_output=True)
-    for _sweep in range(3):  # as `make demo`: three sweeps, so that rules needing 3 samples can fire
-        play = subprocess.run(
-            [str(BIN / "ansible-playbook"), str(TOP / "playbooks/collect.yml")],
-            env=env, cwd=TOP, capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert play.returncode == 0, play.stdout[-3000:]
     at = str(now_ms() / 1000)
     diagnosed = subprocess.run(
         [*cli, "diagnose", "--json", "--at", at],
