@@ -165,13 +165,21 @@ def test_jobs_that_report_only_their_step_time_are_in_the_training_data(data):
 
 
 def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
-    """Regression guard: fresh sets 1-3 found healthy workloads the training data lacked (small
+    """Regression guard: fresh sets 1-4 found healthy workloads the training data lacked (small
     batches, an inference server, part of a node, swinging GPU load, a change of pace, routine
-    checkpoint saves) read as faults; once scored, a hold-out becomes training data and the next
-    set is the hold-out."""
-    from stethoscope.model import families_healthy_variety, families_set1, families_set2, families_set3, fresh
+    checkpoint saves, a job restart) read as faults, and a memory-bound straggler GPU read as a
+    communication fault; once scored, a hold-out becomes training data and the next set is the
+    hold-out."""
+    from stethoscope.model import (
+        families_healthy_variety,
+        families_set1,
+        families_set2,
+        families_set3,
+        families_set4,
+        fresh,
+    )
 
-    added_sets = (families_set1.SET1, families_set2.SET2, families_set3.SET3)
+    added_sets = (families_set1.SET1, families_set2.SET2, families_set3.SET3, families_set4.SET4)
     for added in (*added_sets, families_healthy_variety.HEALTHY_VARIETY):
         assert set(added) <= set(episodes.FAMILIES)
     assert not set(fresh.FRESH) & set(episodes.FAMILIES)
@@ -183,8 +191,10 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         "healthy.pipeline_bubbles",
         "healthy.phase_change",
         "healthy.checkpoint_saves",
+        "healthy.job_restart",
+        "compute.memory_bound_straggler",
     } <= trained
-    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 4
+    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 5
 
 
 def test_step_times_cover_small_and_large_batches(data):

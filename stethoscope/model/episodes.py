@@ -19,7 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from stethoscope.model import families, families_healthy_variety, families_set1, families_set2, families_set3
+from stethoscope.model import (
+    families,
+    families_healthy_variety,
+    families_set1,
+    families_set2,
+    families_set3,
+    families_set4,
+)
 from stethoscope.model.families import (
     CAPTURE,
     GPUS,
@@ -48,13 +55,14 @@ __all__ = [
 ]
 # 2: fresh set 1's families in training, wider step/collective/input shares, jobs that report
 # only their step time (the Reporter's default); 3: fresh set 2's families and healthy variety
-# (families_healthy_variety) in training; 4: fresh set 3's families in training
-GENERATOR_VERSION = 4
+# (families_healthy_variety) in training; 4: fresh set 3's families in training; 5: fresh set 4's
+GENERATOR_VERSION = 5
 FAMILIES = {
     **families.CORE_FAMILIES,
     **families_set1.SET1,
     **families_set2.SET2,
     **families_set3.SET3,
+    **families_set4.SET4,
     **families_healthy_variety.HEALTHY_VARIETY,
 }
 # a job that reports its step time only (Reporter.step without comm_time/data_time)

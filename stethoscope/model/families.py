@@ -498,7 +498,7 @@ REPLAYED = ("healthy.replay_idle", "healthy.replay_load")
 # from the same family (stethoscope.model.evaluate.peer_groups); every other family is "standard".
 # None: a pattern of its own in every episode (a swing, a change of pace at its own step), which a
 # job's ranks share and no other episode can stand in for; such episodes get no outlier score.
-# Names from the core families, fresh sets 1-3 (training now) and the current hold-out, set 4.
+# Names from the core families, fresh sets 1-4 (training now) and the current hold-out, set 5.
 WORKLOADS: dict[str, str | None] = {
     "healthy.power_capped": "power_capped",
     "healthy.small_batch": "small_batch",
@@ -513,6 +513,9 @@ WORKLOADS: dict[str, str | None] = {
     "healthy.job_restart": None,
     "healthy.room_temperature_cycle": None,
     "healthy.two_jobs": "two_jobs",
+    "healthy.epoch_boundary": None,
+    "healthy.boost_below_cap": "boost_below_cap",
+    "healthy.collective_heavy": "collective_heavy",
 }
 
 

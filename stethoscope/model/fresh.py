@@ -1,7 +1,7 @@
-"""Fresh families (set 4): a clean hold-out for the shipped model. Written before the model of
-generator version 4 was trained, from what these conditions look like on a real node rather than
-from the training families; no training, validation or model selection has seen them. (Sets 1-3,
-the hold-outs of generator versions 1-3, are training data now: families_set1/2/3.) Same
+"""Fresh families (set 5): a clean hold-out for the shipped model. Written before the model of
+generator version 5 was trained, from what these conditions look like on a real node rather than
+from the training families; no training, validation or model selection has seen them. (Sets 1-4,
+the hold-outs of generator versions 1-4, are training data now: families_set1..4.) Same
 signals, aggregation, sample loss and masking as stethoscope.model.episodes; split "fresh". Scored
 by benchmarks/model_fresh_families.py, once per model."""
 
@@ -12,9 +12,7 @@ import numpy as np
 from stethoscope.model.episodes import ARRAYS, Episodes, _assemble, data_hash, hardware, manifest
 from stethoscope.model.families import (
     CAPTURE,
-    GPUS,
     Capture,
-    F,
     Family,
     Window,
     _base,
@@ -32,139 +30,149 @@ from stethoscope.model.families import (
 from stethoscope.model.metadata import CLASSES, STEPS
 
 SPLIT = "fresh"
-SET = 4
-SALT = 20261204  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
+SET = 5
+SALT = 20261205  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
 
 
 # --- healthy -----------------------------------------------------------------------------------
 
 
-def healthy_job_restart(rng, hw, n):
-    """One job ends and the next starts inside the window: the GPUs idle for 15 s to a minute and a
-    quarter between them, the new job has a pace of its own and slow first steps (warm-up)."""
+def healthy_epoch_boundary(rng, hw, n):
+    """An epoch ends inside the window: the data loader reshuffles and restarts its workers, so for
+    2-6 samples each step waits one to six steps' time for its input and the GPUs idle meanwhile;
+    the drive warms a little while the new shards are read. Then the job goes on as before."""
+    w = _base(rng, hw, n, _busy(rng, n, "load"))
     t = np.arange(STEPS)[None, :]
-    end = rng.integers(20, STEPS - 40, (n, 1))
-    start = end + rng.integers(3, 16, (n, 1))
-    busy = ((t < end) | (t >= start)).astype(float)
-    w = _base(rng, hw, n, busy)
-    second = t >= start
-    pace = rng.uniform(0.4, 2.5, (n, 1))
-    w.step_ms = np.where(second, w.step_ms * pace, w.step_ms)
-    w.comm_ms = np.where(second, w.comm_ms * pace * rng.uniform(0.5, 2.0, (n, 1)), w.comm_ms)
-    w.data_ms = np.where(second, w.data_ms * pace * rng.uniform(0.5, 2.0, (n, 1)), w.data_ms)
-    warm = second & (t < start + rng.integers(2, 7, (n, 1)))
-    w.step_ms = np.where(warm, w.step_ms * rng.uniform(1.5, 3.0, (n, 1)), w.step_ms)
+    start = rng.integers(10, STEPS - 10, (n, 1))
+    reshuffle = (t >= start) & (t < start + rng.integers(2, 7, (n, 1)))
+    _input_slower(w, w.step_ms * reshuffle * rng.uniform(1, 6, (n, 1)))
+    _disk_warm(w, reshuffle.astype(float), rng.uniform(1, 3, (n, 1)))
     return w
 
 
-def healthy_two_jobs(rng, hw, n):
-    """Two jobs share the node, four GPUs each: one at full load, the other lighter (40-80 % busy),
-    its GPUs at lower power and higher clocks; the step time reported is the slower job's."""
+def healthy_boost_below_cap(rng, hw, n):
+    """A job whose kernels never reach the power limit (a memory-bound model, a small hidden size):
+    the GPUs are busy but draw 55-85 % of the way from idle to the cap, run cooler, and boost their
+    clocks to or near the maximum. Steady over the window."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    light = np.zeros((n, GPUS), dtype=bool)
-    light[:, GPUS // 2 :] = True
-    light = np.where(rng.random((n, 1)) < 0.5, light, ~light)[:, None, :]
-    level = rng.uniform(0.4, 0.8, (n, 1, 1))
-    w.util = np.where(light, np.clip(np.rint(w.util * level), 0, 100), w.util)
-    w.power = np.where(light, hw.idle_power + (w.power - hw.idle_power) * level, w.power)
-    up = hw.clock_step * np.rint((w.clock + (1 - level) * (hw.max_clock - hw.load_clock)) / hw.clock_step)
-    w.clock = np.where(light, np.minimum(up, hw.max_clock), w.clock)
-    w.temp = np.where(light, np.rint(hw.idle_temp + (w.temp - hw.idle_temp) * (0.5 + 0.5 * level)), w.temp)
+    level = rng.uniform(0.55, 0.85, (n, 1, 1))
+    w.power = hw.idle_power + (w.power - hw.idle_power) * level
+    boost = hw.max_clock - rng.uniform(0, 3, (n, 1, 1)) * hw.clock_step + rng.normal(0, 10, w.clock.shape)
+    w.clock = np.minimum(hw.clock_step * np.rint(boost / hw.clock_step), hw.max_clock)
+    w.temp = np.rint(hw.idle_temp + (w.temp - hw.idle_temp) * (0.3 + 0.7 * level))
+    w.util = np.clip(w.util - np.rint(rng.uniform(0, 12, (n, 1, 1))), 0, 100)
     return w
 
 
-def healthy_room_temperature_cycle(rng, hw, n):
-    """The room's cooling cycles: the inlet air, and with it every GPU and drive, warms and cools by
-    2-5 C over 8-30 minutes; clocks, power and pace unchanged (well below any slowdown)."""
+def healthy_collective_heavy(rng, hw, n):
+    """A data-parallel job with large gradients on a small batch: its collectives take 40-60 % of
+    every step from start to end, the IB ports wait to send 3-10 times as long as a typical job's,
+    and the GPUs sit idle in the collectives' share. Steady over the window."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    t = np.arange(STEPS)[None, :]
-    period = rng.uniform(96, 360, (n, 1))
-    swing = rng.uniform(2, 5, (n, 1)) * np.sin(2 * np.pi * t / period + rng.uniform(0, 2 * np.pi, (n, 1)))
-    w.temp = np.rint(w.temp + swing[:, :, None])
-    w.node[:, :, F["disk_temperature_celsius"]] = np.rint(w.node[:, :, F["disk_temperature_celsius"]] + swing)
+    share = rng.uniform(0.4, 0.6, (n, 1))
+    compute = w.step_ms - w.comm_ms
+    w.comm_ms = w.comm_ms * share / np.maximum(w.comm_ms / w.step_ms, 1e-3)
+    w.step_ms = compute + w.comm_ms
+    busy = (compute / w.step_ms)[:, :, None]
+    w.util = np.rint(w.util * (0.3 + 0.7 * busy))
+    w.power = hw.idle_power + (w.power - hw.idle_power) * (0.5 + 0.5 * busy)
+    _port_waits(w, rng.uniform(3, 10, (n, 1)))
     return w
 
 
 # --- communication -----------------------------------------------------------------------------
 
 
-def link_flap_once(rng, hw, n):
-    """The node's IB link goes down once for 5-15 s and comes back: the collectives in flight stall
-    (a step many times as long), the port waits; afterwards a trickle of symbol errors remains and
-    collectives stay a little slower (retransmissions)."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 20, 100)
+def sm_resweep_stalls(rng, hw, n):
+    """The subnet manager sweeps the fabric again and again from the onset (a flapping port
+    elsewhere): two to four times, for 1-3 samples, the job's collectives take 3-15 times as long
+    while routes are reprogrammed and the ports wait to send; no error counter moves."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
     s = _sev(w)
     t = np.arange(STEPS)[None, :]
-    down = (t >= w.onset[:, None]) & (t < w.onset[:, None] + rng.integers(1, 4, (n, 1)))
-    after = w.after()
-    _port_waits(w, 1 + down * (10 + 40 * s))
-    _rate(w, "ib_symbol_errors_per_second", 10 ** (-0.7 + 1.2 * s), after)
-    extra = w.comm_ms * (down * (5 + 15 * s) + after * (0.05 + 0.25 * s))
-    _collectives_slower(w, extra)
+    stalled = np.zeros((n, STEPS), dtype=bool)
+    for _ in range(3):  # besides the first, up to three more sweeps after it
+        at = w.onset[:, None] + rng.integers(0, np.maximum(STEPS - w.onset, 1))[:, None]
+        keep = rng.random((n, 1)) < 0.75
+        stalled |= keep & (t >= at) & (t < at + rng.integers(1, 4, (n, 1)))
+    stalled[np.arange(n), np.minimum(w.onset, STEPS - 1)] = True  # the first sweep at the onset
+    stalled &= t >= w.onset[:, None]
+    _port_waits(w, 1 + stalled * rng.uniform(5, 30, (n, 1)))
+    _collectives_slower(w, w.comm_ms * stalled * (2 + 13 * s))
     return w
 
 
-def rdma_retry_steady(rng, hw, n):
-    """RDMA receive drops at a steady moderate rate from the onset (a mis-set buffer after a driver
-    update): the collectives retransmit and take longer, with no link errors."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 5, n))
-    _rate(w, "rdma_qps_dropped_per_second", 10 ** (0.3 + 1.4 * s), on)
-    _collectives_slower(w, w.comm_ms * on * (0.15 + 0.65 * s))
+def cable_ber_climb(rng, hw, n):
+    """A cable whose bit-error rate climbs from the onset (a connector working loose): symbol errors
+    rise tenfold every minute or two, the RDMA queue pairs start dropping once they pass a few a
+    second, and the collectives slow as retransmissions grow."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 70)
+    s = _sev(w)
+    ramp = w.after(rng.integers(30, 90, n))
+    symbols = 10 ** (-1 + (1.5 + 2.5 * s) * ramp)
+    _rate(w, "ib_symbol_errors_per_second", symbols, (ramp > 0).astype(float))
+    drops = np.clip(symbols - 3, 0, None) * rng.uniform(0.1, 0.4, (n, 1))
+    _rate(w, "rdma_qps_dropped_per_second", drops, (drops > 0).astype(float))
+    _collectives_slower(w, w.comm_ms * ramp * (0.1 + 0.8 * s))
     return w
 
 
 # --- storage -----------------------------------------------------------------------------------
 
 
-def raid_rebuild(rng, hw, n):
-    """The local RAID starts rebuilding a member: the drives work harder and warm by 4-10 C over a
-    minute or two, and the job's reads wait behind the rebuild's."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+def prefetch_starvation(rng, hw, n):
+    """The data set was moved to a slower tier: the loader's prefetch queue drains faster than it
+    fills, so from the onset the input wait builds up over 8-25 samples, drops when a large read
+    lands, and builds up again (a saw tooth); the local drive is not involved."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
     s = _sev(w)
-    ramp = w.after(rng.integers(10, 25, n))
-    _disk_warm(w, ramp, 4 + 6 * s)
-    extra = w.data_ms * ramp * (0.5 + 3 * s) + w.step_ms * ramp * (0.05 + 0.35 * s)
-    _input_slower(w, extra * rng.lognormal(0, 0.2, (n, STEPS)))
+    t = np.arange(STEPS)[None, :]
+    since = np.clip(t - w.onset[:, None], 0, None)
+    tooth = (since % rng.integers(8, 26, (n, 1))) / 25.0
+    extra = w.step_ms * (t >= w.onset[:, None]) * (0.1 + tooth * (0.3 + 1.5 * s))
+    _input_slower(w, extra * rng.lognormal(0, 0.15, (n, STEPS)))
     return w
 
 
-def nvme_gc_stalls(rng, hw, n):
-    """A drive whose garbage collection stalls reads once it is nearly full: from the onset, every
-    6-20 samples one sample's input wait is half a step to three steps long; the drive a little warmer."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 70)
-    s = _sev(w)
-    t = np.arange(STEPS)[None, :]
-    since = t - w.onset[:, None]
-    stall = (since >= 0) & (since % rng.integers(6, 21, (n, 1)) == 0)
-    _input_slower(w, w.step_ms * stall * (0.5 + 2.5 * s))
-    _disk_warm(w, (since >= 0).astype(float), rng.uniform(1, 3, (n, 1)))
+def nvme_link_errors(rng, hw, n):
+    """The local drive's PCIe link starts taking correctable errors (a marginal riser): AER counts
+    rise from the onset and the drive's replayed transfers make the job wait longer for its input;
+    the drive a degree or two warmer."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+    s, on = _sev(w), w.after(rng.integers(1, 10, n))
+    _rate(w, "pcie_aer_correctable_errors_per_second", 10 ** (0.3 + 2 * s), on)
+    extra = w.step_ms * on * (0.15 + 1.2 * s) * rng.lognormal(0, 0.25, (n, STEPS))
+    _input_slower(w, extra)
+    _disk_warm(w, on, rng.uniform(1, 2, (n, 1)))
     return w
 
 
 # --- compute -----------------------------------------------------------------------------------
 
 
-def fans_failing(rng, hw, n):
-    """The node's fans fail one after another: every GPU warms slowly by 10-25 C over several
-    minutes, and once the hottest runs well above normal all clocks come down and the step with them."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 40)
-    s = _sev(w)
-    ramp = w.after(rng.integers(40, 100, n))
-    w.temp = np.rint(w.temp + ramp[:, :, None] * (10 + 15 * s[:, :, None]))
-    hot = np.clip((w.temp.max(axis=2) - (hw.load_temp + 12)) / 10, 0, 1)
-    _gpu_slow(w, np.ones((n, GPUS), dtype=bool), 1 - hot * (0.1 + 0.2 * s))
+def two_gpus_clock_capped(rng, hw, n):
+    """An operator's clock lock (nvidia-smi -lgc) left on two GPUs after a test: from the onset they
+    run at 55-85 % of their clock and draw less, and every step waits for them."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+    s, on = _sev(w), w.after()
+    _gpu_slow(w, _some_gpus(w, 2, 2), 1 - on * (0.15 + 0.3 * s))
     return w
 
 
-def memory_bound_straggler(rng, hw, n):
-    """One GPU gets less done per step at the same clock and power (retired memory rows, a degraded
-    HBM stack): a little warmer, every step waits for it, the other GPUs idle in the collectives."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 6, n))
+def gpu_periodic_stalls(rng, hw, n):
+    """One GPU stalls now and then (the driver retiring pages after correctable ECC errors): from
+    the onset, every 4-12 samples, for one sample its utilisation and power fall towards idle and
+    that step takes 1.5-4 times as long, the other GPUs waiting in the collective."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
+    s = _sev(w)
+    t = np.arange(STEPS)[None, :]
+    since = t - w.onset[:, None]
+    stall = (since >= 0) & (since % rng.integers(4, 13, (n, 1)) == 0)
     gpu = _some_gpus(w, 1, 1)[:, None, :]
-    w.temp = np.where(gpu, np.rint(w.temp + on[:, :, None] * (2 + 3 * s[:, :, None])), w.temp)
-    extra = w.step_ms * on * (0.05 + 0.3 * s)
+    depth = stall[:, :, None] * rng.uniform(0.6, 1.0, (n, 1, 1))
+    w.util = np.where(gpu, np.rint(w.util * (1 - depth)), w.util)
+    w.power = np.where(gpu, w.power - (w.power - hw.idle_power) * depth * 0.7, w.power)
+    extra = w.step_ms * stall * (0.5 + 2.5 * s)
     waiting = (w.step_ms / (w.step_ms + extra))[:, :, None]
     w.util = np.where(gpu, w.util, np.rint(w.util * waiting))
     w.comm_ms = w.comm_ms + 0.7 * extra
@@ -174,15 +182,15 @@ def memory_bound_straggler(rng, hw, n):
 
 # name -> (class, family); none of these names is a training family's (episodes.FAMILIES)
 FRESH: dict[str, tuple[str, Family]] = {
-    "healthy.job_restart": ("healthy", healthy_job_restart),
-    "healthy.two_jobs": ("healthy", healthy_two_jobs),
-    "healthy.room_temperature_cycle": ("healthy", healthy_room_temperature_cycle),
-    "communication.link_flap_once": ("communication", link_flap_once),
-    "communication.rdma_retry_steady": ("communication", rdma_retry_steady),
-    "storage.raid_rebuild": ("storage", raid_rebuild),
-    "storage.nvme_gc_stalls": ("storage", nvme_gc_stalls),
-    "compute.fans_failing": ("compute", fans_failing),
-    "compute.memory_bound_straggler": ("compute", memory_bound_straggler),
+    "healthy.epoch_boundary": ("healthy", healthy_epoch_boundary),
+    "healthy.boost_below_cap": ("healthy", healthy_boost_below_cap),
+    "healthy.collective_heavy": ("healthy", healthy_collective_heavy),
+    "communication.sm_resweep_stalls": ("communication", sm_resweep_stalls),
+    "communication.cable_ber_climb": ("communication", cable_ber_climb),
+    "storage.prefetch_starvation": ("storage", prefetch_starvation),
+    "storage.nvme_link_errors": ("storage", nvme_link_errors),
+    "compute.two_gpus_clock_capped": ("compute", two_gpus_clock_capped),
+    "compute.gpu_periodic_stalls": ("compute", gpu_periodic_stalls),
 }
 
 
