@@ -165,21 +165,28 @@ def test_jobs_that_report_only_their_step_time_are_in_the_training_data(data):
 
 
 def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
-    """Regression guard: fresh sets 1-4 found healthy workloads the training data lacked (small
+    """Regression guard: fresh sets 1-5 found healthy workloads the training data lacked (small
     batches, an inference server, part of a node, swinging GPU load, a change of pace, routine
-    checkpoint saves, a job restart) read as faults, and a memory-bound straggler GPU read as a
-    communication fault; once scored, a hold-out becomes training data and the next set is the
-    hold-out."""
+    checkpoint saves, a job restart, an epoch boundary) read as faults, and a memory-bound
+    straggler GPU and a drive's PCIe link errors read as communication faults; once scored, a
+    hold-out becomes training data and the next set is the hold-out."""
     from stethoscope.model import (
         families_healthy_variety,
         families_set1,
         families_set2,
         families_set3,
         families_set4,
+        families_set5,
         fresh,
     )
 
-    added_sets = (families_set1.SET1, families_set2.SET2, families_set3.SET3, families_set4.SET4)
+    added_sets = (
+        families_set1.SET1,
+        families_set2.SET2,
+        families_set3.SET3,
+        families_set4.SET4,
+        families_set5.SET5,
+    )
     for added in (*added_sets, families_healthy_variety.HEALTHY_VARIETY):
         assert set(added) <= set(episodes.FAMILIES)
     assert not set(fresh.FRESH) & set(episodes.FAMILIES)
@@ -193,8 +200,10 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         "healthy.checkpoint_saves",
         "healthy.job_restart",
         "compute.memory_bound_straggler",
+        "healthy.epoch_boundary",
+        "storage.nvme_link_errors",
     } <= trained
-    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 5
+    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 6
 
 
 def test_step_times_cover_small_and_large_batches(data):
@@ -203,3 +212,18 @@ def test_step_times_cover_small_and_large_batches(data):
         warnings.simplefilter("ignore", RuntimeWarning)  # episodes without a job: all NaN
         typical = np.nanmedian(steps, axis=1)  # raw milliseconds
     assert np.nanmin(typical) < 60 and np.nanmax(typical) > 3000
+
+
+def test_every_class_counts_a_harmless_aer_trickle_in_some_episodes(data):
+    """Fresh set 5: a drive whose PCIe link took correctable errors read as a communication fault,
+    since in training only communication faults counted AER. Now a share of every class's episodes,
+    healthy ones included, counts a trickle."""
+    aer = data.x[:, :, F["pcie_aer_correctable_errors_per_second"]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        counting = np.nansum(aer >= 0.2, axis=1) >= 10  # a healthy node's stray error is one step
+    for cls in range(len(CLASSES)):
+        share = float(counting[data.label == cls].mean())
+        assert share > 0.03, (CLASSES[cls], share)
+    healthy = (data.label == 0) & counting
+    assert np.nanmax(aer[healthy]) <= 10, "a trickle, not a storm"

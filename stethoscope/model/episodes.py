@@ -26,12 +26,14 @@ from stethoscope.model import (
     families_set2,
     families_set3,
     families_set4,
+    families_set5,
 )
 from stethoscope.model.families import (
     CAPTURE,
     GPUS,
     HELD_OUT,
     REPLAYED,
+    RULES_MISS,
     Capture,
     EpisodesError,
     F,
@@ -55,14 +57,16 @@ __all__ = [
 ]
 # 2: fresh set 1's families in training, wider step/collective/input shares, jobs that report
 # only their step time (the Reporter's default); 3: fresh set 2's families and healthy variety
-# (families_healthy_variety) in training; 4: fresh set 3's families in training; 5: fresh set 4's
-GENERATOR_VERSION = 5
+# (families_healthy_variety) in training; 4: fresh set 3's families in training; 5: fresh set 4's;
+# 6: fresh set 5's, and a trickle of correctable PCIe errors in a share of every family's episodes
+GENERATOR_VERSION = 6
 FAMILIES = {
     **families.CORE_FAMILIES,
     **families_set1.SET1,
     **families_set2.SET2,
     **families_set3.SET3,
     **families_set4.SET4,
+    **families_set5.SET5,
     **families_healthy_variety.HEALTHY_VARIETY,
 }
 # a job that reports its step time only (Reporter.step without comm_time/data_time)
@@ -73,6 +77,11 @@ NODE_FEATURES = [i for i, f in enumerate(FEATURES) if not f.metric.startswith("t
 JOB_FEATURES = [i for i, f in enumerate(FEATURES) if f.metric.startswith("train_")]
 TIMING_FEATURES = [F["train_allreduce_latency_ms"], F["train_data_wait_ms"]]
 VALIDATION_SHARE = 0.2
+# Fresh set 5 read a drive's PCIe link errors as a communication fault: in training only
+# communication faults counted correctable PCIe errors. A node's AER sum covers the links of its
+# NICs, GPUs and drives alike, and a trickle costs nothing; so a share of every family's episodes
+# (healthy ones too) counts 0.2-5 a second from some step on, and what got slower tells the class.
+AER_TRICKLE_SHARE = 0.1
 SPLITS = ("train", "validation", "test")
 
 
@@ -229,6 +238,8 @@ def generate(
         else:
             cls, family = FAMILIES[name]
             window = family(rng, hw, per_family)
+            if name not in RULES_MISS:  # those look normal on their own node, by definition
+                _aer_trickle(window, np.random.default_rng(stream.spawn(1)[0]))
         x, mask = _assemble(window)
         if name in HELD_OUT or name in REPLAYED:
             split = np.full(per_family, "test")
@@ -254,6 +265,19 @@ def generate(
         "data_hash": data_hash(arrays),
     }
     return Episodes(**arrays, info=info)
+
+
+def _aer_trickle(w: Window, rng: np.random.Generator) -> None:
+    """AER_TRICKLE_SHARE of the window's episodes count correctable PCIe errors at 0.2-5 a second
+    (bursty, in whole errors per 5-s period) from a step of their own on."""
+    chosen = rng.random(w.n) < AER_TRICKLE_SHARE
+    start = rng.integers(0, STEPS, (w.n, 1))
+    level = 10 ** rng.uniform(-0.7, 0.7, (w.n, 1))
+    on = chosen[:, None] & (np.arange(STEPS)[None, :] >= start)
+    value = np.minimum(level * rng.lognormal(0, 0.5, (w.n, STEPS)), 2 * level) * on
+    counted = np.rint(value * STEP_SECONDS) / STEP_SECONDS
+    aer = F["pcie_aer_correctable_errors_per_second"]
+    w.node[:, :, aer] = np.maximum(w.node[:, :, aer], counted)
 
 
 def save(episodes: Episodes, directory: Path) -> None:

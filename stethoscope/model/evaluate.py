@@ -12,12 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from stethoscope.model.families import workload
+from stethoscope.model.families import RULES_MISS, workload
 from stethoscope.model.metadata import CLASSES, FEATURES, ModelError, ModelMeta
 
 # The generator's families that the shipped rules do not catch (issue 10 "Training data"): the
 # model must find them. Matched by prefix, so that variants of a family count too.
-RULES_MISS = ("communication.allreduce_centre", "compute.straggler_gpu", "storage.slow_nvme_clean_smart")
 PEERS = 4  # healthy episodes whose median stands in for a node's peers
 TIMINGS = ("train_allreduce_latency_ms", "train_data_wait_ms")
 BATCH = 1024

@@ -492,13 +492,15 @@ CORE_FAMILIES: dict[str, tuple[str, Family]] = {
     "compute.clock_decay": ("compute", clock_decay),
 }
 HELD_OUT = ("communication.flapping_link", "storage.data_stall_bursts", "compute.clock_decay")
+# the faults rules miss: the node's own counters, temperatures and clocks stay normal
+RULES_MISS = ("communication.allreduce_centre", "compute.straggler_gpu", "storage.slow_nvme_clean_smart")
 REPLAYED = ("healthy.replay_idle", "healthy.replay_load")
 # Healthy families that run a workload of their own (their node signals differ from a standard
 # training job's): a job's ranks run the same workload, so their stand-in peers in evaluation come
 # from the same family (stethoscope.model.evaluate.peer_groups); every other family is "standard".
 # None: a pattern of its own in every episode (a swing, a change of pace at its own step), which a
 # job's ranks share and no other episode can stand in for; such episodes get no outlier score.
-# Names from the core families, fresh sets 1-4 (training now) and the current hold-out, set 5.
+# Names from the core families, fresh sets 1-5 (training now) and the current hold-out, set 6.
 WORKLOADS: dict[str, str | None] = {
     "healthy.power_capped": "power_capped",
     "healthy.small_batch": "small_batch",
@@ -516,6 +518,9 @@ WORKLOADS: dict[str, str | None] = {
     "healthy.epoch_boundary": None,
     "healthy.boost_below_cap": "boost_below_cap",
     "healthy.collective_heavy": "collective_heavy",
+    "healthy.profiler_stretch": None,
+    "healthy.interactive_debug": None,
+    "healthy.cpu_offload": "cpu_offload",
 }
 
 

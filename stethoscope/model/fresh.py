@@ -1,7 +1,7 @@
-"""Fresh families (set 5): a clean hold-out for the shipped model. Written before the model of
-generator version 5 was trained, from what these conditions look like on a real node rather than
-from the training families; no training, validation or model selection has seen them. (Sets 1-4,
-the hold-outs of generator versions 1-4, are training data now: families_set1..4.) Same
+"""Fresh families (set 6): a clean hold-out for the shipped model. Written before the model of
+generator version 6 was trained, from what these conditions look like on a real node rather than
+from the training families; no training, validation or model selection has seen them. (Sets 1-5,
+the hold-outs of generator versions 1-5, are training data now: families_set1..5.) Same
 signals, aggregation, sample loss and masking as stethoscope.model.episodes; split "fresh". Scored
 by benchmarks/model_fresh_families.py, once per model."""
 
@@ -12,10 +12,12 @@ import numpy as np
 from stethoscope.model.episodes import ARRAYS, Episodes, _assemble, data_hash, hardware, manifest
 from stethoscope.model.families import (
     CAPTURE,
+    GPUS,
     Capture,
     Family,
     Window,
     _base,
+    _bursts,
     _busy,
     _collectives_slower,
     _disk_warm,
@@ -23,174 +25,161 @@ from stethoscope.model.families import (
     _gpu_slow,
     _input_slower,
     _port_waits,
-    _rate,
     _sev,
+    _slow,
     _some_gpus,
 )
+from stethoscope.model.families_healthy_variety import _load_following
 from stethoscope.model.metadata import CLASSES, STEPS
 
 SPLIT = "fresh"
-SET = 5
-SALT = 20261205  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
+SET = 6
+SALT = 20261206  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
 
 
 # --- healthy -----------------------------------------------------------------------------------
 
 
-def healthy_epoch_boundary(rng, hw, n):
-    """An epoch ends inside the window: the data loader reshuffles and restarts its workers, so for
-    2-6 samples each step waits one to six steps' time for its input and the GPUs idle meanwhile;
-    the drive warms a little while the new shards are read. Then the job goes on as before."""
+def healthy_profiler_stretch(rng, hw, n):
+    """Someone profiles the job for a stretch of 30 s to two minutes (nsys, the torch profiler):
+    while it records, each step takes 10-40 % longer and the GPUs are a little less busy; before
+    and after, the job runs as ever."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
     t = np.arange(STEPS)[None, :]
-    start = rng.integers(10, STEPS - 10, (n, 1))
-    reshuffle = (t >= start) & (t < start + rng.integers(2, 7, (n, 1)))
-    _input_slower(w, w.step_ms * reshuffle * rng.uniform(1, 6, (n, 1)))
-    _disk_warm(w, reshuffle.astype(float), rng.uniform(1, 3, (n, 1)))
+    start = rng.integers(5, STEPS - 25, (n, 1))
+    recording = (t >= start) & (t < start + rng.integers(6, 25, (n, 1)))
+    _slow(w, w.step_ms * recording * rng.uniform(0.1, 0.4, (n, 1)))
     return w
 
 
-def healthy_boost_below_cap(rng, hw, n):
-    """A job whose kernels never reach the power limit (a memory-bound model, a small hidden size):
-    the GPUs are busy but draw 55-85 % of the way from idle to the cap, run cooler, and boost their
-    clocks to or near the maximum. Steady over the window."""
+def healthy_interactive_debug(rng, hw, n):
+    """An interactive session on the node (a notebook, a debugger): the GPUs are busy in short
+    bursts and idle in between, each step takes its own time of one to ten seconds, and a good
+    share of it is spent waiting for input read by hand-written loaders."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    level = rng.uniform(0.55, 0.85, (n, 1, 1))
-    w.power = hw.idle_power + (w.power - hw.idle_power) * level
-    boost = hw.max_clock - rng.uniform(0, 3, (n, 1, 1)) * hw.clock_step + rng.normal(0, 10, w.clock.shape)
-    w.clock = np.minimum(hw.clock_step * np.rint(boost / hw.clock_step), hw.max_clock)
-    w.temp = np.rint(hw.idle_temp + (w.temp - hw.idle_temp) * (0.3 + 0.7 * level))
-    w.util = np.clip(w.util - np.rint(rng.uniform(0, 12, (n, 1, 1))), 0, 100)
+    level = np.clip(rng.lognormal(np.log(0.3), 0.6, (n, STEPS)), 0.03, 0.9)
+    _load_following(w, level)
+    w.step_ms = 10 ** rng.uniform(3, 4, (n, 1)) * rng.lognormal(0, 0.5, (n, STEPS))
+    w.data_ms = w.step_ms * rng.uniform(0.1, 0.4, (n, 1)) * rng.lognormal(0, 0.3, (n, STEPS))
+    w.comm_ms = w.step_ms * rng.uniform(0.0, 0.05, (n, 1))
     return w
 
 
-def healthy_collective_heavy(rng, hw, n):
-    """A data-parallel job with large gradients on a small batch: its collectives take 40-60 % of
-    every step from start to end, the IB ports wait to send 3-10 times as long as a typical job's,
-    and the GPUs sit idle in the collectives' share. Steady over the window."""
+def healthy_cpu_offload(rng, hw, n):
+    """A job that keeps its optimizer state in host memory (ZeRO offload): every step copies over
+    PCIe, so the GPUs are busy only 55-80 % of the time and draw less, the step is longer than the
+    GPUs alone would need. Steady over the window."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    share = rng.uniform(0.4, 0.6, (n, 1))
-    compute = w.step_ms - w.comm_ms
-    w.comm_ms = w.comm_ms * share / np.maximum(w.comm_ms / w.step_ms, 1e-3)
-    w.step_ms = compute + w.comm_ms
-    busy = (compute / w.step_ms)[:, :, None]
-    w.util = np.rint(w.util * (0.3 + 0.7 * busy))
-    w.power = hw.idle_power + (w.power - hw.idle_power) * (0.5 + 0.5 * busy)
-    _port_waits(w, rng.uniform(3, 10, (n, 1)))
+    level = rng.uniform(0.55, 0.8, (n, 1))
+    _load_following(w, np.broadcast_to(level, (n, STEPS)))
+    w.step_ms = w.step_ms / level
     return w
 
 
 # --- communication -----------------------------------------------------------------------------
 
 
-def sm_resweep_stalls(rng, hw, n):
-    """The subnet manager sweeps the fabric again and again from the onset (a flapping port
-    elsewhere): two to four times, for 1-3 samples, the job's collectives take 3-15 times as long
-    while routes are reprogrammed and the ports wait to send; no error counter moves."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
+def pfc_pause_storm(rng, hw, n):
+    """A RoCE switch port pauses its senders in storms (PFC pause frames from a congested
+    receiver): from the onset, in bursts, the node's ports wait 50-500 times as long to send and the
+    collectives stretch with them; lossless, so no drop or error is counted."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s = _sev(w)
-    t = np.arange(STEPS)[None, :]
-    stalled = np.zeros((n, STEPS), dtype=bool)
-    for _ in range(3):  # besides the first, up to three more sweeps after it
-        at = w.onset[:, None] + rng.integers(0, np.maximum(STEPS - w.onset, 1))[:, None]
-        keep = rng.random((n, 1)) < 0.75
-        stalled |= keep & (t >= at) & (t < at + rng.integers(1, 4, (n, 1)))
-    stalled[np.arange(n), np.minimum(w.onset, STEPS - 1)] = True  # the first sweep at the onset
-    stalled &= t >= w.onset[:, None]
-    _port_waits(w, 1 + stalled * rng.uniform(5, 30, (n, 1)))
-    _collectives_slower(w, w.comm_ms * stalled * (2 + 13 * s))
+    storm = w.after() * _bursts(w, on=4, off=8)
+    _port_waits(w, 1 + storm * 10 ** (1.7 + 1.0 * s))
+    _collectives_slower(w, w.comm_ms * storm * (0.5 + 2.5 * s))
     return w
 
 
-def cable_ber_climb(rng, hw, n):
-    """A cable whose bit-error rate climbs from the onset (a connector working loose): symbol errors
-    rise tenfold every minute or two, the RDMA queue pairs start dropping once they pass a few a
-    second, and the collectives slow as retransmissions grow."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 70)
+def nic_affinity_after_restart(rng, hw, n):
+    """A rank restarts at the onset (its process died and the launcher respawned it) and lands on
+    the NIC of the other socket: a gap of 15-40 s while it rejoins, then every collective crosses
+    the socket interconnect, 20-80 % slower, and the port sends less (it waits less to send)."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 80)
     s = _sev(w)
-    ramp = w.after(rng.integers(30, 90, n))
-    symbols = 10 ** (-1 + (1.5 + 2.5 * s) * ramp)
-    _rate(w, "ib_symbol_errors_per_second", symbols, (ramp > 0).astype(float))
-    drops = np.clip(symbols - 3, 0, None) * rng.uniform(0.1, 0.4, (n, 1))
-    _rate(w, "rdma_qps_dropped_per_second", drops, (drops > 0).astype(float))
-    _collectives_slower(w, w.comm_ms * ramp * (0.1 + 0.8 * s))
+    t = np.arange(STEPS)[None, :]
+    gap = (t >= w.onset[:, None]) & (t < w.onset[:, None] + rng.integers(3, 9, (n, 1)))
+    after = t >= w.onset[:, None] + gap.sum(axis=1, keepdims=True)
+    w.util = np.where(gap[:, :, None], 0.0, w.util)
+    w.power = np.where(gap[:, :, None], hw.idle_power * rng.uniform(1.0, 1.2, (n, 1, 1)), w.power)
+    w.job = w.job & ~gap
+    _port_waits(w, np.where(after, rng.uniform(0.3, 0.8, (n, 1)), 1.0))
+    _collectives_slower(w, w.comm_ms * after * (0.2 + 0.6 * s))
     return w
 
 
 # --- storage -----------------------------------------------------------------------------------
 
 
-def prefetch_starvation(rng, hw, n):
-    """The data set was moved to a slower tier: the loader's prefetch queue drains faster than it
-    fills, so from the onset the input wait builds up over 8-25 samples, drops when a large read
-    lands, and builds up again (a saw tooth); the local drive is not involved."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
+def noisy_neighbour_io(rng, hw, n):
+    """Another tenant's job on the node hammers the shared local NVMe from the onset, in spells of
+    half a minute to a minute and a half: the drive warms by 5-10 C and this job's reads queue
+    behind the other's, a long-tailed wait for input."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s = _sev(w)
-    t = np.arange(STEPS)[None, :]
-    since = np.clip(t - w.onset[:, None], 0, None)
-    tooth = (since % rng.integers(8, 26, (n, 1))) / 25.0
-    extra = w.step_ms * (t >= w.onset[:, None]) * (0.1 + tooth * (0.3 + 1.5 * s))
-    _input_slower(w, extra * rng.lognormal(0, 0.15, (n, STEPS)))
+    spell = w.after() * _bursts(w, on=12, off=10)
+    _disk_warm(w, spell, 5 + 5 * s)
+    extra = w.step_ms * spell * (0.2 + 1.5 * s) * rng.lognormal(0, 0.6, (n, STEPS))
+    _input_slower(w, extra)
     return w
 
 
-def nvme_link_errors(rng, hw, n):
-    """The local drive's PCIe link starts taking correctable errors (a marginal riser): AER counts
-    rise from the onset and the drive's replayed transfers make the job wait longer for its input;
-    the drive a degree or two warmer."""
+def degraded_raid_reads(rng, hw, n):
+    """A RAID member drops out at the onset: every read of its stripes is rebuilt from the others,
+    so the input wait doubles to quintuples at once and varies more; the surviving drives work
+    harder, 2-4 C warmer."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 10, n))
-    _rate(w, "pcie_aer_correctable_errors_per_second", 10 ** (0.3 + 2 * s), on)
-    extra = w.step_ms * on * (0.15 + 1.2 * s) * rng.lognormal(0, 0.25, (n, STEPS))
-    _input_slower(w, extra)
-    _disk_warm(w, on, rng.uniform(1, 2, (n, 1)))
+    s, on = _sev(w), w.after()
+    factor = 1 + on * (1 + 3 * s) * rng.lognormal(0, 0.35, (n, STEPS))
+    _input_slower(w, w.data_ms * (factor - 1) + w.step_ms * on * (0.05 + 0.3 * s))
+    _disk_warm(w, on, rng.uniform(2, 4, (n, 1)))
     return w
 
 
 # --- compute -----------------------------------------------------------------------------------
 
 
-def two_gpus_clock_capped(rng, hw, n):
-    """An operator's clock lock (nvidia-smi -lgc) left on two GPUs after a test: from the onset they
-    run at 55-85 % of their clock and draw less, and every step waits for them."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after()
-    _gpu_slow(w, _some_gpus(w, 2, 2), 1 - on * (0.15 + 0.3 * s))
+def hw_slowdown_flapping(rng, hw, n):
+    """The board's hardware slowdown asserts and clears again and again from the onset (a power
+    supply near its limit): every GPU drops to 30-60 % of its clock and power for a sample or a few,
+    about every minute, and the steps in those samples are slow."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
+    s = _sev(w)
+    brake = w.after() * _bursts(w, on=2, off=12)
+    _gpu_slow(w, np.ones((n, GPUS), dtype=bool), 1 - brake * (0.4 + 0.3 * s))
     return w
 
 
-def gpu_periodic_stalls(rng, hw, n):
-    """One GPU stalls now and then (the driver retiring pages after correctable ECC errors): from
-    the onset, every 4-12 samples, for one sample its utilisation and power fall towards idle and
-    that step takes 1.5-4 times as long, the other GPUs waiting in the collective."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
+def gpu_reset_mid_job(rng, hw, n):
+    """One GPU hits an Xid and is reset at the onset: for 15-50 s it idles at its lowest clock and
+    the job stalls (no step is reported); then the job resumes, the reset GPU a little slower than
+    before (5-20 %, a lower clock after the reset) and every step waits for it."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 80)
     s = _sev(w)
     t = np.arange(STEPS)[None, :]
-    since = t - w.onset[:, None]
-    stall = (since >= 0) & (since % rng.integers(4, 13, (n, 1)) == 0)
-    gpu = _some_gpus(w, 1, 1)[:, None, :]
-    depth = stall[:, :, None] * rng.uniform(0.6, 1.0, (n, 1, 1))
-    w.util = np.where(gpu, np.rint(w.util * (1 - depth)), w.util)
-    w.power = np.where(gpu, w.power - (w.power - hw.idle_power) * depth * 0.7, w.power)
-    extra = w.step_ms * stall * (0.5 + 2.5 * s)
-    waiting = (w.step_ms / (w.step_ms + extra))[:, :, None]
-    w.util = np.where(gpu, w.util, np.rint(w.util * waiting))
-    w.comm_ms = w.comm_ms + 0.7 * extra
-    w.step_ms = w.step_ms + extra
+    reset = (t >= w.onset[:, None]) & (t < w.onset[:, None] + rng.integers(3, 11, (n, 1)))
+    after = (t >= w.onset[:, None]) & ~reset
+    gpu = _some_gpus(w, 1, 1)
+    _gpu_slow(w, gpu, 1 - after * (0.05 + 0.15 * s))
+    g = gpu[:, None, :] & reset[:, :, None]
+    w.util = np.where(reset[:, :, None], np.where(g, 0.0, np.rint(w.util * 0.1)), w.util)
+    w.power = np.where(g, hw.idle_power, np.where(reset[:, :, None], w.power * 0.6, w.power))
+    w.clock = np.where(g, hw.idle_clock, w.clock)
+    w.job = w.job & ~reset
     return w
 
 
 # name -> (class, family); none of these names is a training family's (episodes.FAMILIES)
 FRESH: dict[str, tuple[str, Family]] = {
-    "healthy.epoch_boundary": ("healthy", healthy_epoch_boundary),
-    "healthy.boost_below_cap": ("healthy", healthy_boost_below_cap),
-    "healthy.collective_heavy": ("healthy", healthy_collective_heavy),
-    "communication.sm_resweep_stalls": ("communication", sm_resweep_stalls),
-    "communication.cable_ber_climb": ("communication", cable_ber_climb),
-    "storage.prefetch_starvation": ("storage", prefetch_starvation),
-    "storage.nvme_link_errors": ("storage", nvme_link_errors),
-    "compute.two_gpus_clock_capped": ("compute", two_gpus_clock_capped),
-    "compute.gpu_periodic_stalls": ("compute", gpu_periodic_stalls),
+    "healthy.profiler_stretch": ("healthy", healthy_profiler_stretch),
+    "healthy.interactive_debug": ("healthy", healthy_interactive_debug),
+    "healthy.cpu_offload": ("healthy", healthy_cpu_offload),
+    "communication.pfc_pause_storm": ("communication", pfc_pause_storm),
+    "communication.nic_affinity_after_restart": ("communication", nic_affinity_after_restart),
+    "storage.noisy_neighbour_io": ("storage", noisy_neighbour_io),
+    "storage.degraded_raid_reads": ("storage", degraded_raid_reads),
+    "compute.hw_slowdown_flapping": ("compute", hw_slowdown_flapping),
+    "compute.gpu_reset_mid_job": ("compute", gpu_reset_mid_job),
 }
 
 
