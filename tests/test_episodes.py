@@ -165,10 +165,10 @@ def test_jobs_that_report_only_their_step_time_are_in_the_training_data(data):
 
 
 def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
-    """Regression guard: fresh sets 1-5 found healthy workloads the training data lacked (small
+    """Regression guard: fresh sets 1-6 found healthy workloads the training data lacked (small
     batches, an inference server, part of a node, swinging GPU load, a change of pace, routine
-    checkpoint saves, a job restart, an epoch boundary) read as faults, and a memory-bound
-    straggler GPU and a drive's PCIe link errors read as communication faults; once scored, a
+    checkpoint saves, a job restart, an epoch boundary, a profiler) read as faults, a memory-bound
+    straggler GPU and a drive's PCIe link errors as communication faults; once scored, a
     hold-out becomes training data and the next set is the hold-out."""
     from stethoscope.model import (
         families_healthy_variety,
@@ -177,6 +177,7 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         families_set3,
         families_set4,
         families_set5,
+        families_set6,
         fresh,
     )
 
@@ -186,6 +187,7 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         families_set3.SET3,
         families_set4.SET4,
         families_set5.SET5,
+        families_set6.SET6,
     )
     for added in (*added_sets, families_healthy_variety.HEALTHY_VARIETY):
         assert set(added) <= set(episodes.FAMILIES)
@@ -202,8 +204,10 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         "compute.memory_bound_straggler",
         "healthy.epoch_boundary",
         "storage.nvme_link_errors",
+        "healthy.profiler_stretch",
+        "communication.nic_affinity_after_restart",
     } <= trained
-    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 6
+    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 7
 
 
 def test_step_times_cover_small_and_large_batches(data):

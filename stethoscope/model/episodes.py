@@ -27,6 +27,7 @@ from stethoscope.model import (
     families_set3,
     families_set4,
     families_set5,
+    families_set6,
 )
 from stethoscope.model.families import (
     CAPTURE,
@@ -58,8 +59,9 @@ __all__ = [
 # 2: fresh set 1's families in training, wider step/collective/input shares, jobs that report
 # only their step time (the Reporter's default); 3: fresh set 2's families and healthy variety
 # (families_healthy_variety) in training; 4: fresh set 3's families in training; 5: fresh set 4's;
-# 6: fresh set 5's, and a trickle of correctable PCIe errors in a share of every family's episodes
-GENERATOR_VERSION = 6
+# 6: fresh set 5's, and a trickle of correctable PCIe errors in a share of every family's episodes;
+# 7: fresh set 6's
+GENERATOR_VERSION = 7
 FAMILIES = {
     **families.CORE_FAMILIES,
     **families_set1.SET1,
@@ -67,6 +69,7 @@ FAMILIES = {
     **families_set3.SET3,
     **families_set4.SET4,
     **families_set5.SET5,
+    **families_set6.SET6,
     **families_healthy_variety.HEALTHY_VARIETY,
 }
 # a job that reports its step time only (Reporter.step without comm_time/data_time)

@@ -500,7 +500,7 @@ REPLAYED = ("healthy.replay_idle", "healthy.replay_load")
 # from the same family (stethoscope.model.evaluate.peer_groups); every other family is "standard".
 # None: a pattern of its own in every episode (a swing, a change of pace at its own step), which a
 # job's ranks share and no other episode can stand in for; such episodes get no outlier score.
-# Names from the core families, fresh sets 1-5 (training now) and the current hold-out, set 6.
+# Names from the core families, fresh sets 1-6 (training now) and the current hold-out, set 7.
 WORKLOADS: dict[str, str | None] = {
     "healthy.power_capped": "power_capped",
     "healthy.small_batch": "small_batch",
@@ -521,6 +521,9 @@ WORKLOADS: dict[str, str | None] = {
     "healthy.profiler_stretch": None,
     "healthy.interactive_debug": None,
     "healthy.cpu_offload": "cpu_offload",
+    "healthy.gradient_accumulation": None,
+    "healthy.inference_ramp": None,
+    "healthy.scheduled_trim": None,
 }
 
 

@@ -1,7 +1,7 @@
-"""Fresh families (set 6): a clean hold-out for the shipped model. Written before the model of
-generator version 6 was trained, from what these conditions look like on a real node rather than
-from the training families; no training, validation or model selection has seen them. (Sets 1-5,
-the hold-outs of generator versions 1-5, are training data now: families_set1..5.) Same
+"""Fresh families (set 7): a clean hold-out for the shipped model. Written before the model of
+generator version 7 was trained, from what these conditions look like on a real node rather than
+from the training families; no training, validation or model selection has seen them. (Sets 1-6,
+the hold-outs of generator versions 1-6, are training data now: families_set1..6.) Same
 signals, aggregation, sample loss and masking as stethoscope.model.episodes; split "fresh". Scored
 by benchmarks/model_fresh_families.py, once per model."""
 
@@ -12,7 +12,6 @@ import numpy as np
 from stethoscope.model.episodes import ARRAYS, Episodes, _assemble, data_hash, hardware, manifest
 from stethoscope.model.families import (
     CAPTURE,
-    GPUS,
     Capture,
     Family,
     Window,
@@ -25,161 +24,153 @@ from stethoscope.model.families import (
     _gpu_slow,
     _input_slower,
     _port_waits,
+    _rate,
     _sev,
-    _slow,
     _some_gpus,
 )
 from stethoscope.model.families_healthy_variety import _load_following
 from stethoscope.model.metadata import CLASSES, STEPS
 
 SPLIT = "fresh"
-SET = 6
-SALT = 20261206  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
+SET = 7
+SALT = 20261207  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
 
 
 # --- healthy -----------------------------------------------------------------------------------
 
 
-def healthy_profiler_stretch(rng, hw, n):
-    """Someone profiles the job for a stretch of 30 s to two minutes (nsys, the torch profiler):
-    while it records, each step takes 10-40 % longer and the GPUs are a little less busy; before
-    and after, the job runs as ever."""
+def healthy_gradient_accumulation(rng, hw, n):
+    """A job that accumulates gradients over 2-8 micro-steps and synchronises only on the last: the
+    step time reported is now a short micro-step without collectives, now the long synchronising
+    step whose collectives take most of it, in no pattern a 5-s sample can follow."""
+    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    sync = rng.random((n, STEPS)) < 1 / rng.integers(2, 9, (n, 1))
+    micro = w.step_ms - w.comm_ms
+    w.step_ms = np.where(sync, micro + w.comm_ms * rng.uniform(2, 4, (n, 1)), micro)
+    w.comm_ms = np.where(sync, w.step_ms - micro, w.comm_ms * rng.uniform(0.0, 0.1, (n, STEPS)))
+    return w
+
+
+def healthy_inference_ramp(rng, hw, n):
+    """An inference service as its traffic builds up (the morning): GPU load climbs from a third to
+    nine tenths over the window with the request rate, batches grow and each step takes longer
+    (20-80 % by the end); no collectives to speak of."""
+    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    t = np.arange(STEPS)[None, :] / (STEPS - 1)
+    low, high = rng.uniform(0.25, 0.4, (n, 1)), rng.uniform(0.8, 0.95, (n, 1))
+    level = low + (high - low) * t + rng.normal(0, 0.04, (n, STEPS))
+    _load_following(w, np.clip(level, 0.05, 1.0))
+    w.step_ms = w.step_ms * (1 + t * rng.uniform(0.2, 0.8, (n, 1)))
+    w.comm_ms = w.step_ms * rng.uniform(0.0, 0.03, (n, 1))
+    return w
+
+
+def healthy_scheduled_trim(rng, hw, n):
+    """The weekly fstrim (or a scheduled drive self-test) runs for one to three minutes: the drive
+    works and warms by 3-6 C, and the job's reads wait 10-30 % longer meanwhile; then all is as
+    before."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
     t = np.arange(STEPS)[None, :]
-    start = rng.integers(5, STEPS - 25, (n, 1))
-    recording = (t >= start) & (t < start + rng.integers(6, 25, (n, 1)))
-    _slow(w, w.step_ms * recording * rng.uniform(0.1, 0.4, (n, 1)))
-    return w
-
-
-def healthy_interactive_debug(rng, hw, n):
-    """An interactive session on the node (a notebook, a debugger): the GPUs are busy in short
-    bursts and idle in between, each step takes its own time of one to ten seconds, and a good
-    share of it is spent waiting for input read by hand-written loaders."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
-    level = np.clip(rng.lognormal(np.log(0.3), 0.6, (n, STEPS)), 0.03, 0.9)
-    _load_following(w, level)
-    w.step_ms = 10 ** rng.uniform(3, 4, (n, 1)) * rng.lognormal(0, 0.5, (n, STEPS))
-    w.data_ms = w.step_ms * rng.uniform(0.1, 0.4, (n, 1)) * rng.lognormal(0, 0.3, (n, STEPS))
-    w.comm_ms = w.step_ms * rng.uniform(0.0, 0.05, (n, 1))
-    return w
-
-
-def healthy_cpu_offload(rng, hw, n):
-    """A job that keeps its optimizer state in host memory (ZeRO offload): every step copies over
-    PCIe, so the GPUs are busy only 55-80 % of the time and draw less, the step is longer than the
-    GPUs alone would need. Steady over the window."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
-    level = rng.uniform(0.55, 0.8, (n, 1))
-    _load_following(w, np.broadcast_to(level, (n, STEPS)))
-    w.step_ms = w.step_ms / level
+    start = rng.integers(0, STEPS - 36, (n, 1))
+    trim = (t >= start) & (t < start + rng.integers(12, 37, (n, 1)))
+    _disk_warm(w, trim.astype(float), rng.uniform(3, 6, (n, 1)))
+    w.data_ms = np.where(trim, w.data_ms * rng.uniform(1.1, 1.3, (n, 1)), w.data_ms)
     return w
 
 
 # --- communication -----------------------------------------------------------------------------
 
 
-def pfc_pause_storm(rng, hw, n):
-    """A RoCE switch port pauses its senders in storms (PFC pause frames from a congested
-    receiver): from the onset, in bursts, the node's ports wait 50-500 times as long to send and the
-    collectives stretch with them; lossless, so no drop or error is counted."""
+def ecn_disabled_incast(rng, hw, n):
+    """Congestion control lost on the job's switch after a change at the onset (ECN marking off):
+    incast builds up, the ports wait 3-10 times as long to send and the collectives stretch by a
+    fifth to three times, with a long tail; nothing is dropped."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s = _sev(w)
-    storm = w.after() * _bursts(w, on=4, off=8)
-    _port_waits(w, 1 + storm * 10 ** (1.7 + 1.0 * s))
-    _collectives_slower(w, w.comm_ms * storm * (0.5 + 2.5 * s))
+    s, on = _sev(w), w.after(rng.integers(5, 30, n))
+    _port_waits(w, 1 + on * rng.uniform(2, 9, (n, 1)))
+    tail = rng.lognormal(0, 0.5, (n, STEPS))
+    _collectives_slower(w, w.comm_ms * on * (0.2 + 2.0 * s) * tail)
     return w
 
 
-def nic_affinity_after_restart(rng, hw, n):
-    """A rank restarts at the onset (its process died and the launcher respawned it) and lands on
-    the NIC of the other socket: a gap of 15-40 s while it rejoins, then every collective crosses
-    the socket interconnect, 20-80 % slower, and the port sends less (it waits less to send)."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 80)
+def optic_receive_drops(rng, hw, n):
+    """An optic whose receive power is fading: packets fail their CRC and the RDMA queue pairs drop
+    them in bursts, with no symbol errors counted (the lanes keep their lock); the collectives in
+    those samples stretch."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s = _sev(w)
-    t = np.arange(STEPS)[None, :]
-    gap = (t >= w.onset[:, None]) & (t < w.onset[:, None] + rng.integers(3, 9, (n, 1)))
-    after = t >= w.onset[:, None] + gap.sum(axis=1, keepdims=True)
-    w.util = np.where(gap[:, :, None], 0.0, w.util)
-    w.power = np.where(gap[:, :, None], hw.idle_power * rng.uniform(1.0, 1.2, (n, 1, 1)), w.power)
-    w.job = w.job & ~gap
-    _port_waits(w, np.where(after, rng.uniform(0.3, 0.8, (n, 1)), 1.0))
-    _collectives_slower(w, w.comm_ms * after * (0.2 + 0.6 * s))
+    burst = w.after() * _bursts(w, on=2, off=6)
+    _rate(w, "rdma_qps_dropped_per_second", 10 ** (0.5 + 2 * s), burst)
+    _collectives_slower(w, w.comm_ms * burst * (0.3 + 1.5 * s))
     return w
 
 
 # --- storage -----------------------------------------------------------------------------------
 
 
-def noisy_neighbour_io(rng, hw, n):
-    """Another tenant's job on the node hammers the shared local NVMe from the onset, in spells of
-    half a minute to a minute and a half: the drive warms by 5-10 C and this job's reads queue
-    behind the other's, a long-tailed wait for input."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+def shared_fs_failover(rng, hw, n):
+    """The shared file system's server fails over at the onset: the job's reads block for 30-90 s
+    (a step takes many times as long, the GPUs idle), then go on from a cold cache, a little slower
+    than before; the local drive is not involved."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 90)
     s = _sev(w)
-    spell = w.after() * _bursts(w, on=12, off=10)
-    _disk_warm(w, spell, 5 + 5 * s)
-    extra = w.step_ms * spell * (0.2 + 1.5 * s) * rng.lognormal(0, 0.6, (n, STEPS))
+    t = np.arange(STEPS)[None, :]
+    blocked = (t >= w.onset[:, None]) & (t < w.onset[:, None] + rng.integers(6, 19, (n, 1)))
+    after = (t >= w.onset[:, None]) & ~blocked
+    extra = w.step_ms * (blocked * (3 + 10 * s) + after * (0.1 + 0.4 * s))
     _input_slower(w, extra)
     return w
 
 
-def degraded_raid_reads(rng, hw, n):
-    """A RAID member drops out at the onset: every read of its stripes is rebuilt from the others,
-    so the input wait doubles to quintuples at once and varies more; the surviving drives work
-    harder, 2-4 C warmer."""
+def metadata_storm(rng, hw, n):
+    """Another job walks millions of files on the shared file system from the onset: this job's
+    opens and reads queue at the metadata server, its input waits one and a half to four times as
+    long and varies a lot; the local drive is not involved."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after()
-    factor = 1 + on * (1 + 3 * s) * rng.lognormal(0, 0.35, (n, STEPS))
-    _input_slower(w, w.data_ms * (factor - 1) + w.step_ms * on * (0.05 + 0.3 * s))
-    _disk_warm(w, on, rng.uniform(2, 4, (n, 1)))
+    s, on = _sev(w), w.after(rng.integers(2, 15, n))
+    factor = (0.5 + 3 * s) * rng.lognormal(0, 0.5, (n, STEPS))
+    _input_slower(w, (w.data_ms * factor + w.step_ms * (0.05 + 0.3 * s)) * on)
     return w
 
 
 # --- compute -----------------------------------------------------------------------------------
 
 
-def hw_slowdown_flapping(rng, hw, n):
-    """The board's hardware slowdown asserts and clears again and again from the onset (a power
-    supply near its limit): every GPU drops to 30-60 % of its clock and power for a sample or a few,
-    about every minute, and the steps in those samples are slow."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
+def thermal_paste_degraded(rng, hw, n):
+    """One GPU's thermal paste has dried out: it runs 8-15 C hotter than its neighbours throughout,
+    and from the onset, when the load rises a little, it crosses its slowdown temperature now and
+    then and its clock drops by 5-20 % in those samples."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s = _sev(w)
-    brake = w.after() * _bursts(w, on=2, off=12)
-    _gpu_slow(w, np.ones((n, GPUS), dtype=bool), 1 - brake * (0.4 + 0.3 * s))
+    gpu = _some_gpus(w, 1, 1)
+    w.temp = np.where(gpu[:, None, :], w.temp + np.rint(rng.uniform(8, 15, (n, 1, 1))), w.temp)
+    hot = w.after() * (rng.random((n, STEPS)) < 0.2 + 0.5 * s)
+    w.temp = np.where(gpu[:, None, :], w.temp + 3 * hot[:, :, None], w.temp)
+    _gpu_slow(w, gpu, 1 - hot * (0.05 + 0.15 * s))
     return w
 
 
-def gpu_reset_mid_job(rng, hw, n):
-    """One GPU hits an Xid and is reset at the onset: for 15-50 s it idles at its lowest clock and
-    the job stalls (no step is reported); then the job resumes, the reset GPU a little slower than
-    before (5-20 %, a lower clock after the reset) and every step waits for it."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 80)
-    s = _sev(w)
-    t = np.arange(STEPS)[None, :]
-    reset = (t >= w.onset[:, None]) & (t < w.onset[:, None] + rng.integers(3, 11, (n, 1)))
-    after = (t >= w.onset[:, None]) & ~reset
-    gpu = _some_gpus(w, 1, 1)
-    _gpu_slow(w, gpu, 1 - after * (0.05 + 0.15 * s))
-    g = gpu[:, None, :] & reset[:, :, None]
-    w.util = np.where(reset[:, :, None], np.where(g, 0.0, np.rint(w.util * 0.1)), w.util)
-    w.power = np.where(g, hw.idle_power, np.where(reset[:, :, None], w.power * 0.6, w.power))
-    w.clock = np.where(g, hw.idle_clock, w.clock)
-    w.job = w.job & ~reset
+def vrm_clock_jitter(rng, hw, n):
+    """A failing voltage regulator on one or two GPUs: from the onset their clock jitters downward by
+    5-25 % from sample to sample, their power with it, and the steps get slower and noisier."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+    s, on = _sev(w), w.after(rng.integers(1, 10, n))
+    drop = rng.uniform(0.0, 1.0, (n, STEPS)) * (0.05 + 0.2 * s)
+    _gpu_slow(w, _some_gpus(w, 1, 2), 1 - on * drop)
     return w
 
 
 # name -> (class, family); none of these names is a training family's (episodes.FAMILIES)
 FRESH: dict[str, tuple[str, Family]] = {
-    "healthy.profiler_stretch": ("healthy", healthy_profiler_stretch),
-    "healthy.interactive_debug": ("healthy", healthy_interactive_debug),
-    "healthy.cpu_offload": ("healthy", healthy_cpu_offload),
-    "communication.pfc_pause_storm": ("communication", pfc_pause_storm),
-    "communication.nic_affinity_after_restart": ("communication", nic_affinity_after_restart),
-    "storage.noisy_neighbour_io": ("storage", noisy_neighbour_io),
-    "storage.degraded_raid_reads": ("storage", degraded_raid_reads),
-    "compute.hw_slowdown_flapping": ("compute", hw_slowdown_flapping),
-    "compute.gpu_reset_mid_job": ("compute", gpu_reset_mid_job),
+    "healthy.gradient_accumulation": ("healthy", healthy_gradient_accumulation),
+    "healthy.inference_ramp": ("healthy", healthy_inference_ramp),
+    "healthy.scheduled_trim": ("healthy", healthy_scheduled_trim),
+    "communication.ecn_disabled_incast": ("communication", ecn_disabled_incast),
+    "communication.optic_receive_drops": ("communication", optic_receive_drops),
+    "storage.shared_fs_failover": ("storage", shared_fs_failover),
+    "storage.metadata_storm": ("storage", metadata_storm),
+    "compute.thermal_paste_degraded": ("compute", thermal_paste_degraded),
+    "compute.vrm_clock_jitter": ("compute", vrm_clock_jitter),
 }
 
 
