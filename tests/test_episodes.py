@@ -231,3 +231,37 @@ def test_every_class_counts_a_harmless_aer_trickle_in_some_episodes(data):
         assert share > 0.03, (CLASSES[cls], share)
     healthy = (data.label == 0) & counting
     assert np.nanmax(aer[healthy]) <= 10, "a trickle, not a storm"
+
+
+def test_composed_healthy_episodes_combine_two_to_four_benign_changes(monkeypatch):
+    """Fresh sets found healthy work the model read as a fault whenever two benign changes came
+    together; each composed episode takes two to four of them, each applied to its episodes only."""
+    from stethoscope.model import families_composed
+
+    touched = np.zeros((40, len(families_composed.CHANGES)), dtype=int)
+
+    def recording(k, change):
+        def wrapped(part):
+            touched[part.noise[:, 0].astype(int), k] += 1  # marked below with the episode's index
+            change(part)
+
+        return wrapped
+
+    monkeypatch.setattr(
+        families_composed,
+        "CHANGES",
+        tuple(recording(k, c) for k, c in enumerate(families_composed.CHANGES)),
+    )
+    base = families_composed._base
+
+    def marked(*args):
+        w = base(*args)
+        w.noise = np.arange(w.n, dtype=float)[:, None]  # no change reads it
+        return w
+
+    monkeypatch.setattr(families_composed, "_base", marked)
+    _, _, hw = episodes.hardware("h200", 40, None)
+    families_composed.healthy_composed(np.random.default_rng(3), hw, 40)
+    per_episode = touched.sum(axis=1)
+    assert ((per_episode >= 2) & (per_episode <= 4)).all(), per_episode
+    assert (touched <= 1).all() and (touched.sum(axis=0) > 0).all()

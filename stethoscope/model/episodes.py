@@ -21,6 +21,7 @@ import numpy as np
 
 from stethoscope.model import (
     families,
+    families_composed,
     families_healthy_variety,
     families_set1,
     families_set2,
@@ -60,7 +61,7 @@ __all__ = [
 # only their step time (the Reporter's default); 3: fresh set 2's families and healthy variety
 # (families_healthy_variety) in training; 4: fresh set 3's families in training; 5: fresh set 4's;
 # 6: fresh set 5's, and a trickle of correctable PCIe errors in a share of every family's episodes;
-# 7: fresh set 6's
+# 7: fresh set 6's, and healthy work that combines two to four benign changes (families_composed)
 GENERATOR_VERSION = 7
 FAMILIES = {
     **families.CORE_FAMILIES,
@@ -71,6 +72,7 @@ FAMILIES = {
     **families_set5.SET5,
     **families_set6.SET6,
     **families_healthy_variety.HEALTHY_VARIETY,
+    **families_composed.COMPOSED,
 }
 # a job that reports its step time only (Reporter.step without comm_time/data_time)
 STEP_TIME_ONLY = 0.15

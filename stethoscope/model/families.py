@@ -524,6 +524,7 @@ WORKLOADS: dict[str, str | None] = {
     "healthy.gradient_accumulation": None,
     "healthy.inference_ramp": None,
     "healthy.scheduled_trim": None,
+    "healthy.composed": None,
 }
 
 
