@@ -29,6 +29,7 @@ from stethoscope.model import (
     families_set4,
     families_set5,
     families_set6,
+    families_set7,
 )
 from stethoscope.model.families import (
     CAPTURE,
@@ -61,8 +62,9 @@ __all__ = [
 # only their step time (the Reporter's default); 3: fresh set 2's families and healthy variety
 # (families_healthy_variety) in training; 4: fresh set 3's families in training; 5: fresh set 4's;
 # 6: fresh set 5's, and a trickle of correctable PCIe errors in a share of every family's episodes;
-# 7: fresh set 6's, and healthy work that combines two to four benign changes (families_composed)
-GENERATOR_VERSION = 7
+# 7: fresh set 6's, and healthy work that combines two to four benign changes (families_composed);
+# 8: fresh set 7's
+GENERATOR_VERSION = 8
 FAMILIES = {
     **families.CORE_FAMILIES,
     **families_set1.SET1,
@@ -71,6 +73,7 @@ FAMILIES = {
     **families_set4.SET4,
     **families_set5.SET5,
     **families_set6.SET6,
+    **families_set7.SET7,
     **families_healthy_variety.HEALTHY_VARIETY,
     **families_composed.COMPOSED,
 }

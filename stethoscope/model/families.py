@@ -500,7 +500,7 @@ REPLAYED = ("healthy.replay_idle", "healthy.replay_load")
 # from the same family (stethoscope.model.evaluate.peer_groups); every other family is "standard".
 # None: a pattern of its own in every episode (a swing, a change of pace at its own step), which a
 # job's ranks share and no other episode can stand in for; such episodes get no outlier score.
-# Names from the core families, fresh sets 1-6 (training now) and the current hold-out, set 7.
+# Names from the core families, fresh sets 1-7 (training now) and the current hold-out, set 8.
 WORKLOADS: dict[str, str | None] = {
     "healthy.power_capped": "power_capped",
     "healthy.small_batch": "small_batch",
@@ -525,6 +525,9 @@ WORKLOADS: dict[str, str | None] = {
     "healthy.inference_ramp": None,
     "healthy.scheduled_trim": None,
     "healthy.composed": None,
+    "healthy.checkpoint_upload": None,
+    "healthy.power_cap_clock_hunting": "power_cap_clock_hunting",
+    "healthy.health_check_bursts": None,
 }
 
 

@@ -1,7 +1,7 @@
-"""Fresh families (set 7): a clean hold-out for the shipped model. Written before the model of
-generator version 7 was trained, from what these conditions look like on a real node rather than
-from the training families; no training, validation or model selection has seen them. (Sets 1-6,
-the hold-outs of generator versions 1-6, are training data now: families_set1..6.) Same
+"""Fresh families (set 8): a clean hold-out for the shipped model. Written before the model of
+generator version 8 was trained, from what these conditions look like on a real node rather than
+from the training families; no training, validation or model selection has seen them. (Sets 1-7,
+the hold-outs of generator versions 1-7, are training data now: families_set1..7.) Same
 signals, aggregation, sample loss and masking as stethoscope.model.episodes; split "fresh". Scored
 by benchmarks/model_fresh_families.py, once per model."""
 
@@ -28,149 +28,157 @@ from stethoscope.model.families import (
     _sev,
     _some_gpus,
 )
-from stethoscope.model.families_healthy_variety import _load_following
 from stethoscope.model.metadata import CLASSES, STEPS
 
 SPLIT = "fresh"
-SET = 7
-SALT = 20261207  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
+SET = 8
+SALT = 20261208  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
 
 
 # --- healthy -----------------------------------------------------------------------------------
 
 
-def healthy_gradient_accumulation(rng, hw, n):
-    """A job that accumulates gradients over 2-8 micro-steps and synchronises only on the last: the
-    step time reported is now a short micro-step without collectives, now the long synchronising
-    step whose collectives take most of it, in no pattern a 5-s sample can follow."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
-    sync = rng.random((n, STEPS)) < 1 / rng.integers(2, 9, (n, 1))
-    micro = w.step_ms - w.comm_ms
-    w.step_ms = np.where(sync, micro + w.comm_ms * rng.uniform(2, 4, (n, 1)), micro)
-    w.comm_ms = np.where(sync, w.step_ms - micro, w.comm_ms * rng.uniform(0.0, 0.1, (n, STEPS)))
-    return w
-
-
-def healthy_inference_ramp(rng, hw, n):
-    """An inference service as its traffic builds up (the morning): GPU load climbs from a third to
-    nine tenths over the window with the request rate, batches grow and each step takes longer
-    (20-80 % by the end); no collectives to speak of."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
-    t = np.arange(STEPS)[None, :] / (STEPS - 1)
-    low, high = rng.uniform(0.25, 0.4, (n, 1)), rng.uniform(0.8, 0.95, (n, 1))
-    level = low + (high - low) * t + rng.normal(0, 0.04, (n, STEPS))
-    _load_following(w, np.clip(level, 0.05, 1.0))
-    w.step_ms = w.step_ms * (1 + t * rng.uniform(0.2, 0.8, (n, 1)))
-    w.comm_ms = w.step_ms * rng.uniform(0.0, 0.03, (n, 1))
-    return w
-
-
-def healthy_scheduled_trim(rng, hw, n):
-    """The weekly fstrim (or a scheduled drive self-test) runs for one to three minutes: the drive
-    works and warms by 3-6 C, and the job's reads wait 10-30 % longer meanwhile; then all is as
-    before."""
+def healthy_checkpoint_upload(rng, hw, n):
+    """Every few minutes the job uploads a checkpoint to object storage over the same fabric: for
+    2-6 samples the IB ports wait 5-20 times as long to send and the collectives in those samples
+    take 20-60 % longer; nothing dropped, nothing counted, on a schedule the job has kept all along."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
     t = np.arange(STEPS)[None, :]
-    start = rng.integers(0, STEPS - 36, (n, 1))
-    trim = (t >= start) & (t < start + rng.integers(12, 37, (n, 1)))
-    _disk_warm(w, trim.astype(float), rng.uniform(3, 6, (n, 1)))
-    w.data_ms = np.where(trim, w.data_ms * rng.uniform(1.1, 1.3, (n, 1)), w.data_ms)
+    period = rng.integers(36, 73, (n, 1))
+    upload = (t + rng.integers(0, 72, (n, 1))) % period < rng.integers(2, 7, (n, 1))
+    _port_waits(w, 1 + upload * rng.uniform(4, 19, (n, 1)))
+    _collectives_slower(w, w.comm_ms * upload * rng.uniform(0.2, 0.6, (n, 1)))
+    return w
+
+
+def healthy_power_cap_clock_hunting(rng, hw, n):
+    """GPUs at their power limit whose clocks hunt as the driver's power controller holds the cap:
+    the clock moves 5-10 % from sample to sample while power stays at the cap and the job's pace
+    holds."""
+    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    hunt = 1 - rng.uniform(0, 1, w.clock.shape) * rng.uniform(0.05, 0.1, (n, 1, 1))
+    w.clock = np.minimum(hw.clock_step * np.rint(w.clock * hunt / hw.clock_step), hw.max_clock)
+    return w
+
+
+def healthy_health_check_bursts(rng, hw, n):
+    """An idle node between jobs that runs the site's GPU health check (a DCGM diagnostic) every
+    minute or two: for 1-3 samples every GPU goes to full load and warms, then idles again; no job."""
+    w = _base(rng, hw, n, _busy(rng, n, "idle"))
+    t = np.arange(STEPS)[None, :]
+    period = rng.integers(12, 25, (n, 1))
+    check = ((t + rng.integers(0, 24, (n, 1))) % period < rng.integers(1, 4, (n, 1))).astype(float)
+    busy = _base(rng, hw, n, _busy(rng, n, "load"))
+    c = check[:, :, None]
+    w.util = np.rint(w.util + c * (busy.util - w.util))
+    w.power = w.power + c * (busy.power - w.power)
+    w.clock = w.clock + c * (busy.clock - w.clock)
+    w.temp = np.rint(w.temp + c * 0.6 * (busy.temp - w.temp))
     return w
 
 
 # --- communication -----------------------------------------------------------------------------
 
 
-def ecn_disabled_incast(rng, hw, n):
-    """Congestion control lost on the job's switch after a change at the onset (ECN marking off):
-    incast builds up, the ports wait 3-10 times as long to send and the collectives stretch by a
-    fifth to three times, with a long tail; nothing is dropped."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(5, 30, n))
-    _port_waits(w, 1 + on * rng.uniform(2, 9, (n, 1)))
-    tail = rng.lognormal(0, 0.5, (n, STEPS))
-    _collectives_slower(w, w.comm_ms * on * (0.2 + 2.0 * s) * tail)
+def adaptive_routing_flap(rng, hw, n):
+    """Adaptive routing on the job's switches toggles from the onset (a fabric manager bug): the
+    collectives run normally for a stretch, then 1.5-3 times as slow for 10-30 samples while the
+    ports wait 2-5 times as long, and so on; nothing dropped or counted."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 70)
+    s = _sev(w)
+    slow = w.after() * _bursts(w, on=20, off=15)
+    _port_waits(w, 1 + slow * rng.uniform(1, 4, (n, 1)))
+    _collectives_slower(w, w.comm_ms * slow * (0.5 + 1.5 * s))
     return w
 
 
-def optic_receive_drops(rng, hw, n):
-    """An optic whose receive power is fading: packets fail their CRC and the RDMA queue pairs drop
-    them in bursts, with no symbol errors counted (the lanes keep their lock); the collectives in
-    those samples stretch."""
+def port_speed_downgrade(rng, hw, n):
+    """The node's IB port retrains at a lower speed at the onset (a marginal cable, 4x to 2x): a
+    burst of symbol errors while it retrains, then every collective is 1.5-4 times as slow and the
+    port waits to send 2-8 times as long, with no further errors."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s = _sev(w)
-    burst = w.after() * _bursts(w, on=2, off=6)
-    _rate(w, "rdma_qps_dropped_per_second", 10 ** (0.5 + 2 * s), burst)
-    _collectives_slower(w, w.comm_ms * burst * (0.3 + 1.5 * s))
+    t = np.arange(STEPS)[None, :]
+    retrain = (t >= w.onset[:, None]) & (t < w.onset[:, None] + rng.integers(1, 3, (n, 1)))
+    after = t >= w.onset[:, None]
+    _rate(w, "ib_symbol_errors_per_second", 10 ** (1 + 1.5 * s), retrain.astype(float))
+    _port_waits(w, 1 + after * rng.uniform(1, 7, (n, 1)))
+    _collectives_slower(w, w.comm_ms * after * (0.5 + 2.5 * s))
     return w
 
 
 # --- storage -----------------------------------------------------------------------------------
 
 
-def shared_fs_failover(rng, hw, n):
-    """The shared file system's server fails over at the onset: the job's reads block for 30-90 s
-    (a step takes many times as long, the GPUs idle), then go on from a cold cache, a little slower
-    than before; the local drive is not involved."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 90)
-    s = _sev(w)
-    t = np.arange(STEPS)[None, :]
-    blocked = (t >= w.onset[:, None]) & (t < w.onset[:, None] + rng.integers(6, 19, (n, 1)))
-    after = (t >= w.onset[:, None]) & ~blocked
-    extra = w.step_ms * (blocked * (3 + 10 * s) + after * (0.1 + 0.4 * s))
-    _input_slower(w, extra)
+def write_cache_disabled(rng, hw, n):
+    """A maintenance script turns the local NVMe's volatile write cache off at the onset: the job's
+    local shuffle buffer and cache writes slow, its input waits two to four times as long from then
+    on, and the drive works a degree or three warmer."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+    s, on = _sev(w), w.after()
+    _input_slower(w, on * (w.data_ms * (1 + 2 * s) + w.step_ms * (0.05 + 0.4 * s)))
+    _disk_warm(w, on, rng.uniform(1, 3, (n, 1)))
     return w
 
 
-def metadata_storm(rng, hw, n):
-    """Another job walks millions of files on the shared file system from the onset: this job's
-    opens and reads queue at the metadata server, its input waits one and a half to four times as
-    long and varies a lot; the local drive is not involved."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(2, 15, n))
-    factor = (0.5 + 3 * s) * rng.lognormal(0, 0.5, (n, STEPS))
-    _input_slower(w, (w.data_ms * factor + w.step_ms * (0.05 + 0.3 * s)) * on)
+def object_store_throttling(rng, hw, n):
+    """The object store starts throttling the job's reads (503 SlowDown) from the onset: most reads
+    are only a little slower, but more and more of them back off and retry for one to eight seconds;
+    the local drive is not involved."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 70)
+    s = _sev(w)
+    t = np.arange(STEPS)[None, :]
+    since = np.clip(t - w.onset[:, None], 0, None)
+    on = t >= w.onset[:, None]
+    backoff = on & (rng.random((n, STEPS)) < 0.05 + (0.1 + 0.3 * s) * since / STEPS)
+    extra = on * w.data_ms * (0.3 + s) + backoff * rng.uniform(1000, 8000, (n, STEPS))
+    _input_slower(w, extra)
     return w
 
 
 # --- compute -----------------------------------------------------------------------------------
 
 
-def thermal_paste_degraded(rng, hw, n):
-    """One GPU's thermal paste has dried out: it runs 8-15 C hotter than its neighbours throughout,
-    and from the onset, when the load rises a little, it crosses its slowdown temperature now and
-    then and its clock drops by 5-20 % in those samples."""
+def gpu_pcie_downshift(rng, hw, n):
+    """One GPU's PCIe link comes back from a reset at a lower width at the onset: a few correctable
+    errors while it trains, then its copies to and from the host take longer, it waits on them (less
+    busy, less power) and every step waits for it, 10-40 % longer."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s = _sev(w)
-    gpu = _some_gpus(w, 1, 1)
-    w.temp = np.where(gpu[:, None, :], w.temp + np.rint(rng.uniform(8, 15, (n, 1, 1))), w.temp)
-    hot = w.after() * (rng.random((n, STEPS)) < 0.2 + 0.5 * s)
-    w.temp = np.where(gpu[:, None, :], w.temp + 3 * hot[:, :, None], w.temp)
-    _gpu_slow(w, gpu, 1 - hot * (0.05 + 0.15 * s))
+    s, on = _sev(w), w.after()
+    t = np.arange(STEPS)[None, :]
+    training = (t >= w.onset[:, None]) & (t < w.onset[:, None] + 2)
+    _rate(w, "pcie_aer_correctable_errors_per_second", 10 ** (0.5 + s), training.astype(float))
+    gpu = _some_gpus(w, 1, 1)[:, None, :]
+    extra = w.step_ms * on * (0.1 + 0.3 * s)
+    share = (w.step_ms / (w.step_ms + extra))[:, :, None]
+    w.util = np.where(gpu, np.rint(w.util * (0.5 + 0.5 * share)), np.rint(w.util * share))
+    w.power = np.where(gpu, hw.idle_power + (w.power - hw.idle_power) * (0.4 + 0.6 * share), w.power)
+    w.comm_ms = w.comm_ms + 0.6 * extra
+    w.step_ms = w.step_ms + extra
     return w
 
 
-def vrm_clock_jitter(rng, hw, n):
-    """A failing voltage regulator on one or two GPUs: from the onset their clock jitters downward by
-    5-25 % from sample to sample, their power with it, and the steps get slower and noisier."""
+def clock_stuck_idle(rng, hw, n):
+    """After a driver hiccup at the onset one GPU's clock stays at its idle level though it is busy:
+    it draws little power, and the job runs at its pace, every step two to four times as long."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 10, n))
-    drop = rng.uniform(0.0, 1.0, (n, STEPS)) * (0.05 + 0.2 * s)
-    _gpu_slow(w, _some_gpus(w, 1, 2), 1 - on * drop)
+    on = w.after()
+    factor = np.maximum(hw.idle_clock / hw.load_clock, 1 - on * (0.5 + 0.25 * _sev(w)))
+    _gpu_slow(w, _some_gpus(w, 1, 1), factor)
     return w
 
 
 # name -> (class, family); none of these names is a training family's (episodes.FAMILIES)
 FRESH: dict[str, tuple[str, Family]] = {
-    "healthy.gradient_accumulation": ("healthy", healthy_gradient_accumulation),
-    "healthy.inference_ramp": ("healthy", healthy_inference_ramp),
-    "healthy.scheduled_trim": ("healthy", healthy_scheduled_trim),
-    "communication.ecn_disabled_incast": ("communication", ecn_disabled_incast),
-    "communication.optic_receive_drops": ("communication", optic_receive_drops),
-    "storage.shared_fs_failover": ("storage", shared_fs_failover),
-    "storage.metadata_storm": ("storage", metadata_storm),
-    "compute.thermal_paste_degraded": ("compute", thermal_paste_degraded),
-    "compute.vrm_clock_jitter": ("compute", vrm_clock_jitter),
+    "healthy.checkpoint_upload": ("healthy", healthy_checkpoint_upload),
+    "healthy.power_cap_clock_hunting": ("healthy", healthy_power_cap_clock_hunting),
+    "healthy.health_check_bursts": ("healthy", healthy_health_check_bursts),
+    "communication.adaptive_routing_flap": ("communication", adaptive_routing_flap),
+    "communication.port_speed_downgrade": ("communication", port_speed_downgrade),
+    "storage.write_cache_disabled": ("storage", write_cache_disabled),
+    "storage.object_store_throttling": ("storage", object_store_throttling),
+    "compute.gpu_pcie_downshift": ("compute", gpu_pcie_downshift),
+    "compute.clock_stuck_idle": ("compute", clock_stuck_idle),
 }
 
 
