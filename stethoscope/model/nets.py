@@ -10,26 +10,34 @@ from torch import nn
 # The detector compares the recent part of the window: a finding is about now, and a fault that
 # began late in the window would be diluted by the healthy steps before it.
 RECENT_STEPS = 36  # 3 minutes at 5 s
+# The classifier also sees each feature's change since the window's first minute. Fresh sets kept
+# finding healthy work whose pattern (alternating collectives, a swinging load) runs through the
+# whole window read as a fault that begins in it: a fault changes something, a workload is itself.
+BASELINE_STEPS = 12  # 1 minute at 5 s
 
 
 class Classifier(nn.Module):
-    """GRU over the normalised features and their mask channels. Its last hidden state, the mean and
-    the maximum of its hidden states over the window (an intermittent fault shows in the maximum,
-    a steady one in the mean) and each feature's own peak go through `head1` and `head2` (what
-    finetune trains) to a softmax."""
+    """GRU over the normalised features, their mask channels and their change since the window's
+    first minute (that minute's observed mean; 0 where it saw none). Its last hidden state, the
+    mean and the maximum of its hidden states over the window (an intermittent fault shows in the
+    maximum, a steady one in the mean) and each feature's own peak go through `head1` and `head2`
+    (what finetune trains) to a softmax."""
 
     def __init__(
         self, features: int = 12, hidden: int = 32, head: int = 32, classes: int = 4, dropout: float = 0.1
     ) -> None:
         super().__init__()
-        self.gru = nn.GRU(2 * features, hidden, batch_first=True)
+        self.gru = nn.GRU(3 * features, hidden, batch_first=True)
         self.drop = nn.Dropout(dropout)
         self.head1 = nn.Linear(3 * hidden + features, head)
         self.head2 = nn.Linear(head, classes)
 
     def embed(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         seen = x * mask
-        out, last = self.gru(torch.cat([seen, mask], dim=2))
+        count = mask[:, :BASELINE_STEPS].sum(dim=1, keepdim=True)
+        baseline = seen[:, :BASELINE_STEPS].sum(dim=1, keepdim=True) / torch.clamp(count, min=1.0)
+        change = (seen - baseline) * mask * (count > 0).float()
+        out, last = self.gru(torch.cat([seen, mask, change], dim=2))
         peak = (seen - 1e4 * (1 - mask)).amax(dim=1) * (mask.amax(dim=1))
         return torch.cat([last[0], out.mean(dim=1), out.amax(dim=1), peak], dim=1)
 
