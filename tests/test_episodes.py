@@ -165,11 +165,12 @@ def test_jobs_that_report_only_their_step_time_are_in_the_training_data(data):
 
 
 def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
-    """Regression guard: fresh sets 1-7 found healthy workloads the training data lacked (small
+    """Regression guard: fresh sets 1-8 found healthy workloads the training data lacked (small
     batches, an inference server, part of a node, swinging GPU load, a change of pace, routine
-    checkpoint saves, a job restart, an epoch boundary, a profiler, gradient accumulation) read as
-    faults, a memory-bound straggler GPU and a drive's PCIe link errors as communication faults;
-    once scored, a hold-out becomes training data and the next set is the hold-out."""
+    checkpoint saves, a job restart, an epoch boundary, a profiler, gradient accumulation, a
+    checkpoint upload) read as faults, a memory-bound straggler GPU and a drive's PCIe link errors
+    as communication faults; once scored, a hold-out becomes training data and the next set is
+    the hold-out."""
     from stethoscope.model import (
         families_healthy_variety,
         families_set1,
@@ -179,6 +180,7 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         families_set5,
         families_set6,
         families_set7,
+        families_set8,
         fresh,
     )
 
@@ -190,6 +192,7 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         families_set5.SET5,
         families_set6.SET6,
         families_set7.SET7,
+        families_set8.SET8,
     )
     for added in (*added_sets, families_healthy_variety.HEALTHY_VARIETY):
         assert set(added) <= set(episodes.FAMILIES)
@@ -209,8 +212,9 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         "healthy.profiler_stretch",
         "communication.nic_affinity_after_restart",
         "healthy.gradient_accumulation",
+        "healthy.checkpoint_upload",
     } <= trained
-    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 8
+    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 9
 
 
 def test_step_times_cover_small_and_large_batches(data):

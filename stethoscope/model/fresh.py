@@ -1,7 +1,7 @@
-"""Fresh families (set 8): a clean hold-out for the shipped model. Written before the model of
-generator version 8 was trained, from what these conditions look like on a real node rather than
-from the training families; no training, validation or model selection has seen them. (Sets 1-7,
-the hold-outs of generator versions 1-7, are training data now: families_set1..7.) Same
+"""Fresh families (set 9): a clean hold-out for the shipped model. Written before the model of
+generator version 9 was trained, from what these conditions look like on a real node rather than
+from the training families; no training, validation or model selection has seen them. (Sets 1-8,
+the hold-outs of generator versions 1-8, are training data now: families_set1..8.) Same
 signals, aggregation, sample loss and masking as stethoscope.model.episodes; split "fresh". Scored
 by benchmarks/model_fresh_families.py, once per model."""
 
@@ -12,173 +12,175 @@ import numpy as np
 from stethoscope.model.episodes import ARRAYS, Episodes, _assemble, data_hash, hardware, manifest
 from stethoscope.model.families import (
     CAPTURE,
+    GPUS,
     Capture,
+    F,
     Family,
     Window,
     _base,
-    _bursts,
     _busy,
     _collectives_slower,
-    _disk_warm,
     _fault,
     _gpu_slow,
     _input_slower,
     _port_waits,
     _rate,
     _sev,
+    _slow,
     _some_gpus,
 )
 from stethoscope.model.metadata import CLASSES, STEPS
 
 SPLIT = "fresh"
-SET = 8
-SALT = 20261208  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
+SET = 9
+SALT = 20261209  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
 
 
 # --- healthy -----------------------------------------------------------------------------------
 
 
-def healthy_checkpoint_upload(rng, hw, n):
-    """Every few minutes the job uploads a checkpoint to object storage over the same fabric: for
-    2-6 samples the IB ports wait 5-20 times as long to send and the collectives in those samples
-    take 20-60 % longer; nothing dropped, nothing counted, on a schedule the job has kept all along."""
+def healthy_batch_size_raised(rng, hw, n):
+    """An engineer raises the batch size at a restart-free checkpoint: from that step on each step
+    does more work, takes one and a half to three times as long, the GPUs are busier and at their
+    power cap; the collectives (the same gradients) take as long as before."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
     t = np.arange(STEPS)[None, :]
-    period = rng.integers(36, 73, (n, 1))
-    upload = (t + rng.integers(0, 72, (n, 1))) % period < rng.integers(2, 7, (n, 1))
-    _port_waits(w, 1 + upload * rng.uniform(4, 19, (n, 1)))
-    _collectives_slower(w, w.comm_ms * upload * rng.uniform(0.2, 0.6, (n, 1)))
+    later = t >= rng.integers(10, STEPS - 10, (n, 1))
+    compute = w.step_ms - w.comm_ms
+    w.step_ms = np.where(later, compute * rng.uniform(1.5, 3, (n, 1)) + w.comm_ms, w.step_ms)
+    w.util = np.where(later[:, :, None], np.clip(w.util + 2, 0, 100), w.util)
     return w
 
 
-def healthy_power_cap_clock_hunting(rng, hw, n):
-    """GPUs at their power limit whose clocks hunt as the driver's power controller holds the cap:
-    the clock moves 5-10 % from sample to sample while power stays at the cap and the job's pace
-    holds."""
+def healthy_periodic_gc_pauses(rng, hw, n):
+    """The training script's host side pauses every 20-60 steps (Python's garbage collector, the
+    allocator defragmenting): one step in those samples takes two to five times as long with the
+    GPUs idle; nothing on the node's parts moves."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    hunt = 1 - rng.uniform(0, 1, w.clock.shape) * rng.uniform(0.05, 0.1, (n, 1, 1))
-    w.clock = np.minimum(hw.clock_step * np.rint(w.clock * hunt / hw.clock_step), hw.max_clock)
+    pause = rng.random((n, STEPS)) < 1 / rng.uniform(4, 12, (n, 1))  # 20-60 steps: a sample in 4-12
+    _slow(w, w.step_ms * pause * rng.uniform(1, 4, (n, STEPS)))
     return w
 
 
-def healthy_health_check_bursts(rng, hw, n):
-    """An idle node between jobs that runs the site's GPU health check (a DCGM diagnostic) every
-    minute or two: for 1-3 samples every GPU goes to full load and warms, then idles again; no job."""
-    w = _base(rng, hw, n, _busy(rng, n, "idle"))
-    t = np.arange(STEPS)[None, :]
-    period = rng.integers(12, 25, (n, 1))
-    check = ((t + rng.integers(0, 24, (n, 1))) % period < rng.integers(1, 4, (n, 1))).astype(float)
-    busy = _base(rng, hw, n, _busy(rng, n, "load"))
-    c = check[:, :, None]
-    w.util = np.rint(w.util + c * (busy.util - w.util))
-    w.power = w.power + c * (busy.power - w.power)
-    w.clock = w.clock + c * (busy.clock - w.clock)
-    w.temp = np.rint(w.temp + c * 0.6 * (busy.temp - w.temp))
+def healthy_cpu_bound_input(rng, hw, n):
+    """A job whose data loader is CPU-bound from the start (heavy augmentation, too few workers):
+    each step waits 20-40 % of its time for input, more or less from step to step, the GPUs idle
+    meanwhile; steady over the window, nothing wrong with the drive."""
+    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    share = rng.uniform(0.2, 0.4, (n, 1)) * rng.lognormal(0, 0.2, (n, STEPS))
+    _input_slower(w, w.step_ms * share / (1 - np.minimum(share, 0.8)))
     return w
 
 
 # --- communication -----------------------------------------------------------------------------
 
 
-def adaptive_routing_flap(rng, hw, n):
-    """Adaptive routing on the job's switches toggles from the onset (a fabric manager bug): the
-    collectives run normally for a stretch, then 1.5-3 times as slow for 10-30 samples while the
-    ports wait 2-5 times as long, and so on; nothing dropped or counted."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 70)
-    s = _sev(w)
-    slow = w.after() * _bursts(w, on=20, off=15)
-    _port_waits(w, 1 + slow * rng.uniform(1, 4, (n, 1)))
-    _collectives_slower(w, w.comm_ms * slow * (0.5 + 1.5 * s))
+def lossy_roce_retransmits(rng, hw, n):
+    """A path without flow control after a switch change at the onset (lossy RoCE): a few packets
+    are lost, the queue pairs count out-of-sequence drops at a low rate and go back N, so the
+    collectives get a long-tailed extra time; the links themselves count no errors."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+    s, on = _sev(w), w.after(rng.integers(1, 10, n))
+    _rate(w, "rdma_qps_dropped_per_second", 10 ** (-0.3 + 1.3 * s), on)
+    tail = rng.lognormal(0, 0.7, (n, STEPS))
+    _collectives_slower(w, w.comm_ms * on * (0.1 + 1.0 * s) * tail)
     return w
 
 
-def port_speed_downgrade(rng, hw, n):
-    """The node's IB port retrains at a lower speed at the onset (a marginal cable, 4x to 2x): a
-    burst of symbol errors while it retrains, then every collective is 1.5-4 times as slow and the
-    port waits to send 2-8 times as long, with no further errors."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+def leaf_switch_reboot(rng, hw, n):
+    """The node's leaf switch reboots at the onset: for 30-90 s the link is down, the job makes no
+    progress and reports no step; when the link comes back a burst of symbol errors and drops is
+    counted and the collectives are slow for a minute while the job catches up."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 80)
     s = _sev(w)
     t = np.arange(STEPS)[None, :]
-    retrain = (t >= w.onset[:, None]) & (t < w.onset[:, None] + rng.integers(1, 3, (n, 1)))
-    after = t >= w.onset[:, None]
-    _rate(w, "ib_symbol_errors_per_second", 10 ** (1 + 1.5 * s), retrain.astype(float))
-    _port_waits(w, 1 + after * rng.uniform(1, 7, (n, 1)))
-    _collectives_slower(w, w.comm_ms * after * (0.5 + 2.5 * s))
+    down_len = rng.integers(6, 19, (n, 1))
+    down = (t >= w.onset[:, None]) & (t < w.onset[:, None] + down_len)
+    back = (t >= w.onset[:, None] + down_len) & (t < w.onset[:, None] + down_len + 12)
+    first = (t >= w.onset[:, None] + down_len) & (t < w.onset[:, None] + down_len + 2)
+    w.util = np.where(down[:, :, None], 0.0, w.util)
+    w.power = np.where(down[:, :, None], hw.idle_power * rng.uniform(1.0, 1.3, (n, 1, 1)), w.power)
+    w.job = w.job & ~down
+    _port_waits(w, np.where(down, 0.0, 1.0))
+    _rate(w, "ib_symbol_errors_per_second", 10 ** (0.5 + 1.5 * s), first.astype(float))
+    _rate(w, "rdma_qps_dropped_per_second", 10 ** (0.5 + 1.5 * s), first.astype(float))
+    _collectives_slower(w, w.comm_ms * back * (1 + 3 * s))
     return w
 
 
 # --- storage -----------------------------------------------------------------------------------
 
 
-def write_cache_disabled(rng, hw, n):
-    """A maintenance script turns the local NVMe's volatile write cache off at the onset: the job's
-    local shuffle buffer and cache writes slow, its input waits two to four times as long from then
-    on, and the drive works a degree or three warmer."""
+def parallel_fs_slow_target(rng, hw, n):
+    """One storage target of the parallel file system slows down at the onset (a degraded disk
+    pool behind it): the reads striped onto it take five to twenty times as long, so a fifth to
+    two fifths of the samples show a long input wait; the others are as before."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after()
-    _input_slower(w, on * (w.data_ms * (1 + 2 * s) + w.step_ms * (0.05 + 0.4 * s)))
-    _disk_warm(w, on, rng.uniform(1, 3, (n, 1)))
+    s = _sev(w)
+    hit = w.after() * (rng.random((n, STEPS)) < rng.uniform(0.2, 0.4, (n, 1)))
+    _input_slower(w, hit * (w.data_ms * rng.uniform(4, 19, (n, STEPS)) + w.step_ms * (0.1 + 0.6 * s)))
     return w
 
 
-def object_store_throttling(rng, hw, n):
-    """The object store starts throttling the job's reads (503 SlowDown) from the onset: most reads
-    are only a little slower, but more and more of them back off and retry for one to eight seconds;
-    the local drive is not involved."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 70)
+def nvme_throttle_cycles(rng, hw, n):
+    """A drive in a badly cooled bay reaches its thermal limit after the onset and throttles in
+    cycles: its temperature climbs to 70-75 C, it slows and cools a few degrees, then climbs again;
+    in the throttled part of each cycle the job's reads wait two to five times as long."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 60)
     s = _sev(w)
     t = np.arange(STEPS)[None, :]
-    since = np.clip(t - w.onset[:, None], 0, None)
-    on = t >= w.onset[:, None]
-    backoff = on & (rng.random((n, STEPS)) < 0.05 + (0.1 + 0.3 * s) * since / STEPS)
-    extra = on * w.data_ms * (0.3 + s) + backoff * rng.uniform(1000, 8000, (n, STEPS))
-    _input_slower(w, extra)
+    disk = w.node[:, :, F["disk_temperature_celsius"]]
+    ramp = w.after(rng.integers(10, 30, n))
+    cycle = 0.5 + 0.5 * np.sin(2 * np.pi * t / rng.uniform(10, 30, (n, 1)))
+    target = 70 + 5 * cycle
+    w.node[:, :, F["disk_temperature_celsius"]] = np.rint(disk + ramp * (target - disk))
+    throttled = (ramp >= 1) & (cycle > 0.5)
+    _input_slower(w, throttled * (w.data_ms * (1 + 3 * s) + w.step_ms * (0.05 + 0.3 * s)))
     return w
 
 
 # --- compute -----------------------------------------------------------------------------------
 
 
-def gpu_pcie_downshift(rng, hw, n):
-    """One GPU's PCIe link comes back from a reset at a lower width at the onset: a few correctable
-    errors while it trains, then its copies to and from the host take longer, it waits on them (less
-    busy, less power) and every step waits for it, 10-40 % longer."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after()
-    t = np.arange(STEPS)[None, :]
-    training = (t >= w.onset[:, None]) & (t < w.onset[:, None] + 2)
-    _rate(w, "pcie_aer_correctable_errors_per_second", 10 ** (0.5 + s), training.astype(float))
-    gpu = _some_gpus(w, 1, 1)[:, None, :]
-    extra = w.step_ms * on * (0.1 + 0.3 * s)
-    share = (w.step_ms / (w.step_ms + extra))[:, :, None]
-    w.util = np.where(gpu, np.rint(w.util * (0.5 + 0.5 * share)), np.rint(w.util * share))
-    w.power = np.where(gpu, hw.idle_power + (w.power - hw.idle_power) * (0.4 + 0.6 * share), w.power)
-    w.comm_ms = w.comm_ms + 0.6 * extra
-    w.step_ms = w.step_ms + extra
+def gpu_fell_off_bus(rng, hw, n):
+    """One GPU falls off the bus at the onset (Xid 79): it reports nothing from then on, so the
+    node's sums and extremes cover seven GPUs, and the job hangs: no step is reported after it,
+    and the other GPUs spin in the collective that never completes (busy, at low power, cooling)."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 100)
+    on = (w.after() > 0)[:, :, None]
+    gone = _some_gpus(w, 1, 1)[:, None, :] & on
+    w.util = np.where(on, 100.0, w.util)  # the gone GPU's too, so the mean is the others'
+    w.power = np.where(on, hw.idle_power + 0.2 * (w.power - hw.idle_power), w.power)
+    w.temp = np.where(on, np.rint(hw.idle_temp + 0.6 * (w.temp - hw.idle_temp)), w.temp)
+    w.power = np.where(gone, 0.0, w.power)  # left out of the sum
+    w.temp = np.where(gone, -np.inf, w.temp)  # and of the extremes
+    w.clock = np.where(gone, np.inf, w.clock)
+    w.job = w.job & ~on[:, :, 0]
     return w
 
 
-def clock_stuck_idle(rng, hw, n):
-    """After a driver hiccup at the onset one GPU's clock stays at its idle level though it is busy:
-    it draws little power, and the job runs at its pace, every step two to four times as long."""
+def power_limit_misapplied(rng, hw, n):
+    """A power policy is pushed at the onset with the wrong limit: from then on every GPU is held at
+    50-75 % of its usual power, its clock falls with it, and every step takes longer."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    on = w.after()
-    factor = np.maximum(hw.idle_clock / hw.load_clock, 1 - on * (0.5 + 0.25 * _sev(w)))
-    _gpu_slow(w, _some_gpus(w, 1, 1), factor)
+    on = w.after(rng.integers(1, 4, n))
+    limit = 1 - on * rng.uniform(0.25, 0.5, (n, 1))
+    _gpu_slow(w, np.ones((n, GPUS), dtype=bool), limit**0.7)
+    w.temp = np.rint(hw.idle_temp + (w.temp - hw.idle_temp) * (0.5 + 0.5 * limit[:, :, None]))
     return w
 
 
 # name -> (class, family); none of these names is a training family's (episodes.FAMILIES)
 FRESH: dict[str, tuple[str, Family]] = {
-    "healthy.checkpoint_upload": ("healthy", healthy_checkpoint_upload),
-    "healthy.power_cap_clock_hunting": ("healthy", healthy_power_cap_clock_hunting),
-    "healthy.health_check_bursts": ("healthy", healthy_health_check_bursts),
-    "communication.adaptive_routing_flap": ("communication", adaptive_routing_flap),
-    "communication.port_speed_downgrade": ("communication", port_speed_downgrade),
-    "storage.write_cache_disabled": ("storage", write_cache_disabled),
-    "storage.object_store_throttling": ("storage", object_store_throttling),
-    "compute.gpu_pcie_downshift": ("compute", gpu_pcie_downshift),
-    "compute.clock_stuck_idle": ("compute", clock_stuck_idle),
+    "healthy.batch_size_raised": ("healthy", healthy_batch_size_raised),
+    "healthy.periodic_gc_pauses": ("healthy", healthy_periodic_gc_pauses),
+    "healthy.cpu_bound_input": ("healthy", healthy_cpu_bound_input),
+    "communication.lossy_roce_retransmits": ("communication", lossy_roce_retransmits),
+    "communication.leaf_switch_reboot": ("communication", leaf_switch_reboot),
+    "storage.parallel_fs_slow_target": ("storage", parallel_fs_slow_target),
+    "storage.nvme_throttle_cycles": ("storage", nvme_throttle_cycles),
+    "compute.gpu_fell_off_bus": ("compute", gpu_fell_off_bus),
+    "compute.power_limit_misapplied": ("compute", power_limit_misapplied),
 }
 
 
