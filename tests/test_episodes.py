@@ -165,7 +165,7 @@ def test_jobs_that_report_only_their_step_time_are_in_the_training_data(data):
 
 
 def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
-    """Regression guard: fresh sets 1-8 found healthy workloads the training data lacked (small
+    """Regression guard: fresh sets 1-9 found healthy workloads the training data lacked (small
     batches, an inference server, part of a node, swinging GPU load, a change of pace, routine
     checkpoint saves, a job restart, an epoch boundary, a profiler, gradient accumulation, a
     checkpoint upload) read as faults, a memory-bound straggler GPU and a drive's PCIe link errors
@@ -181,6 +181,7 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         families_set6,
         families_set7,
         families_set8,
+        families_set9,
         fresh,
     )
 
@@ -193,6 +194,7 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         families_set6.SET6,
         families_set7.SET7,
         families_set8.SET8,
+        families_set9.SET9,
     )
     for added in (*added_sets, families_healthy_variety.HEALTHY_VARIETY):
         assert set(added) <= set(episodes.FAMILIES)
@@ -213,8 +215,9 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         "communication.nic_affinity_after_restart",
         "healthy.gradient_accumulation",
         "healthy.checkpoint_upload",
+        "healthy.periodic_gc_pauses",
     } <= trained
-    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 9
+    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 10
 
 
 def test_step_times_cover_small_and_large_batches(data):

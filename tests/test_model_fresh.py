@@ -1,4 +1,4 @@
-"""Fresh families (stethoscope.model.fresh, set 9): a clean hold-out for the shipped model, written
+"""Fresh families (stethoscope.model.fresh, set 10): a clean hold-out for the shipped model, written
 before it was trained. Format and determinism only: their scores are a benchmark
 (benchmarks/model_fresh_families.py), not a test."""
 

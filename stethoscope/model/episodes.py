@@ -31,6 +31,7 @@ from stethoscope.model import (
     families_set6,
     families_set7,
     families_set8,
+    families_set9,
 )
 from stethoscope.model.families import (
     CAPTURE,
@@ -64,8 +65,8 @@ __all__ = [
 # (families_healthy_variety) in training; 4: fresh set 3's families in training; 5: fresh set 4's;
 # 6: fresh set 5's, and a trickle of correctable PCIe errors in a share of every family's episodes;
 # 7: fresh set 6's, and healthy work that combines two to four benign changes (families_composed);
-# 8: fresh set 7's; 9: fresh set 8's
-GENERATOR_VERSION = 9
+# 8: fresh set 7's; 9: fresh set 8's; 10: fresh set 9's
+GENERATOR_VERSION = 10
 FAMILIES = {
     **families.CORE_FAMILIES,
     **families_set1.SET1,
@@ -76,6 +77,7 @@ FAMILIES = {
     **families_set6.SET6,
     **families_set7.SET7,
     **families_set8.SET8,
+    **families_set9.SET9,
     **families_healthy_variety.HEALTHY_VARIETY,
     **families_composed.COMPOSED,
 }

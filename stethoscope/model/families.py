@@ -500,7 +500,7 @@ REPLAYED = ("healthy.replay_idle", "healthy.replay_load")
 # from the same family (stethoscope.model.evaluate.peer_groups); every other family is "standard".
 # None: a pattern of its own in every episode (a swing, a change of pace at its own step), which a
 # job's ranks share and no other episode can stand in for; such episodes get no outlier score.
-# Names from the core families, fresh sets 1-8 (training now) and the current hold-out, set 9.
+# Names from the core families, fresh sets 1-9 (training now) and the current hold-out, set 10.
 WORKLOADS: dict[str, str | None] = {
     "healthy.power_capped": "power_capped",
     "healthy.small_batch": "small_batch",
@@ -531,6 +531,9 @@ WORKLOADS: dict[str, str | None] = {
     "healthy.batch_size_raised": None,
     "healthy.periodic_gc_pauses": None,
     "healthy.cpu_bound_input": "cpu_bound_input",
+    "healthy.spot_preemption_drain": None,
+    "healthy.sequence_length_warmup": None,
+    "healthy.shared_node_light_neighbour": "shared_node_light_neighbour",
 }
 
 

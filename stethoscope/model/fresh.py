@@ -1,7 +1,7 @@
-"""Fresh families (set 9): a clean hold-out for the shipped model. Written before the model of
-generator version 9 was trained, from what these conditions look like on a real node rather than
-from the training families; no training, validation or model selection has seen them. (Sets 1-8,
-the hold-outs of generator versions 1-8, are training data now: families_set1..8.) Same
+"""Fresh families (set 10): a clean hold-out for the shipped model. Written before the model of
+generator version 10 was trained, from what these conditions look like on a real node rather than
+from the training families; no training, validation or model selection has seen them. (Sets 1-9,
+the hold-outs of generator versions 1-9, are training data now: families_set1..9.) Same
 signals, aggregation, sample loss and masking as stethoscope.model.episodes; split "fresh". Scored
 by benchmarks/model_fresh_families.py, once per model."""
 
@@ -14,173 +14,164 @@ from stethoscope.model.families import (
     CAPTURE,
     GPUS,
     Capture,
-    F,
     Family,
     Window,
     _base,
     _busy,
     _collectives_slower,
+    _disk_warm,
     _fault,
     _gpu_slow,
     _input_slower,
     _port_waits,
     _rate,
     _sev,
-    _slow,
     _some_gpus,
 )
 from stethoscope.model.metadata import CLASSES, STEPS
 
 SPLIT = "fresh"
-SET = 9
-SALT = 20261209  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
+SET = 10
+SALT = 20261210  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
 
 
 # --- healthy -----------------------------------------------------------------------------------
 
 
-def healthy_batch_size_raised(rng, hw, n):
-    """An engineer raises the batch size at a restart-free checkpoint: from that step on each step
-    does more work, takes one and a half to three times as long, the GPUs are busier and at their
-    power cap; the collectives (the same gradients) take as long as before."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+def healthy_spot_preemption_drain(rng, hw, n):
+    """The scheduler drains the node for maintenance at a step in the window: the job finishes its
+    step, saves and exits; the GPUs go idle and cool, the job reports no more; nothing is wrong."""
     t = np.arange(STEPS)[None, :]
-    later = t >= rng.integers(10, STEPS - 10, (n, 1))
+    end = rng.integers(20, STEPS - 10, (n, 1))
+    w = _base(rng, hw, n, (t < end).astype(float))
+    saving = (t >= end - rng.integers(1, 4, (n, 1))) & (t < end)
+    _input_slower(w, w.step_ms * saving * rng.uniform(0.2, 1.0, (n, 1)))
+    return w
+
+
+def healthy_sequence_length_warmup(rng, hw, n):
+    """A curriculum that lengthens the sequences step by step over the window: each step takes a
+    little longer than the one before (by a third to double over ten minutes), the collectives as
+    long as before, the GPUs as busy."""
+    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    t = np.arange(STEPS)[None, :] / (STEPS - 1)
     compute = w.step_ms - w.comm_ms
-    w.step_ms = np.where(later, compute * rng.uniform(1.5, 3, (n, 1)) + w.comm_ms, w.step_ms)
-    w.util = np.where(later[:, :, None], np.clip(w.util + 2, 0, 100), w.util)
+    w.step_ms = compute * (1 + t * rng.uniform(0.33, 1.0, (n, 1))) + w.comm_ms
     return w
 
 
-def healthy_periodic_gc_pauses(rng, hw, n):
-    """The training script's host side pauses every 20-60 steps (Python's garbage collector, the
-    allocator defragmenting): one step in those samples takes two to five times as long with the
-    GPUs idle; nothing on the node's parts moves."""
+def healthy_shared_node_light_neighbour(rng, hw, n):
+    """A second, light job shares the node's network (a small inference service on the spare
+    GPUs): the ports wait a little more to send, two to three times as long, from start to end, and
+    this job's collectives are 5-15 % slower than alone, steadily."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    pause = rng.random((n, STEPS)) < 1 / rng.uniform(4, 12, (n, 1))  # 20-60 steps: a sample in 4-12
-    _slow(w, w.step_ms * pause * rng.uniform(1, 4, (n, STEPS)))
-    return w
-
-
-def healthy_cpu_bound_input(rng, hw, n):
-    """A job whose data loader is CPU-bound from the start (heavy augmentation, too few workers):
-    each step waits 20-40 % of its time for input, more or less from step to step, the GPUs idle
-    meanwhile; steady over the window, nothing wrong with the drive."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
-    share = rng.uniform(0.2, 0.4, (n, 1)) * rng.lognormal(0, 0.2, (n, STEPS))
-    _input_slower(w, w.step_ms * share / (1 - np.minimum(share, 0.8)))
+    _port_waits(w, rng.uniform(2, 3, (n, 1)))
+    _collectives_slower(w, w.comm_ms * rng.uniform(0.05, 0.15, (n, 1)))
     return w
 
 
 # --- communication -----------------------------------------------------------------------------
 
 
-def lossy_roce_retransmits(rng, hw, n):
-    """A path without flow control after a switch change at the onset (lossy RoCE): a few packets
-    are lost, the queue pairs count out-of-sequence drops at a low rate and go back N, so the
-    collectives get a long-tailed extra time; the links themselves count no errors."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 10, n))
-    _rate(w, "rdma_qps_dropped_per_second", 10 ** (-0.3 + 1.3 * s), on)
-    tail = rng.lognormal(0, 0.7, (n, STEPS))
-    _collectives_slower(w, w.comm_ms * on * (0.1 + 1.0 * s) * tail)
+def ber_bursts_with_retransmits(rng, hw, n):
+    """A transceiver whose laser is dying: from the onset, bursts of symbol errors every minute or
+    so, each followed by RDMA drops and a collective two to six times as slow."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
+    s = _sev(w)
+    t = np.arange(STEPS)[None, :]
+    since = t - w.onset[:, None]
+    burst = (since >= 0) & (since % rng.integers(8, 16, (n, 1)) < rng.integers(1, 3, (n, 1)))
+    _rate(w, "ib_symbol_errors_per_second", 10 ** (0.7 + 1.5 * s), burst.astype(float))
+    _rate(w, "rdma_qps_dropped_per_second", 10 ** (0.3 + 1.2 * s), burst.astype(float))
+    _collectives_slower(w, w.comm_ms * burst * (1 + 5 * s))
     return w
 
 
-def leaf_switch_reboot(rng, hw, n):
-    """The node's leaf switch reboots at the onset: for 30-90 s the link is down, the job makes no
-    progress and reports no step; when the link comes back a burst of symbol errors and drops is
-    counted and the collectives are slow for a minute while the job catches up."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 80)
-    s = _sev(w)
-    t = np.arange(STEPS)[None, :]
-    down_len = rng.integers(6, 19, (n, 1))
-    down = (t >= w.onset[:, None]) & (t < w.onset[:, None] + down_len)
-    back = (t >= w.onset[:, None] + down_len) & (t < w.onset[:, None] + down_len + 12)
-    first = (t >= w.onset[:, None] + down_len) & (t < w.onset[:, None] + down_len + 2)
-    w.util = np.where(down[:, :, None], 0.0, w.util)
-    w.power = np.where(down[:, :, None], hw.idle_power * rng.uniform(1.0, 1.3, (n, 1, 1)), w.power)
-    w.job = w.job & ~down
-    _port_waits(w, np.where(down, 0.0, 1.0))
-    _rate(w, "ib_symbol_errors_per_second", 10 ** (0.5 + 1.5 * s), first.astype(float))
-    _rate(w, "rdma_qps_dropped_per_second", 10 ** (0.5 + 1.5 * s), first.astype(float))
-    _collectives_slower(w, w.comm_ms * back * (1 + 3 * s))
+def rank_on_slow_peer(rng, hw, n):
+    """The job's ring passes through a node whose network is slow (its own fault, not this node's):
+    from the onset every collective here waits for it, 40 % to three times as long, and this node's
+    port waits less to send (its partner takes less); nothing else moves here."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+    s, on = _sev(w), w.after(rng.integers(1, 8, n))
+    _port_waits(w, 1 - on * rng.uniform(0.2, 0.6, (n, 1)))
+    _collectives_slower(w, w.comm_ms * on * (0.4 + 1.6 * s))
     return w
 
 
 # --- storage -----------------------------------------------------------------------------------
 
 
-def parallel_fs_slow_target(rng, hw, n):
-    """One storage target of the parallel file system slows down at the onset (a degraded disk
-    pool behind it): the reads striped onto it take five to twenty times as long, so a fifth to
-    two fifths of the samples show a long input wait; the others are as before."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+def nvme_namespace_full(rng, hw, n):
+    """The local scratch namespace fills up during the window: past 95 % the drive's free blocks
+    run out, garbage collection runs all the time, and the job's reads wait longer and longer (a
+    ramp over two to five minutes), the drive 3-8 C warmer."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 60)
     s = _sev(w)
-    hit = w.after() * (rng.random((n, STEPS)) < rng.uniform(0.2, 0.4, (n, 1)))
-    _input_slower(w, hit * (w.data_ms * rng.uniform(4, 19, (n, STEPS)) + w.step_ms * (0.1 + 0.6 * s)))
+    ramp = w.after(rng.integers(24, 61, n))
+    _input_slower(w, ramp * (w.data_ms * (1 + 4 * s) + w.step_ms * (0.05 + 0.5 * s)))
+    _disk_warm(w, ramp, rng.uniform(3, 8, (n, 1)))
     return w
 
 
-def nvme_throttle_cycles(rng, hw, n):
-    """A drive in a badly cooled bay reaches its thermal limit after the onset and throttles in
-    cycles: its temperature climbs to 70-75 C, it slows and cools a few degrees, then climbs again;
-    in the throttled part of each cycle the job's reads wait two to five times as long."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 60)
+def dataloader_worker_crashloop(rng, hw, n):
+    """The data loader's workers die and respawn from the onset (an out-of-memory on a corrupt
+    sample that keeps coming back): each respawn stalls the input for a few seconds, every
+    30-90 s, and the steps in those samples take twice to five times as long."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
     s = _sev(w)
     t = np.arange(STEPS)[None, :]
-    disk = w.node[:, :, F["disk_temperature_celsius"]]
-    ramp = w.after(rng.integers(10, 30, n))
-    cycle = 0.5 + 0.5 * np.sin(2 * np.pi * t / rng.uniform(10, 30, (n, 1)))
-    target = 70 + 5 * cycle
-    w.node[:, :, F["disk_temperature_celsius"]] = np.rint(disk + ramp * (target - disk))
-    throttled = (ramp >= 1) & (cycle > 0.5)
-    _input_slower(w, throttled * (w.data_ms * (1 + 3 * s) + w.step_ms * (0.05 + 0.3 * s)))
+    since = t - w.onset[:, None]
+    respawn = (since >= 0) & (since % rng.integers(6, 19, (n, 1)) == 0)
+    _input_slower(w, respawn * w.step_ms * (1 + 4 * s))
     return w
 
 
 # --- compute -----------------------------------------------------------------------------------
 
 
-def gpu_fell_off_bus(rng, hw, n):
-    """One GPU falls off the bus at the onset (Xid 79): it reports nothing from then on, so the
-    node's sums and extremes cover seven GPUs, and the job hangs: no step is reported after it,
-    and the other GPUs spin in the collective that never completes (busy, at low power, cooling)."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 100)
-    on = (w.after() > 0)[:, :, None]
-    gone = _some_gpus(w, 1, 1)[:, None, :] & on
-    w.util = np.where(on, 100.0, w.util)  # the gone GPU's too, so the mean is the others'
-    w.power = np.where(on, hw.idle_power + 0.2 * (w.power - hw.idle_power), w.power)
-    w.temp = np.where(on, np.rint(hw.idle_temp + 0.6 * (w.temp - hw.idle_temp)), w.temp)
-    w.power = np.where(gone, 0.0, w.power)  # left out of the sum
-    w.temp = np.where(gone, -np.inf, w.temp)  # and of the extremes
-    w.clock = np.where(gone, np.inf, w.clock)
-    w.job = w.job & ~on[:, :, 0]
+def gpu_sram_ecc_storm(rng, hw, n):
+    """One GPU takes a storm of correctable SRAM errors from the onset: the corrections cost its
+    kernels time, so it is 5-30 % slower at the same clock, draws a little less, runs a little
+    cooler, and the other GPUs wait for it in every collective."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+    s, on = _sev(w), w.after(rng.integers(1, 10, n))
+    gpu = _some_gpus(w, 1, 1)[:, None, :]
+    extra = w.step_ms * on * (0.05 + 0.25 * s)
+    share = (w.step_ms / (w.step_ms + extra))[:, :, None]
+    w.power = np.where(gpu, hw.idle_power + (w.power - hw.idle_power) * (0.9 + 0.1 * share), w.power)
+    w.temp = np.where(gpu, np.rint(w.temp - on[:, :, None] * 2), w.temp)
+    w.util = np.where(gpu, w.util, np.rint(w.util * share))
+    w.comm_ms = w.comm_ms + 0.7 * extra
+    w.step_ms = w.step_ms + extra
     return w
 
 
-def power_limit_misapplied(rng, hw, n):
-    """A power policy is pushed at the onset with the wrong limit: from then on every GPU is held at
-    50-75 % of its usual power, its clock falls with it, and every step takes longer."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    on = w.after(rng.integers(1, 4, n))
-    limit = 1 - on * rng.uniform(0.25, 0.5, (n, 1))
-    _gpu_slow(w, np.ones((n, GPUS), dtype=bool), limit**0.7)
-    w.temp = np.rint(hw.idle_temp + (w.temp - hw.idle_temp) * (0.5 + 0.5 * limit[:, :, None]))
+def cooling_loop_pump_slow(rng, hw, n):
+    """The liquid cooling loop's pump slows at the onset: every GPU warms steadily by 10-20 C over
+    five minutes, the hottest reach their slowdown temperature and lose 10-30 % of their clock."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 40)
+    s = _sev(w)
+    ramp = w.after(rng.integers(40, 80, n))
+    w.temp = np.rint(
+        w.temp + ramp[:, :, None] * (10 + 10 * s[:, :, None]) * rng.uniform(0.8, 1.2, (n, 1, GPUS))
+    )
+    hot = np.clip((w.temp - (hw.load_temp + 14)) / 6, 0, 1)
+    gpus = hot.max(axis=1) > 0
+    _gpu_slow(w, gpus, 1 - hot.max(axis=2) * (0.1 + 0.2 * s))
     return w
 
 
 # name -> (class, family); none of these names is a training family's (episodes.FAMILIES)
 FRESH: dict[str, tuple[str, Family]] = {
-    "healthy.batch_size_raised": ("healthy", healthy_batch_size_raised),
-    "healthy.periodic_gc_pauses": ("healthy", healthy_periodic_gc_pauses),
-    "healthy.cpu_bound_input": ("healthy", healthy_cpu_bound_input),
-    "communication.lossy_roce_retransmits": ("communication", lossy_roce_retransmits),
-    "communication.leaf_switch_reboot": ("communication", leaf_switch_reboot),
-    "storage.parallel_fs_slow_target": ("storage", parallel_fs_slow_target),
-    "storage.nvme_throttle_cycles": ("storage", nvme_throttle_cycles),
-    "compute.gpu_fell_off_bus": ("compute", gpu_fell_off_bus),
-    "compute.power_limit_misapplied": ("compute", power_limit_misapplied),
+    "healthy.spot_preemption_drain": ("healthy", healthy_spot_preemption_drain),
+    "healthy.sequence_length_warmup": ("healthy", healthy_sequence_length_warmup),
+    "healthy.shared_node_light_neighbour": ("healthy", healthy_shared_node_light_neighbour),
+    "communication.ber_bursts_with_retransmits": ("communication", ber_bursts_with_retransmits),
+    "communication.rank_on_slow_peer": ("communication", rank_on_slow_peer),
+    "storage.nvme_namespace_full": ("storage", nvme_namespace_full),
+    "storage.dataloader_worker_crashloop": ("storage", dataloader_worker_crashloop),
+    "compute.gpu_sram_ecc_storm": ("compute", gpu_sram_ecc_storm),
+    "compute.cooling_loop_pump_slow": ("compute", cooling_loop_pump_slow),
 }
 
 
