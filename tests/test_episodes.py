@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stethoscope.model import episodes
+from stethoscope.model import episodes, families
 from stethoscope.model.metadata import CLASSES, FEATURES, STEPS
 
 TOP = Path(__file__).resolve().parent.parent
@@ -24,7 +24,7 @@ def data() -> episodes.Episodes:
 
 
 def test_arrays_have_the_contracts_shapes_and_types(data):
-    n = len(episodes.FAMILIES) * 30 + len(episodes.REPLAYED) * 30
+    n = (len(episodes.FAMILIES) + len(episodes.REPLAYED_TRAINING) + len(episodes.REPLAYED)) * 30
     assert data.x.shape == data.mask.shape == (n, STEPS, len(FEATURES))
     assert data.x.dtype == data.mask.dtype == np.float32
     assert data.label.dtype == data.onset.dtype == np.int64
@@ -129,7 +129,7 @@ def test_lab_episodes_command_writes_npz_and_json(tmp_path):
     assert done.returncode == 0, done.stderr
     info = json.loads((out / "episodes.json").read_text())
     assert info["seed"] == 7 and info["generator_version"] == episodes.GENERATOR_VERSION
-    assert set(info["per_family"]) == {*episodes.FAMILIES, *episodes.REPLAYED}
+    assert set(info["per_family"]) == {*episodes.FAMILIES, *episodes.REPLAYED_TRAINING, *episodes.REPLAYED}
     assert episodes.load(out).data_hash() == info["data_hash"]
     bad = subprocess.run(
         [sys.executable, str(TOP / "tools/lab.py"), "episodes", "--out", str(out), "--hw-class", "b300"],
@@ -275,3 +275,20 @@ def test_composed_healthy_episodes_combine_two_to_four_benign_changes(monkeypatc
     per_episode = touched.sum(axis=1)
     assert ((per_episode >= 2) & (per_episode <= 4)).all(), per_episode
     assert (touched <= 1).all() and (touched.sum(axis=0) > 0).all()
+
+
+def test_training_replays_the_captures_earlier_half_and_the_test_split_its_later_half(data):
+    """Version 9 had seen no real signal in training and read 2.5 % of the real under-load windows
+    as a communication fault; training now replays the capture's earlier half, and the test split
+    keeps the later half, which training never sees."""
+    capture = episodes.Capture.read()
+    _, h200, _ = episodes.hardware("h200", 1, capture)
+    for load, samples in ((True, capture.load), (False, capture.idle)):
+        half = len(samples) // 2
+        early, late = ({tuple(r) for r in part[:, :2]} for part in (samples[:half], samples[half:]))
+        for is_early, allowed in ((True, early), (False, late)):
+            w = families.replay(np.random.default_rng(1), h200, h200, capture, 20, load, is_early)
+            drawn = set(zip(w.temp.ravel().tolist(), w.power.ravel().tolist(), strict=True))
+            assert drawn <= allowed, (load, is_early)
+    trained = set(data.family[data.split != "test"])
+    assert set(episodes.REPLAYED_TRAINING) <= trained and not set(episodes.REPLAYED) & trained

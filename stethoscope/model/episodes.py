@@ -38,6 +38,7 @@ from stethoscope.model.families import (
     GPUS,
     HELD_OUT,
     REPLAYED,
+    REPLAYED_TRAINING,
     RULES_MISS,
     Capture,
     EpisodesError,
@@ -54,6 +55,7 @@ __all__ = [
     "GPUS",
     "HELD_OUT",
     "REPLAYED",
+    "REPLAYED_TRAINING",
     "Capture",
     "Episodes",
     "EpisodesError",
@@ -65,7 +67,8 @@ __all__ = [
 # (families_healthy_variety) in training; 4: fresh set 3's families in training; 5: fresh set 4's;
 # 6: fresh set 5's, and a trickle of correctable PCIe errors in a share of every family's episodes;
 # 7: fresh set 6's, and healthy work that combines two to four benign changes (families_composed);
-# 8: fresh set 7's; 9: fresh set 8's; 10: fresh set 9's
+# 8: fresh set 7's; 9: fresh set 8's; 10: fresh set 9's, and windows replayed from the capture's
+# earlier half in training (the test split's replay its later half)
 GENERATOR_VERSION = 10
 FAMILIES = {
     **families.CORE_FAMILIES,
@@ -239,14 +242,15 @@ def generate(
 ) -> Episodes:
     capture, h200, hw = hardware(hw_class, per_family, capture)
     root = np.random.SeedSequence([seed, 0 if hw_class == "h200" else 1])
-    names = [*FAMILIES, *REPLAYED]
+    names = [*FAMILIES, *REPLAYED_TRAINING, *REPLAYED]
     streams = root.spawn(len(names))
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS}
     counts = {}
     for name, stream in zip(names, streams, strict=True):
         rng = np.random.default_rng(stream)
-        if name in REPLAYED:
-            cls, window = "healthy", replay(rng, hw, h200, capture, per_family, name.endswith("load"))
+        if name in REPLAYED or name in REPLAYED_TRAINING:
+            load, early = "load" in name, name in REPLAYED_TRAINING
+            cls, window = "healthy", replay(rng, hw, h200, capture, per_family, load, early)
         else:
             cls, family = FAMILIES[name]
             window = family(rng, hw, per_family)

@@ -494,7 +494,10 @@ CORE_FAMILIES: dict[str, tuple[str, Family]] = {
 HELD_OUT = ("communication.flapping_link", "storage.data_stall_bursts", "compute.clock_decay")
 # the faults rules miss: the node's own counters, temperatures and clocks stay normal
 RULES_MISS = ("communication.allreduce_centre", "compute.straggler_gpu", "storage.slow_nvme_clean_smart")
-REPLAYED = ("healthy.replay_idle", "healthy.replay_load")
+REPLAYED = ("healthy.replay_idle", "healthy.replay_load")  # the test split's, from the capture's later half
+# since generator version 10, training replays the capture's earlier half: the model had seen no
+# real signal, and version 9 read 2.5 % of the real under-load windows as a communication fault
+REPLAYED_TRAINING = ("healthy.replay_idle_early", "healthy.replay_load_early")
 # Healthy families that run a workload of their own (their node signals differ from a standard
 # training job's): a job's ranks run the same workload, so their stand-in peers in evaluation come
 # from the same family (stethoscope.model.evaluate.peer_groups); every other family is "standard".
@@ -541,12 +544,17 @@ def workload(family: str) -> str | None:
     return WORKLOADS.get(family, "standard")
 
 
-def replay(rng: np.random.Generator, hw: Hardware, h200: Hardware, capture: Capture, n: int, load: bool):
+def replay(
+    rng: np.random.Generator, hw: Hardware, h200: Hardware, capture: Capture, n: int, load: bool, early: bool
+):
     """Healthy windows whose GPU signals are the capture's own samples, every tenth (5 s at 2 Hz),
-    from a random offset per GPU, cycling through the idle or the at-the-cap samples; on another
-    class the samples are mapped onto its ranges. The node's other signals are healthy synthetic."""
+    from a random offset per GPU, cycling through the idle or the at-the-cap samples of the
+    capture's earlier half (training) or later half (test); on another class the samples are mapped
+    onto its ranges. The node's other signals are healthy synthetic."""
     w = _base(rng, hw, n, _busy(rng, n, "load" if load else "idle"))
     samples = capture.load if load else capture.idle
+    half = len(samples) // 2
+    samples = samples[:half] if early else samples[half:]
     start = rng.integers(0, len(samples), (n, 1, GPUS))
     index = (start + 10 * np.arange(STEPS)[None, :, None]) % len(samples)
     picked = samples[index]  # [n, T, G, 4]
