@@ -503,7 +503,8 @@ REPLAYED_TRAINING = ("healthy.replay_idle_early", "healthy.replay_load_early")
 # from the same family (stethoscope.model.evaluate.peer_groups); every other family is "standard".
 # None: a pattern of its own in every episode (a swing, a change of pace at its own step), which a
 # job's ranks share and no other episode can stand in for; such episodes get no outlier score.
-# Names from the core families, fresh sets 1-9 (training now) and the current hold-out, set 10.
+# Names from the core families, fresh sets 1-9 (training now), set 10 (it scored the shipped model;
+# not training data yet) and the current hold-out, set 11.
 WORKLOADS: dict[str, str | None] = {
     "healthy.power_capped": "power_capped",
     "healthy.small_batch": "small_batch",
@@ -537,6 +538,9 @@ WORKLOADS: dict[str, str | None] = {
     "healthy.spot_preemption_drain": None,
     "healthy.sequence_length_warmup": None,
     "healthy.shared_node_light_neighbour": "shared_node_light_neighbour",
+    "healthy.async_local_checkpoint": None,
+    "healthy.shared_leaf_bursts": None,
+    "healthy.small_batch_inference_boost": None,
 }
 
 

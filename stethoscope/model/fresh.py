@@ -1,9 +1,10 @@
-"""Fresh families (set 10): a clean hold-out for the shipped model. Written before the model of
-generator version 10 was trained, from what these conditions look like on a real node rather than
-from the training families; no training, validation or model selection has seen them. (Sets 1-9,
-the hold-outs of generator versions 1-9, are training data now: families_set1..9.) Same
-signals, aggregation, sample loss and masking as stethoscope.model.episodes; split "fresh". Scored
-by benchmarks/model_fresh_families.py, once per model."""
+"""Fresh families (set 11): a second clean hold-out for the shipped model of generator version 10,
+written after its first (set 10, families_set10) was scored and before anything was changed, from
+what these conditions look like on a real node rather than from the training families; no
+training, validation or model selection has seen them. (Sets 1-9, the hold-outs of generator
+versions 1-9, are training data now: families_set1..9.) Same signals, aggregation, sample loss and
+masking as stethoscope.model.episodes; split "fresh". Scored by
+benchmarks/model_fresh_families.py, once per model."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from stethoscope.model.families import (
     Family,
     Window,
     _base,
+    _bursts,
     _busy,
     _collectives_slower,
     _disk_warm,
@@ -26,152 +28,153 @@ from stethoscope.model.families import (
     _port_waits,
     _rate,
     _sev,
+    _slow,
     _some_gpus,
 )
+from stethoscope.model.families_healthy_variety import _load_following
 from stethoscope.model.metadata import CLASSES, STEPS
 
 SPLIT = "fresh"
-SET = 10
-SALT = 20261210  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
+SET = 11
+SALT = 20261211  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
 
 
 # --- healthy -----------------------------------------------------------------------------------
 
 
-def healthy_spot_preemption_drain(rng, hw, n):
-    """The scheduler drains the node for maintenance at a step in the window: the job finishes its
-    step, saves and exits; the GPUs go idle and cool, the job reports no more; nothing is wrong."""
+def healthy_async_local_checkpoint(rng, hw, n):
+    """Every three to five minutes the job writes an asynchronous checkpoint to the local NVMe: for
+    a minute or two the drive warms by 2-5 C, the reads from the same drive wait 20-60 % longer and
+    each step takes 5-10 % longer; the job has done this all along."""
+    w = _base(rng, hw, n, _busy(rng, n, "load"))
     t = np.arange(STEPS)[None, :]
-    end = rng.integers(20, STEPS - 10, (n, 1))
-    w = _base(rng, hw, n, (t < end).astype(float))
-    saving = (t >= end - rng.integers(1, 4, (n, 1))) & (t < end)
-    _input_slower(w, w.step_ms * saving * rng.uniform(0.2, 1.0, (n, 1)))
+    period = rng.integers(36, 61, (n, 1))
+    writing = (t + rng.integers(0, 60, (n, 1))) % period < rng.integers(12, 25, (n, 1))
+    _disk_warm(w, writing.astype(float), rng.uniform(2, 5, (n, 1)))
+    w.data_ms = np.where(writing, w.data_ms * rng.uniform(1.2, 1.6, (n, 1)), w.data_ms)
+    _slow(w, w.step_ms * writing * rng.uniform(0.05, 0.1, (n, 1)))
     return w
 
 
-def healthy_sequence_length_warmup(rng, hw, n):
-    """A curriculum that lengthens the sequences step by step over the window: each step takes a
-    little longer than the one before (by a third to double over ten minutes), the collectives as
-    long as before, the GPUs as busy."""
+def healthy_shared_leaf_bursts(rng, hw, n):
+    """Other jobs' traffic crosses the same leaf switch in spells: now and then the node's ports
+    wait two to six times as long to send and this job's collectives take 5-25 % longer, for half a
+    minute to two minutes; the job has seen this all along."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    t = np.arange(STEPS)[None, :] / (STEPS - 1)
-    compute = w.step_ms - w.comm_ms
-    w.step_ms = compute * (1 + t * rng.uniform(0.33, 1.0, (n, 1))) + w.comm_ms
+    spell = _bursts(w, on=12, off=20)
+    _port_waits(w, 1 + spell * rng.uniform(1, 5, (n, 1)))
+    _collectives_slower(w, w.comm_ms * spell * rng.uniform(0.05, 0.25, (n, 1)))
     return w
 
 
-def healthy_shared_node_light_neighbour(rng, hw, n):
-    """A second, light job shares the node's network (a small inference service on the spare
-    GPUs): the ports wait a little more to send, two to three times as long, from start to end, and
-    this job's collectives are 5-15 % slower than alone, steadily."""
+def healthy_small_batch_inference_boost(rng, hw, n):
+    """Small-batch inference with gaps between requests: the GPUs are 40-70 % busy from sample to
+    sample, boost their clocks in the gaps and draw 40-80 % of the way to the cap."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    _port_waits(w, rng.uniform(2, 3, (n, 1)))
-    _collectives_slower(w, w.comm_ms * rng.uniform(0.05, 0.15, (n, 1)))
+    level = np.clip(rng.uniform(0.4, 0.7, (n, 1)) + rng.normal(0, 0.08, (n, STEPS)), 0.2, 1.0)
+    _load_following(w, level)
+    w.comm_ms = w.step_ms * rng.uniform(0.0, 0.02, (n, 1))
     return w
 
 
 # --- communication -----------------------------------------------------------------------------
 
 
-def ber_bursts_with_retransmits(rng, hw, n):
-    """A transceiver whose laser is dying: from the onset, bursts of symbol errors every minute or
-    so, each followed by RDMA drops and a collective two to six times as slow."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
+def hca_firmware_hang(rng, hw, n):
+    """The HCA's firmware hangs at the onset for 10-25 s and recovers by itself: no traffic moves
+    (the port sends nothing), the collectives in flight time out and retry, a step takes many
+    times as long; after it a few drops are counted and the job goes on as before."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 100)
     s = _sev(w)
     t = np.arange(STEPS)[None, :]
-    since = t - w.onset[:, None]
-    burst = (since >= 0) & (since % rng.integers(8, 16, (n, 1)) < rng.integers(1, 3, (n, 1)))
-    _rate(w, "ib_symbol_errors_per_second", 10 ** (0.7 + 1.5 * s), burst.astype(float))
-    _rate(w, "rdma_qps_dropped_per_second", 10 ** (0.3 + 1.2 * s), burst.astype(float))
-    _collectives_slower(w, w.comm_ms * burst * (1 + 5 * s))
+    hang_len = rng.integers(2, 6, (n, 1))
+    hang = (t >= w.onset[:, None]) & (t < w.onset[:, None] + hang_len)
+    after = (t >= w.onset[:, None] + hang_len) & (t < w.onset[:, None] + hang_len + 3)
+    _port_waits(w, np.where(hang, 0.0, 1.0))
+    _rate(w, "rdma_qps_dropped_per_second", 10 ** (0.3 + 1.0 * s), after.astype(float))
+    _collectives_slower(w, w.comm_ms * hang * (5 + 20 * s))
     return w
 
 
-def rank_on_slow_peer(rng, hw, n):
-    """The job's ring passes through a node whose network is slow (its own fault, not this node's):
-    from the onset every collective here waits for it, 40 % to three times as long, and this node's
-    port waits less to send (its partner takes less); nothing else moves here."""
+def in_network_reduction_off(rng, hw, n):
+    """The switches' in-network reduction (SHARP) is turned off at the onset by a fabric update:
+    every all-reduce now goes the long way round, 30-100 % slower, and the ports wait one and a half
+    to three times as long to send; nothing is dropped or counted."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 8, n))
-    _port_waits(w, 1 - on * rng.uniform(0.2, 0.6, (n, 1)))
-    _collectives_slower(w, w.comm_ms * on * (0.4 + 1.6 * s))
+    s, on = _sev(w), w.after(rng.integers(1, 4, n))
+    _port_waits(w, 1 + on * rng.uniform(0.5, 2, (n, 1)))
+    _collectives_slower(w, w.comm_ms * on * (0.3 + 0.7 * s))
     return w
 
 
 # --- storage -----------------------------------------------------------------------------------
 
 
-def nvme_namespace_full(rng, hw, n):
-    """The local scratch namespace fills up during the window: past 95 % the drive's free blocks
-    run out, garbage collection runs all the time, and the job's reads wait longer and longer (a
-    ramp over two to five minutes), the drive 3-8 C warmer."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 60)
-    s = _sev(w)
-    ramp = w.after(rng.integers(24, 61, n))
-    _input_slower(w, ramp * (w.data_ms * (1 + 4 * s) + w.step_ms * (0.05 + 0.5 * s)))
-    _disk_warm(w, ramp, rng.uniform(3, 8, (n, 1)))
-    return w
-
-
-def dataloader_worker_crashloop(rng, hw, n):
-    """The data loader's workers die and respawn from the onset (an out-of-memory on a corrupt
-    sample that keeps coming back): each respawn stalls the input for a few seconds, every
-    30-90 s, and the steps in those samples take twice to five times as long."""
+def fuse_mount_stalls(rng, hw, n):
+    """The job reads through a FUSE mount of an object store whose daemon stalls from the onset,
+    every one to three minutes, for 5-20 s: the steps in those samples wait for their input, the
+    GPUs idle; the local drive is not involved."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
     s = _sev(w)
     t = np.arange(STEPS)[None, :]
     since = t - w.onset[:, None]
-    respawn = (since >= 0) & (since % rng.integers(6, 19, (n, 1)) == 0)
-    _input_slower(w, respawn * w.step_ms * (1 + 4 * s))
+    stall = (since >= 0) & (since % rng.integers(12, 37, (n, 1)) < rng.integers(1, 5, (n, 1)))
+    _input_slower(w, stall * w.step_ms * (1 + 5 * s))
+    return w
+
+
+def drive_latency_spikes(rng, hw, n):
+    """A drive whose firmware pauses for internal housekeeping from the onset: a tenth to a quarter
+    of the samples show reads of 100-500 ms, the input wait long-tailed; the drive's temperature
+    does not move."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+    s = _sev(w)
+    spike = w.after() * (rng.random((n, STEPS)) < rng.uniform(0.1, 0.25, (n, 1)))
+    _input_slower(w, spike * (rng.uniform(100, 500, (n, STEPS)) * (0.5 + s) + w.data_ms * 2))
     return w
 
 
 # --- compute -----------------------------------------------------------------------------------
 
 
-def gpu_sram_ecc_storm(rng, hw, n):
-    """One GPU takes a storm of correctable SRAM errors from the onset: the corrections cost its
-    kernels time, so it is 5-30 % slower at the same clock, draws a little less, runs a little
-    cooler, and the other GPUs wait for it in every collective."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 10, n))
-    gpu = _some_gpus(w, 1, 1)[:, None, :]
-    extra = w.step_ms * on * (0.05 + 0.25 * s)
-    share = (w.step_ms / (w.step_ms + extra))[:, :, None]
-    w.power = np.where(gpu, hw.idle_power + (w.power - hw.idle_power) * (0.9 + 0.1 * share), w.power)
-    w.temp = np.where(gpu, np.rint(w.temp - on[:, :, None] * 2), w.temp)
-    w.util = np.where(gpu, w.util, np.rint(w.util * share))
-    w.comm_ms = w.comm_ms + 0.7 * extra
-    w.step_ms = w.step_ms + extra
+def bmc_power_budget_steps(rng, hw, n):
+    """The node's BMC lowers its power budget in steps from the onset (a rack-level cap after a
+    feed failed): every GPU's power and clock come down by a tenth at each of two or three steps a
+    minute or two apart, and the job's steps get longer with them."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 60)
+    s = _sev(w)
+    t = np.arange(STEPS)[None, :]
+    gap = rng.integers(12, 25, (n, 1))
+    steps = np.clip((t - w.onset[:, None]) // gap + 1, 0, rng.integers(2, 4, (n, 1)))
+    _gpu_slow(w, np.ones((n, GPUS), dtype=bool), 1 - steps * (0.07 + 0.06 * s))
     return w
 
 
-def cooling_loop_pump_slow(rng, hw, n):
-    """The liquid cooling loop's pump slows at the onset: every GPU warms steadily by 10-20 C over
-    five minutes, the hottest reach their slowdown temperature and lose 10-30 % of their clock."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 40)
+def one_gpu_heatsink_loose(rng, hw, n):
+    """One GPU's heatsink has come loose: from the onset it warms by 15-25 C over two to four
+    minutes, then holds at its slowdown temperature by losing 10-25 % of its clock; every step
+    waits for it."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 60)
     s = _sev(w)
-    ramp = w.after(rng.integers(40, 80, n))
-    w.temp = np.rint(
-        w.temp + ramp[:, :, None] * (10 + 10 * s[:, :, None]) * rng.uniform(0.8, 1.2, (n, 1, GPUS))
-    )
-    hot = np.clip((w.temp - (hw.load_temp + 14)) / 6, 0, 1)
-    gpus = hot.max(axis=1) > 0
-    _gpu_slow(w, gpus, 1 - hot.max(axis=2) * (0.1 + 0.2 * s))
+    ramp = w.after(rng.integers(24, 49, n))
+    gpu = _some_gpus(w, 1, 1)
+    w.temp = np.where(gpu[:, None, :], np.rint(w.temp + ramp[:, :, None] * (15 + 10 * s[:, :, None])), w.temp)
+    held = np.clip(ramp * 2 - 1, 0, 1)
+    _gpu_slow(w, gpu, 1 - held * (0.1 + 0.15 * s))
     return w
 
 
 # name -> (class, family); none of these names is a training family's (episodes.FAMILIES)
 FRESH: dict[str, tuple[str, Family]] = {
-    "healthy.spot_preemption_drain": ("healthy", healthy_spot_preemption_drain),
-    "healthy.sequence_length_warmup": ("healthy", healthy_sequence_length_warmup),
-    "healthy.shared_node_light_neighbour": ("healthy", healthy_shared_node_light_neighbour),
-    "communication.ber_bursts_with_retransmits": ("communication", ber_bursts_with_retransmits),
-    "communication.rank_on_slow_peer": ("communication", rank_on_slow_peer),
-    "storage.nvme_namespace_full": ("storage", nvme_namespace_full),
-    "storage.dataloader_worker_crashloop": ("storage", dataloader_worker_crashloop),
-    "compute.gpu_sram_ecc_storm": ("compute", gpu_sram_ecc_storm),
-    "compute.cooling_loop_pump_slow": ("compute", cooling_loop_pump_slow),
+    "healthy.async_local_checkpoint": ("healthy", healthy_async_local_checkpoint),
+    "healthy.shared_leaf_bursts": ("healthy", healthy_shared_leaf_bursts),
+    "healthy.small_batch_inference_boost": ("healthy", healthy_small_batch_inference_boost),
+    "communication.hca_firmware_hang": ("communication", hca_firmware_hang),
+    "communication.in_network_reduction_off": ("communication", in_network_reduction_off),
+    "storage.fuse_mount_stalls": ("storage", fuse_mount_stalls),
+    "storage.drive_latency_spikes": ("storage", drive_latency_spikes),
+    "compute.bmc_power_budget_steps": ("compute", bmc_power_budget_steps),
+    "compute.one_gpu_heatsink_loose": ("compute", one_gpu_heatsink_loose),
 }
 
 
