@@ -49,6 +49,12 @@ FEATURES = (
     ),
     Feature("train_data_wait_ms", "max", "log1p", "storage", "time the step waited for input data"),
 )
+# counts of errors, not measures of how the node runs: the fleet-relative detector leaves them out
+ERROR_COUNTERS = (
+    "pcie_aer_correctable_errors_per_second",
+    "ib_symbol_errors_per_second",
+    "rdma_qps_dropped_per_second",
+)
 
 
 class ModelError(ValueError):
