@@ -64,6 +64,7 @@ class Detector(nn.Module):
         super().__init__()
         self.margin = margin
         self.recent = recent
+        self.counted: torch.Tensor
         self.register_buffer("counted", torch.tensor(counted if counted is not None else [1.0] * 12))
 
     def forward(
