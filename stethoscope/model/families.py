@@ -425,6 +425,15 @@ def _gpu_slow(w: Window, gpus: np.ndarray, factor: np.ndarray) -> None:
     w.util = np.rint(w.util * waiting)
 
 
+def _others_wait(w: Window, gpu: np.ndarray, extra: np.ndarray) -> None:
+    """Every step takes extra [n, T] ms longer because the GPUs `gpu` [n, 1, G] hold it up, their
+    clock and power as before: the other GPUs idle in the collectives meanwhile."""
+    waiting = (w.step_ms / (w.step_ms + extra))[:, :, None]
+    w.util = np.where(gpu, w.util, np.rint(w.util * waiting))
+    w.comm_ms = w.comm_ms + 0.7 * extra
+    w.step_ms = w.step_ms + extra
+
+
 def _some_gpus(w: Window, low: int, high: int) -> np.ndarray:
     count = w.rng.integers(low, high + 1, w.n)
     order = np.argsort(w.rng.random((w.n, GPUS)), axis=1)

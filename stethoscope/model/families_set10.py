@@ -19,6 +19,7 @@ from stethoscope.model.families import (
     _fault,
     _gpu_slow,
     _input_slower,
+    _others_wait,
     _port_waits,
     _rate,
     _sev,
@@ -131,9 +132,7 @@ def gpu_sram_ecc_storm(rng, hw, n):
     share = (w.step_ms / (w.step_ms + extra))[:, :, None]
     w.power = np.where(gpu, hw.idle_power + (w.power - hw.idle_power) * (0.9 + 0.1 * share), w.power)
     w.temp = np.where(gpu, np.rint(w.temp - on[:, :, None] * 2), w.temp)
-    w.util = np.where(gpu, w.util, np.rint(w.util * share))
-    w.comm_ms = w.comm_ms + 0.7 * extra
-    w.step_ms = w.step_ms + extra
+    _others_wait(w, gpu, extra)
     return w
 
 

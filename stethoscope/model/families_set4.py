@@ -20,6 +20,7 @@ from stethoscope.model.families import (
     _fault,
     _gpu_slow,
     _input_slower,
+    _others_wait,
     _port_waits,
     _rate,
     _sev,
@@ -156,10 +157,7 @@ def memory_bound_straggler(rng, hw, n):
     gpu = _some_gpus(w, 1, 1)[:, None, :]
     w.temp = np.where(gpu, np.rint(w.temp + on[:, :, None] * (2 + 3 * s[:, :, None])), w.temp)
     extra = w.step_ms * on * (0.05 + 0.3 * s)
-    waiting = (w.step_ms / (w.step_ms + extra))[:, :, None]
-    w.util = np.where(gpu, w.util, np.rint(w.util * waiting))
-    w.comm_ms = w.comm_ms + 0.7 * extra
-    w.step_ms = w.step_ms + extra
+    _others_wait(w, gpu, extra)
     return w
 
 

@@ -18,6 +18,7 @@ from stethoscope.model.families import (
     _fault,
     _gpu_slow,
     _input_slower,
+    _others_wait,
     _port_waits,
     _rate,
     _sev,
@@ -164,10 +165,7 @@ def gpu_periodic_stalls(rng, hw, n):
     w.util = np.where(gpu, np.rint(w.util * (1 - depth)), w.util)
     w.power = np.where(gpu, w.power - (w.power - hw.idle_power) * depth * 0.7, w.power)
     extra = w.step_ms * stall * (0.5 + 2.5 * s)
-    waiting = (w.step_ms / (w.step_ms + extra))[:, :, None]
-    w.util = np.where(gpu, w.util, np.rint(w.util * waiting))
-    w.comm_ms = w.comm_ms + 0.7 * extra
-    w.step_ms = w.step_ms + extra
+    _others_wait(w, gpu, extra)
     return w
 
 
