@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import importlib
 import json
 import time
 from datetime import UTC, datetime
@@ -36,8 +37,9 @@ RESULT = project_root() / "benchmarks" / "results" / "model_fresh_families.json"
 def per_family(out: evaluate.Outputs, eps: episodes.Episodes) -> dict[str, dict]:
     found = (out.pred == eps.label) | (out.outlier & (out.outlier_layer == eps.label))
     families = {}
-    for name, (cls, _) in fresh.FRESH.items():
+    for name in eps.info["per_family"]:  # the set's families, in its order
         members = eps.family == name
+        cls = CLASSES[int(eps.label[members][0])]
         said = {c: int(np.sum(out.pred[members] == j)) for j, c in enumerate(CLASSES)}
         entry = {"class": cls, "episodes": int(members.sum()), "said": said}
         if cls == "healthy":
@@ -67,6 +69,8 @@ HEADLINE = (
     "scored_at",
     "macro_f1",
     "per_class_f1",
+    "per_class_precision",
+    "outlier_recall",
     "healthy_false_findings_percent",
     "healthy_false_classifier_percent",
     "family_found",
@@ -89,6 +93,10 @@ def headline(figures: dict) -> dict:
     entry = {k: figures.get(k) for k in HEADLINE}
     if entry["per_class_f1"] is None and isinstance(figures.get("per_class"), dict):
         entry["per_class_f1"] = {c: v["f1"] for c, v in figures["per_class"].items()}
+    if entry["per_class_precision"] is None and isinstance(figures.get("per_class"), dict):
+        entry["per_class_precision"] = {c: v["precision"] for c, v in figures["per_class"].items()}
+    if entry["outlier_recall"] is None and isinstance(figures.get("outlier"), dict):
+        entry["outlier_recall"] = figures["outlier"].get("recall")
     if entry["family_found"] is None and isinstance(figures.get("families"), dict):
         entry["family_found"] = {
             name: f.get("recall", f.get("no_finding")) for name, f in figures["families"].items()
@@ -115,7 +123,7 @@ PEER_POOL = 60  # healthy standard training jobs that stand in for the fresh epi
 
 def outputs_with_standard_peers(meta, eps: episodes.Episodes, seed: int) -> evaluate.Outputs:
     """The graphs' outputs on the fresh episodes. A fresh set need not hold a healthy standard job
-    (set 4 does not), and without one its fault episodes would have no stand-in peers, so the
+    (most do not), and without one its fault episodes would have no stand-in peers, so the
     detector could not judge them: a pool of the generator's healthy.training episodes joins them
     as peers, in the fresh split, and is never scored itself."""
     pool = episodes.generate(seed + 1, PEER_POOL)
@@ -132,11 +140,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=2026, help="generation seed (default 2026)")
     parser.add_argument("--per-family", type=int, default=200)
-    parser.add_argument("--json", type=Path, default=RESULT)
+    parser.add_argument(
+        "--set",
+        type=int,
+        default=fresh.SET,
+        help=f"an earlier set kept as stethoscope/model/families_setN.py (default: the current, {fresh.SET})",
+    )
+    parser.add_argument(
+        "--json", type=Path, help=f"default {RESULT} (another set: model_fresh_setN.json beside it)"
+    )
+    parser.add_argument("--note", help="what this scoring is, kept with it in the history")
     args = parser.parse_args()
+    families = None
+    if args.set != fresh.SET:
+        try:
+            families = getattr(
+                importlib.import_module(f"stethoscope.model.families_set{args.set}"), f"SET{args.set}"
+            )
+        except (ImportError, AttributeError):
+            parser.error(
+                f"--set {args.set}: no stethoscope/model/families_set{args.set}.py with SET{args.set}"
+            )
+    args.json = args.json or (
+        RESULT if families is None else RESULT.with_name(f"model_fresh_set{args.set}.json")
+    )
     meta = load(metadata_path())
     started = time.perf_counter()
-    eps = fresh.generate(args.seed, args.per_family)
+    eps = fresh.generate(args.seed, args.per_family, fresh_set=args.set, families=families)
     generated = time.perf_counter() - started
     started = time.perf_counter()
     out = outputs_with_standard_peers(meta, eps, args.seed)
@@ -155,7 +185,7 @@ def main() -> None:
             (h.get("generator_version") for h in reversed(meta.history) if h.get("action") == "train"), None
         ),
         "scored_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "fresh_set": fresh.SET,
+        "fresh_set": args.set,
         "fresh_seed": args.seed,
         "per_family": args.per_family,
         "fresh_data_hash": eps.data_hash(),
@@ -172,6 +202,7 @@ def main() -> None:
         "shipped_test_macro_f1": (meta.scores.get("test") or {}).get("macro_f1"),
         "generate_s": round(generated, 2),
         "evaluate_s": round(seconds, 2),
+        "note": args.note,
     }
     control_eps = episodes.generate(args.seed, max(30, args.per_family // 2))
     test = np.flatnonzero(control_eps.split == "test")

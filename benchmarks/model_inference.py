@@ -150,6 +150,8 @@ def main() -> None:
         "--out", type=Path, default=Path(__file__).parent / "results" / "model_inference.json"
     )
     args = parser.parse_args()
+    if args.repeat < 2:
+        parser.error("--repeat: at least 2 (the first run is cold and reported apart)")
     meta = metadata.load(args.model)
     end_ms = now_ms() - 1000
     with (
@@ -160,7 +162,7 @@ def main() -> None:
         rows, generate_s = timed(generate, store, args.nodes, end_ms)
         graphs_for(meta)  # loading the sessions is once per process, not per cycle
         runs = [one_run(store, meta, end_ms) for _ in range(args.repeat)]
-    warm = runs[1:] or runs
+    warm = runs[1:]
     median = {key: round(stats.median([r[key] for r in warm]), 4) for key in runs[0] if key.endswith("_s")}
     first = {key: round(runs[0][key], 4) for key in runs[0] if key.endswith("_s")}
     report = {

@@ -7,8 +7,9 @@ class, old classes within 2 points. Writes nothing under rules/ (a temp folder).
     .venv/bin/python benchmarks/model_train.py [--seed 7] [--threads 1] [--twice] [--json OUT]
     .venv/bin/python benchmarks/model_train.py --finetune-only [--json OUT]
 
---finetune-only fine-tunes the shipped model (rules/models/core12*, which training with its seed
-reproduces) instead of training one, and replaces only the "finetune" figures in OUT.
+--finetune-only fine-tunes the shipped model (rules/models/core12*) on the episodes its metadata's
+seed and size generate (their data hash checked against the metadata's) instead of training one,
+and replaces only the "finetune" figures in OUT.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from stethoscope.model import episodes, evaluate, finetune, metadata
+from stethoscope.model import dataset, episodes, evaluate, finetune, metadata
 from stethoscope.model.train import TrainConfig, train
 
 
@@ -88,9 +89,13 @@ def finetuned(meta: metadata.ModelMeta, data: episodes.Episodes, seed: int, out:
 
 def finetune_only(args: argparse.Namespace) -> None:
     meta = metadata.load(metadata.metadata_path())
-    data = episodes.generate(seed=meta.seed)
     with tempfile.TemporaryDirectory() as scratch:
-        figures = finetuned(meta, data, meta.seed, Path(scratch) / "ft")
+        regenerated = dataset.regenerate(meta, Path(scratch) / "episodes")
+        if regenerated.data_hash != meta.data_hash:
+            raise SystemExit(
+                "the shipped model's data hash is not what its seed generates now: retrain it first"
+            )
+        figures = finetuned(meta, regenerated.episodes, meta.seed, Path(scratch) / "ft")
     print(json.dumps(figures, indent=2))
     if args.json:
         kept = json.loads(args.json.read_text()) if args.json.is_file() else {}

@@ -1,6 +1,6 @@
-"""Fresh families (stethoscope.model.fresh, set 11): a clean hold-out for the shipped model, written
-before it was trained. Format and determinism only: their scores are a benchmark
-(benchmarks/model_fresh_families.py), not a test."""
+"""Fresh families (stethoscope.model.fresh, set 11): the shipped model's second clean hold-out,
+written after its first (set 10, families_set10) was scored and before anything changed. Format and
+determinism only: their scores are a benchmark (benchmarks/model_fresh_families.py), not a test."""
 
 from __future__ import annotations
 
@@ -19,11 +19,23 @@ def data() -> episodes.Episodes:
 
 
 def test_fresh_families_reuse_no_training_family_name():
-    assert not set(fresh.FRESH) & set(episodes.FAMILIES)
+    from stethoscope.model import families_set10
+
+    earlier = {*episodes.FAMILIES, *families_set10.SET10}
+    assert not set(fresh.FRESH) & earlier
     assert not set(fresh.FRESH) & set(episodes.REPLAYED)
-    assert not {name.split(".", 1)[1] for name in fresh.FRESH} & {
-        name.split(".", 1)[1] for name in episodes.FAMILIES
-    }
+    assert not {name.split(".", 1)[1] for name in fresh.FRESH} & {name.split(".", 1)[1] for name in earlier}
+
+
+def test_set_10_scored_the_shipped_model_and_is_not_training_data_yet():
+    """The shipped model was scored on set 10 and then on set 11: training on set 10 before set 11
+    was scored would have made set 11 the only clean hold-out left."""
+    from stethoscope.model import families_set10
+
+    assert not set(families_set10.SET10) & set(episodes.FAMILIES)
+    again = fresh.generate(seed=3, per_family=2, fresh_set=10, families=families_set10.SET10)
+    assert again.info["fresh_set"] == 10 and set(again.family.tolist()) == set(families_set10.SET10)
+    assert again.data_hash() != fresh.generate(seed=3, per_family=2).data_hash()
 
 
 def test_every_class_has_a_fresh_family(data):

@@ -65,7 +65,7 @@ __all__ = [
 # 2: fresh set 1's families in training, wider step/collective/input shares, jobs that report
 # only their step time (the Reporter's default); 3: fresh set 2's families and healthy variety
 # (families_healthy_variety) in training; 4: fresh set 3's families in training; 5: fresh set 4's;
-# 6: fresh set 5's, and a trickle of correctable PCIe errors in a share of every family's episodes;
+# 6: fresh set 5's, and a trickle of correctable PCIe errors in a share of most families' episodes;
 # 7: fresh set 6's, and healthy work that combines two to four benign changes (families_composed);
 # 8: fresh set 7's; 9: fresh set 8's; 10: fresh set 9's, and windows replayed from the capture's
 # earlier half in training (the test split's replay its later half)
@@ -94,8 +94,9 @@ TIMING_FEATURES = [F["train_allreduce_latency_ms"], F["train_data_wait_ms"]]
 VALIDATION_SHARE = 0.2
 # Fresh set 5 read a drive's PCIe link errors as a communication fault: in training only
 # communication faults counted correctable PCIe errors. A node's AER sum covers the links of its
-# NICs, GPUs and drives alike, and a trickle costs nothing; so a share of every family's episodes
-# (healthy ones too) counts 0.2-5 a second from some step on, and what got slower tells the class.
+# NICs, GPUs and drives alike, and a trickle costs nothing; so a share of the episodes of every
+# family but the rules-miss ones (whose own node is clean by definition) and the replays, healthy
+# ones too, counts 0.2-5 a second from some step on, and what got slower tells the class.
 AER_TRICKLE_SHARE = 0.1
 SPLITS = ("train", "validation", "test")
 

@@ -15,8 +15,6 @@ import numpy as np
 from stethoscope.model.families import RULES_MISS, workload
 from stethoscope.model.metadata import CLASSES, FEATURES, ModelError, ModelMeta
 
-# The generator's families that the shipped rules do not catch (issue 10 "Training data"): the
-# model must find them. Matched by prefix, so that variants of a family count too.
 PEERS = 4  # healthy episodes whose median stands in for a node's peers
 TIMINGS = ("train_allreduce_latency_ms", "train_data_wait_ms")
 BATCH = 1024
@@ -177,7 +175,8 @@ def choose_thresholds(
 
 def choose_outlier_threshold(scores: np.ndarray, healthy: np.ndarray, false_rate: float = 0.005) -> float:
     """The outlier score that at most `false_rate` of healthy validation episodes reach, with a
-    margin (the replayed real healthy windows of the test split are not the generator's)."""
+    margin (the test split's replayed real windows come from a part of the capture validation never
+    sees)."""
     valid = scores[healthy & np.isfinite(scores)]
     if not len(valid):
         return 1.0
@@ -268,10 +267,15 @@ def score_outputs(
     )
     faults = ~healthy
     fired = out.outlier & faults
+    scored = np.isfinite(out.score)
     scores["outlier"] = {
         "recall": round(float(fired.sum()) / max(1, int(faults.sum())), 4),
-        "precision": round(float(fired.sum()) / max(1, int(out.outlier.sum())), 4),
-        "scored": int(np.isfinite(out.score).sum()),
+        # None when no healthy episode was scored: a precision no healthy window could lower says nothing
+        "precision": round(float(fired.sum()) / max(1, int(out.outlier.sum())), 4)
+        if (scored & healthy).any()
+        else None,
+        "scored": int(scored.sum()),
+        "healthy_scored": int((scored & healthy).sum()),
     }
     found = (out.pred == labels) | (out.outlier & (out.outlier_layer == labels))
     misses = {}
@@ -353,7 +357,12 @@ def render(scores: dict[str, Any], title: str = "model") -> str:
     if "outlier" in scores:
         o = scores["outlier"]
         lines.append(
-            f"  outlier detector: recall {o['recall']:.3f} of fault episodes, precision {o['precision']:.3f}"
+            f"  outlier detector: recall {o['recall']:.3f} of fault episodes, precision "
+            + (
+                f"{o['precision']:.3f}"
+                if o["precision"] is not None
+                else "unknown (no healthy episode scored)"
+            )
         )
     where = f" ({scores['rules_miss_split']} split)" if scores.get("rules_miss_split") else ""
     for family, m in scores.get("rules_miss", {}).items():

@@ -501,7 +501,8 @@ CORE_FAMILIES: dict[str, tuple[str, Family]] = {
     "compute.clock_decay": ("compute", clock_decay),
 }
 HELD_OUT = ("communication.flapping_link", "storage.data_stall_bursts", "compute.clock_decay")
-# the faults rules miss: the node's own counters, temperatures and clocks stay normal
+# The generator's families that the shipped rules do not catch (issue 10 "Training data"): the
+# node's own counters, temperatures and clocks stay normal; the model must find them.
 RULES_MISS = ("communication.allreduce_centre", "compute.straggler_gpu", "storage.slow_nvme_clean_smart")
 REPLAYED = ("healthy.replay_idle", "healthy.replay_load")  # the test split's, from the capture's later half
 # since generator version 10, training replays the capture's earlier half: the model had seen no

@@ -3,9 +3,10 @@ workload the model read as a fault, and each had one benign change at a time in 
 swing in load, a change of pace, a stall now and then. Real nodes combine them (a job that
 checkpoints while its load swings, a profiler on a job that just changed phase), so this family
 draws two to four of the benign changes the training families already show, each with its own
-timing and size, and applies them to one healthy window. It adds no change that no training family
-has; it only recombines them, so that what tells a fault is what the fault costs the job, not the
-absence of anything else moving."""
+timing and size, and applies them to one healthy window. Each change is a training family's own,
+rewritten here as a change of a window (some with a narrower or wider range than the family's);
+none is new. So what tells a fault is what the fault costs the job, not the absence of anything
+else moving."""
 
 from __future__ import annotations
 
@@ -136,7 +137,7 @@ def healthy_composed(rng, hw, n):
     count = rng.integers(2, 5, n)
     order = np.argsort(rng.random((n, len(CHANGES))), axis=1)
     for k, change in enumerate(CHANGES):
-        chosen = np.flatnonzero(order[:, k] < count)  # k's rank among the episode's draws
+        chosen = np.flatnonzero(order[:, k] < count)  # a random `count` of the changes per episode
         if not len(chosen):
             continue
         part = _subset(w, chosen)

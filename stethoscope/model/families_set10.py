@@ -138,7 +138,8 @@ def gpu_sram_ecc_storm(rng, hw, n):
 
 def cooling_loop_pump_slow(rng, hw, n):
     """The liquid cooling loop's pump slows at the onset: every GPU warms steadily by 10-20 C over
-    five minutes, the hottest reach their slowdown temperature and lose 10-30 % of their clock."""
+    five minutes; once the hottest passes its slowdown temperature, every GPU that has passed it
+    loses clock as the hottest does, up to 10-30 %."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 40)
     s = _sev(w)
     ramp = w.after(rng.integers(40, 80, n))

@@ -57,8 +57,8 @@ def healthy_boost_below_cap(rng, hw, n):
 
 
 def healthy_collective_heavy(rng, hw, n):
-    """A data-parallel job with large gradients on a small batch: its collectives take 40-60 % of
-    every step from start to end, the IB ports wait to send 3-10 times as long as a typical job's,
+    """A data-parallel job with large gradients on a small batch: its collectives take some 30-50 %
+    of every step from start to end, the IB ports wait to send 3-10 times as long as a typical job's,
     and the GPUs sit idle in the collectives' share. Steady over the window."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
     share = rng.uniform(0.4, 0.6, (n, 1))

@@ -44,9 +44,9 @@ def healthy_batch_size_raised(rng, hw, n):
 
 
 def healthy_periodic_gc_pauses(rng, hw, n):
-    """The training script's host side pauses every 20-60 steps (Python's garbage collector, the
-    allocator defragmenting): one step in those samples takes two to five times as long with the
-    GPUs idle; nothing on the node's parts moves."""
+    """The training script's host side pauses now and then (Python's garbage collector, the
+    allocator defragmenting): in one sample in 4-12, at random, the step takes two to five times
+    as long with the GPUs idle; nothing on the node's parts moves."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
     pause = rng.random((n, STEPS)) < 1 / rng.uniform(4, 12, (n, 1))  # 20-60 steps: a sample in 4-12
     _slow(w, w.step_ms * pause * rng.uniform(1, 4, (n, STEPS)))
@@ -152,7 +152,8 @@ def gpu_fell_off_bus(rng, hw, n):
 
 def power_limit_misapplied(rng, hw, n):
     """A power policy is pushed at the onset with the wrong limit: from then on every GPU is held at
-    50-75 % of its usual power, its clock falls with it, and every step takes longer."""
+    some 60-80 % of its usual power above idle, its clock falls with it, and every step takes
+    longer."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     on = w.after(rng.integers(1, 4, n))
     limit = 1 - on * rng.uniform(0.25, 0.5, (n, 1))

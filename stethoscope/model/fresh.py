@@ -35,8 +35,7 @@ from stethoscope.model.families_healthy_variety import _load_following
 from stethoscope.model.metadata import CLASSES, STEPS
 
 SPLIT = "fresh"
-SET = 11
-SALT = 20261211  # keeps the fresh streams apart from episodes.generate's (and earlier sets') for a seed
+SET = 11  # its salt (`salt`) keeps its streams apart from episodes.generate's and earlier sets'
 
 
 # --- healthy -----------------------------------------------------------------------------------
@@ -125,8 +124,8 @@ def fuse_mount_stalls(rng, hw, n):
 
 def drive_latency_spikes(rng, hw, n):
     """A drive whose firmware pauses for internal housekeeping from the onset: a tenth to a quarter
-    of the samples show reads of 100-500 ms, the input wait long-tailed; the drive's temperature
-    does not move."""
+    of the samples wait some 65-750 ms more for their input (and twice their usual wait), a
+    long-tailed input wait; the drive's temperature does not move."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s = _sev(w)
     spike = w.after() * (rng.random((n, STEPS)) < rng.uniform(0.1, 0.25, (n, 1)))
@@ -152,8 +151,8 @@ def bmc_power_budget_steps(rng, hw, n):
 
 def one_gpu_heatsink_loose(rng, hw, n):
     """One GPU's heatsink has come loose: from the onset it warms by 15-25 C over two to four
-    minutes, then holds at its slowdown temperature by losing 10-25 % of its clock; every step
-    waits for it."""
+    minutes, and from halfway up that climb it loses clock, 10-25 % by the top; every step waits
+    for it."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 60)
     s = _sev(w)
     ramp = w.after(rng.integers(24, 49, n))
@@ -178,14 +177,27 @@ FRESH: dict[str, tuple[str, Family]] = {
 }
 
 
+def salt(fresh_set: int) -> int:
+    """The seed salt of a fresh set (sets 4 on): 20261200 + its number."""
+    return 20261200 + fresh_set
+
+
 def generate(
-    seed: int = 7, per_family: int = 200, hw_class: str = "h200", capture: Capture | None = None
+    seed: int = 7,
+    per_family: int = 200,
+    hw_class: str = "h200",
+    capture: Capture | None = None,
+    fresh_set: int = SET,
+    families: dict[str, tuple[str, Family]] | None = None,
 ) -> Episodes:
-    """per_family episodes of every fresh family, all in split "fresh"; deterministic for a seed."""
+    """per_family episodes of every family of a fresh set (the current one unless `fresh_set` and
+    its `families` are given: an earlier set, to score another model on it), all in split "fresh";
+    deterministic for a seed."""
+    chosen = FRESH if families is None else families
     _, _, hw = hardware(hw_class, per_family, capture)
-    root = np.random.SeedSequence([seed, 0 if hw_class == "h200" else 1, SALT])
+    root = np.random.SeedSequence([seed, 0 if hw_class == "h200" else 1, salt(fresh_set)])
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS}
-    for (name, (cls, family)), stream in zip(FRESH.items(), root.spawn(len(FRESH)), strict=True):
+    for (name, (cls, family)), stream in zip(chosen.items(), root.spawn(len(chosen)), strict=True):
         window: Window = family(np.random.default_rng(stream), hw, per_family)
         x, mask = _assemble(window)
         parts["x"].append(x)
@@ -200,9 +212,9 @@ def generate(
     info = {
         **manifest(seed, hw_class, hw),
         "fresh": True,
-        "fresh_set": SET,
-        "per_family": dict.fromkeys(FRESH, per_family),
-        "families_per_split": {SPLIT: sorted(FRESH)},
+        "fresh_set": fresh_set,
+        "per_family": dict.fromkeys(chosen, per_family),
+        "families_per_split": {SPLIT: sorted(chosen)},
         "calibrated_on": str(CAPTURE),
         "data_hash": data_hash(arrays),
     }

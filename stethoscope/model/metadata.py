@@ -57,6 +57,11 @@ ERROR_COUNTERS = (
 )
 
 
+def detector_weights(features: tuple[Feature, ...] | list[Feature]) -> list[float]:
+    """Per feature, 1 where the fleet-relative detector counts its gap, 0 for an error counter."""
+    return [0.0 if f.metric in ERROR_COUNTERS else 1.0 for f in features]
+
+
 class ModelError(ValueError):
     """The model's files are missing, unreadable or disagree with each other (exit 2)."""
 

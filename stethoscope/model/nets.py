@@ -52,20 +52,18 @@ class Detector(nn.Module):
     """Fleet-relative distance with fixed weights (nothing to learn, so nothing to overfit to the
     generator): per feature, the mean absolute gap between the node's normalised window and its
     peers' median over the recent steps both observed, less a noise margin; the score is their sum.
-    Only the threshold on the score is chosen, on validation episodes. Features whose weight is 0
-    (the error counters: `counted`) add nothing: a node counting a trickle of correctable errors its
-    peers do not is common and harmless, and the rules and the classifier judge counters on their
-    own; with them, such healthy nodes raised the threshold from 5.2 to 6.2 and hid a rank whose
-    port waits were 1000 times its lockstep peers'."""
+    Only the threshold on the score is chosen, on validation episodes. Features whose weight in
+    `counted` is 0 (the error counters, metadata.ERROR_COUNTERS) add nothing: a node counting a
+    trickle of correctable errors its peers do not is common and harmless, and the rules and the
+    classifier judge counters on their own; counted, such healthy nodes set the threshold so high
+    that a rank whose port waits were 1000 times its lockstep peers' did not reach it."""
 
-    def __init__(
-        self, margin: float = 0.25, recent: int = RECENT_STEPS, counted: list[float] | None = None
-    ) -> None:
+    def __init__(self, counted: list[float], margin: float = 0.25, recent: int = RECENT_STEPS) -> None:
         super().__init__()
         self.margin = margin
         self.recent = recent
         self.counted: torch.Tensor
-        self.register_buffer("counted", torch.tensor(counted if counted is not None else [1.0] * 12))
+        self.register_buffer("counted", torch.tensor(counted))
 
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor, peer: torch.Tensor, peer_mask: torch.Tensor

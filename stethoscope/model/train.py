@@ -22,11 +22,11 @@ from stethoscope.model import evaluate
 from stethoscope.model.metadata import (
     CLASSES,
     DEFAULT_NAME,
-    ERROR_COUNTERS,
     FEATURES,
     ModelError,
     ModelMeta,
     Normalisation,
+    detector_weights,
 )
 from stethoscope.timeutil import iso, now_ms
 
@@ -304,7 +304,7 @@ def train(
         diff,
         _checked_export(
             torch,
-            Detector(counted=[0.0 if f.metric in ERROR_COUNTERS else 1.0 for f in meta.features]),
+            Detector(detector_weights(meta.features)),
             out_dir / meta.graphs["detector"],
             {"x": xn[probe], "mask": mask[probe], "peer": peer, "peer_mask": peer_mask},
             ["score", "deviation"],
