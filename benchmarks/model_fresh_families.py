@@ -11,7 +11,11 @@ classifier's share alone, and what the classifier called its episodes. A control
 code on the generator's own test split for the same seed (the harness, not the families, is tested
 there).
 
-    .venv/bin/python benchmarks/model_fresh_families.py [--seed 2026] [--per-family 200] [--json OUT]
+    .venv/bin/python benchmarks/model_fresh_families.py [--seed 2026] [--per-family 200] [--set N]
+        [--json OUT] [--note TEXT]
+
+--set N scores an earlier set kept apart as stethoscope/model/families_setN.py (not one that is
+training data now), checking that it regenerates the data its earlier scoring had.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import importlib
 import json
 import time
 from datetime import UTC, datetime
@@ -39,7 +42,7 @@ def per_family(out: evaluate.Outputs, eps: episodes.Episodes) -> dict[str, dict]
     families = {}
     for name in eps.info["per_family"]:  # the set's families, in its order
         members = eps.family == name
-        cls = CLASSES[int(eps.label[members][0])]
+        cls = fresh.families_of(eps.info["fresh_set"])[name][0]
         said = {c: int(np.sum(out.pred[members] == j)) for j, c in enumerate(CLASSES)}
         entry = {"class": cls, "episodes": int(members.sum()), "said": said}
         if cls == "healthy":
@@ -55,8 +58,9 @@ def per_family(out: evaluate.Outputs, eps: episodes.Episodes) -> dict[str, dict]
     return families
 
 
-# what each earlier scoring keeps in `history`: a hold-out is scored once by a model before it
-# becomes training data, and that score stays here after it has
+# what each earlier scoring keeps in `history`: a hold-out is scored by a model before it becomes
+# training data (again only after a change that leaves the classifier as it was, with a note), and
+# that score stays here after it has
 HEADLINE = (
     "model",
     "model_fingerprint",
@@ -118,6 +122,33 @@ def history(path: Path, figures: dict) -> list[dict]:
     return kept
 
 
+def _scorings(path: Path) -> list[dict]:
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [h for h in [*earlier.get("history", []), earlier] if isinstance(h, dict)]
+
+
+def scored_data_hash(fresh_set: int, seed: int, per_family: int) -> str | None:
+    """The data hash an earlier scoring of this set (same seed and size) recorded, if any."""
+    for entry in _scorings(RESULT):
+        scored = (entry.get("fresh_set"), entry.get("fresh_seed"), entry.get("per_family"))
+        if scored == (fresh_set, seed, per_family):
+            return entry.get("fresh_data_hash")
+    return None
+
+
+def repeated_note(path: Path, fresh_set: int, seed: int, per_family: int, data: str, meta) -> str | None:
+    """The note of the scoring `path` holds now when this run repeats it (a note is not lost to a
+    plain rerun)."""
+    now = [fingerprint(meta), fresh_set, seed, per_family, data]
+    for entry in _scorings(path)[-1:]:
+        if [entry.get(k) for k in SAME_SCORING] == now:
+            return entry.get("note")
+    return None
+
+
 PEER_POOL = 60  # healthy standard training jobs that stand in for the fresh episodes' peers
 
 
@@ -151,30 +182,32 @@ def main() -> None:
     )
     parser.add_argument("--note", help="what this scoring is, kept with it in the history")
     args = parser.parse_args()
-    families = None
-    if args.set != fresh.SET:
-        try:
-            families = getattr(
-                importlib.import_module(f"stethoscope.model.families_set{args.set}"), f"SET{args.set}"
-            )
-        except (ImportError, AttributeError):
-            parser.error(
-                f"--set {args.set}: no stethoscope/model/families_set{args.set}.py with SET{args.set}"
-            )
+    try:
+        chosen = fresh.families_of(args.set)
+    except ValueError as exc:
+        parser.error(f"--set: {exc}")
+    if set(chosen) & set(episodes.FAMILIES):
+        parser.error(f"--set {args.set}: its families are training data now, not a hold-out")
     args.json = args.json or (
-        RESULT if families is None else RESULT.with_name(f"model_fresh_set{args.set}.json")
+        RESULT if args.set == fresh.SET else RESULT.with_name(f"model_fresh_set{args.set}.json")
     )
     meta = load(metadata_path())
     started = time.perf_counter()
-    eps = fresh.generate(args.seed, args.per_family, fresh_set=args.set, families=families)
+    eps = fresh.generate(args.seed, args.per_family, fresh_set=args.set)
     generated = time.perf_counter() - started
+    recorded = scored_data_hash(args.set, args.seed, args.per_family)
+    if recorded is not None and recorded != eps.data_hash():
+        raise SystemExit(
+            f"set {args.set} regenerates other data than its earlier scoring had ({recorded[:16]}): "
+            "its families or the generator changed since"
+        )
     started = time.perf_counter()
     out = outputs_with_standard_peers(meta, eps, args.seed)
     scores = evaluate.score_outputs(out, eps.label, eps.family)
     seconds = time.perf_counter() - started
     print(evaluate.render(scores, f"model {meta.name} on fresh families ({seconds:.2f} s)"))
-    families = per_family(out, eps)
-    for name, f in families.items():
+    found = per_family(out, eps)
+    for name, f in found.items():
         share = f"no finding {f['no_finding']:.3f}" if "no_finding" in f else f"recall {f['recall']:.3f}"
         print(f"  {name:<36} {share}  said {f['said']}")
     figures = {
@@ -198,11 +231,12 @@ def main() -> None:
         "healthy_false_findings_percent": scores["healthy_false_findings_percent"],
         "healthy_false_classifier_percent": scores["healthy_false_classifier_percent"],
         "outlier": scores["outlier"],
-        "families": families,
+        "families": found,
         "shipped_test_macro_f1": (meta.scores.get("test") or {}).get("macro_f1"),
         "generate_s": round(generated, 2),
         "evaluate_s": round(seconds, 2),
-        "note": args.note,
+        "note": args.note
+        or repeated_note(args.json, args.set, args.seed, args.per_family, eps.data_hash(), meta),
     }
     control_eps = episodes.generate(args.seed, max(30, args.per_family // 2))
     test = np.flatnonzero(control_eps.split == "test")

@@ -4,11 +4,16 @@ determinism only: their scores are a benchmark (benchmarks/model_fresh_families.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from stethoscope.model import episodes, fresh
 from stethoscope.model.metadata import CLASSES, FEATURES, STEPS
+
+TOP = Path(__file__).resolve().parent.parent
 
 PER = 6
 
@@ -33,9 +38,16 @@ def test_set_10_scored_the_shipped_model_and_is_not_training_data_yet():
     from stethoscope.model import families_set10
 
     assert not set(families_set10.SET10) & set(episodes.FAMILIES)
-    again = fresh.generate(seed=3, per_family=2, fresh_set=10, families=families_set10.SET10)
+    assert fresh.families_of(10) is families_set10.SET10 and fresh.families_of(fresh.SET) is fresh.FRESH
+    assert set(fresh.families_of(3)) <= set(episodes.FAMILIES)  # training data now: no hold-out
+    with pytest.raises(ValueError, match="fresh set 99"):
+        fresh.families_of(99)
+    # regenerating set 10 gives the very data its scorings recorded
+    again = fresh.generate(seed=2026, per_family=200, fresh_set=10)
     assert again.info["fresh_set"] == 10 and set(again.family.tolist()) == set(families_set10.SET10)
-    assert again.data_hash() != fresh.generate(seed=3, per_family=2).data_hash()
+    recorded = json.loads((TOP / "benchmarks" / "results" / "model_fresh_set10.json").read_text())
+    assert (recorded["fresh_seed"], recorded["per_family"]) == (2026, 200)
+    assert again.data_hash() == recorded["fresh_data_hash"]
 
 
 def test_every_class_has_a_fresh_family(data):
@@ -161,3 +173,32 @@ def test_rules_miss_recall_counts_jobs_that_send_their_timings_and_the_others_ap
     mask = np.ones((2, STEPS, len(FEATURES)), np.float32)
     mask[1, :, [FEATURES.index(f) for f in FEATURES if f.metric in evaluate.TIMINGS]] = 0
     assert evaluate.reports_timings(mask).tolist() == [True, False]
+
+
+def test_detector_precision_is_unknown_where_no_healthy_episode_could_lower_it():
+    """Fresh set 11's healthy families all run workloads no stand-in peer can run: the detector
+    scored none of them, and its precision read 1.0 though no healthy window could have lowered it."""
+    from stethoscope.model import evaluate
+
+    labels = np.array([0, 0, 1, 1])
+    families = np.array(["healthy.a", "healthy.a", "communication.b", "communication.b"])
+
+    def outputs(score, outlier):
+        n = len(labels)
+        return evaluate.Outputs(
+            probs=np.zeros((n, len(CLASSES)), np.float32),
+            pred=labels.copy(),
+            score=np.asarray(score, dtype=float),
+            deviation=np.zeros((n, len(FEATURES)), np.float32),
+            outlier=np.asarray(outlier, dtype=bool),
+            outlier_layer=labels.copy(),
+        )
+
+    unjudged = evaluate.score_outputs(outputs([np.nan, np.nan, 9.0, 1.0], [0, 0, 1, 0]), labels, families)
+    assert unjudged["outlier"]["precision"] is None and unjudged["outlier"]["healthy_scored"] == 0
+    assert "precision unknown (no healthy episode scored)" in evaluate.render(unjudged)
+    silent = evaluate.score_outputs(outputs([1.0, 1.0, 1.0, 1.0], [0, 0, 0, 0]), labels, families)
+    assert silent["outlier"]["precision"] is None  # it never fired
+    assert "precision unknown (it never fired)" in evaluate.render(silent)
+    judged = evaluate.score_outputs(outputs([1.0, 9.0, 9.0, 1.0], [0, 1, 1, 0]), labels, families)
+    assert judged["outlier"]["precision"] == 0.5 and judged["outlier"]["healthy_scored"] == 2

@@ -270,9 +270,10 @@ def score_outputs(
     scored = np.isfinite(out.score)
     scores["outlier"] = {
         "recall": round(float(fired.sum()) / max(1, int(faults.sum())), 4),
-        # None when no healthy episode was scored: a precision no healthy window could lower says nothing
-        "precision": round(float(fired.sum()) / max(1, int(out.outlier.sum())), 4)
-        if (scored & healthy).any()
+        # None when no healthy episode was scored or the detector never fired: a precision no healthy
+        # window could lower, or of no finding at all, says nothing
+        "precision": round(float(fired.sum()) / int(out.outlier.sum()), 4)
+        if (scored & healthy).any() and out.outlier.any()
         else None,
         "scored": int(scored.sum()),
         "healthy_scored": int((scored & healthy).sum()),
@@ -333,6 +334,14 @@ def evaluate(meta: ModelMeta, episodes: Any, split: str = "test", seed: int | No
     return scores
 
 
+def _outlier_precision(o: dict[str, Any]) -> str:
+    if o.get("precision") is not None:
+        return f"{o['precision']:.3f}"
+    return (
+        "unknown (no healthy episode scored)" if o.get("healthy_scored") == 0 else "unknown (it never fired)"
+    )
+
+
 def render(scores: dict[str, Any], title: str = "model") -> str:
     classes = list(scores["per_class"])
     lines = [
@@ -358,11 +367,7 @@ def render(scores: dict[str, Any], title: str = "model") -> str:
         o = scores["outlier"]
         lines.append(
             f"  outlier detector: recall {o['recall']:.3f} of fault episodes, precision "
-            + (
-                f"{o['precision']:.3f}"
-                if o["precision"] is not None
-                else "unknown (no healthy episode scored)"
-            )
+            + _outlier_precision(o)
         )
     where = f" ({scores['rules_miss_split']} split)" if scores.get("rules_miss_split") else ""
     for family, m in scores.get("rules_miss", {}).items():

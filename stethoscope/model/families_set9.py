@@ -48,7 +48,7 @@ def healthy_periodic_gc_pauses(rng, hw, n):
     allocator defragmenting): in one sample in 4-12, at random, the step takes two to five times
     as long with the GPUs idle; nothing on the node's parts moves."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    pause = rng.random((n, STEPS)) < 1 / rng.uniform(4, 12, (n, 1))  # 20-60 steps: a sample in 4-12
+    pause = rng.random((n, STEPS)) < 1 / rng.uniform(4, 12, (n, 1))  # one sample in 4-12
     _slow(w, w.step_ms * pause * rng.uniform(1, 4, (n, STEPS)))
     return w
 

@@ -8,6 +8,8 @@ benchmarks/model_fresh_families.py, once per model."""
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
 from stethoscope.model.episodes import ARRAYS, Episodes, _assemble, data_hash, hardware, manifest
@@ -182,18 +184,28 @@ def salt(fresh_set: int) -> int:
     return 20261200 + fresh_set
 
 
+def families_of(fresh_set: int) -> dict[str, tuple[str, Family]]:
+    """The families of a fresh set: this module's for the current one, an earlier set's from
+    stethoscope/model/families_setN.py (ValueError when there is none)."""
+    if fresh_set == SET:
+        return FRESH
+    try:
+        module = importlib.import_module(f"stethoscope.model.families_set{int(fresh_set)}")
+        return getattr(module, f"SET{int(fresh_set)}")
+    except (ImportError, AttributeError):
+        raise ValueError(f"fresh set {fresh_set}: no stethoscope/model/families_set{fresh_set}.py") from None
+
+
 def generate(
     seed: int = 7,
     per_family: int = 200,
     hw_class: str = "h200",
     capture: Capture | None = None,
     fresh_set: int = SET,
-    families: dict[str, tuple[str, Family]] | None = None,
 ) -> Episodes:
-    """per_family episodes of every family of a fresh set (the current one unless `fresh_set` and
-    its `families` are given: an earlier set, to score another model on it), all in split "fresh";
-    deterministic for a seed."""
-    chosen = FRESH if families is None else families
+    """per_family episodes of every family of a fresh set (the current one unless `fresh_set` names
+    an earlier one, to score another model on it), all in split "fresh"; deterministic for a seed."""
+    chosen = families_of(fresh_set)
     _, _, hw = hardware(hw_class, per_family, capture)
     root = np.random.SeedSequence([seed, 0 if hw_class == "h200" else 1, salt(fresh_set)])
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS}
