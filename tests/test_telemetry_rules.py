@@ -25,12 +25,18 @@ RULES = {rule.rule_id: rule for rule in LOADED.rules}
 METRIC_SET = load_sets()["gpu_node"]
 SECRET = b"stream-rules-secret-0123456789"
 NODES = {1: "bad", 2: "good"}
-AT = now_ms() - 30_000
 STEP_MS = 5_000
 
 
-def stream(store, node: str, part: int, series: dict[str, list[float]]) -> None:
-    """Send `series` (metric -> values, one per 5 s, the last at AT) as the agent would, part `part`."""
+@pytest.fixture
+def at() -> int:
+    """The evaluation instant, taken when the test runs: the collector refuses samples older than
+    its staleness limit, so an instant fixed at import went stale in a long suite."""
+    return now_ms() - 30_000
+
+
+def stream(store, node: str, part: int, series: dict[str, list[float]], at: int) -> None:
+    """Send `series` (metric -> values, one per 5 s, the last at `at`) as the agent would, part `part`."""
     keyring = Keyring(dict(NODES), [SECRET])
 
     def sink(batch):
@@ -41,7 +47,7 @@ def stream(store, node: str, part: int, series: dict[str, list[float]]) -> None:
     slots = METRIC_SET.slots(part)
     length = max(len(values) for values in series.values())
     for seq in range(length):
-        ts = AT - (length - 1 - seq) * STEP_MS
+        ts = at - (length - 1 - seq) * STEP_MS
         values = [series[slot.metric][seq] if slot.metric in series else math.nan for slot in slots]
         datagram = wire.encode(
             key,
@@ -108,21 +114,21 @@ def test_the_stream_rules_load_and_each_has_cases() -> None:
 
 @pytest.mark.parametrize("rule_id", sorted(CASES))
 @pytest.mark.parametrize("quiet_case", [0, 1])
-def test_stream_rule_fires_on_its_transient_and_not_on_the_lookalike(store, rule_id, quiet_case) -> None:
+def test_stream_rule_fires_on_its_transient_and_not_on_the_lookalike(store, rule_id, quiet_case, at) -> None:
     firing, quiet = CASES[rule_id]
-    stream(store, "bad", *firing)
-    stream(store, "good", *quiet[quiet_case])
-    matches = evaluate(store, RULES[rule_id], AT)
+    stream(store, "bad", *firing, at)
+    stream(store, "good", *quiet[quiet_case], at)
+    matches = evaluate(store, RULES[rule_id], at)
     assert [m.node_id for m in matches] == ["bad"]
 
 
-def test_a_minute_sweep_alone_does_not_fire_a_stream_rule(store) -> None:
+def test_a_minute_sweep_alone_does_not_fire_a_stream_rule(store, at) -> None:
     """The same values without the source=stream label (sweeps, ingest) are not the stream's evidence."""
     from stethoscope.store.batch import MetricColumns
 
     rows = MetricColumns()
     for i in range(40):  # as often as the stream, but not the stream's rows
         for metric, value in (("gpu_sm_clock_mhz", 795.0), ("gpu_utilization_percent", 99.0)):
-            rows.append("bad", metric, "gpu0", {}, value, AT - i * STEP_MS)
+            rows.append("bad", metric, "gpu0", {}, value, at - i * STEP_MS)
     store.insert_metrics(rows)
-    assert evaluate(store, RULES["stream_gpu_sm_clock_drop_under_load"], AT) == []
+    assert evaluate(store, RULES["stream_gpu_sm_clock_drop_under_load"], at) == []
