@@ -197,7 +197,7 @@ def main() -> None:
     generated = time.perf_counter() - started
     recorded = scored_data_hash(args.set, args.seed, args.per_family)
     if recorded is not None and recorded != eps.data_hash():
-        raise SystemExit(
+        parser.error(  # exit 2: what is asked for is not the data that was scored
             f"set {args.set} regenerates other data than its earlier scoring had ({recorded[:16]}): "
             "its families or the generator changed since"
         )

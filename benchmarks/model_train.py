@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -92,9 +93,11 @@ def finetune_only(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         regenerated = dataset.regenerate(meta, Path(scratch) / "episodes")
         if regenerated.data_hash != meta.data_hash:
-            raise SystemExit(
-                "the shipped model's data hash is not what its seed generates now: retrain it first"
+            print(
+                "the shipped model's data hash is not what its seed generates now: retrain it first",
+                file=sys.stderr,
             )
+            raise SystemExit(2)  # a configuration error, not a failed run
         figures = finetuned(meta, regenerated.episodes, meta.seed, Path(scratch) / "ft")
     print(json.dumps(figures, indent=2))
     if args.json:
