@@ -182,6 +182,8 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         families_set7,
         families_set8,
         families_set9,
+        families_set10,
+        families_set11,
         fresh,
     )
 
@@ -195,6 +197,8 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         families_set7.SET7,
         families_set8.SET8,
         families_set9.SET9,
+        families_set10.SET10,
+        families_set11.SET11,
     )
     for added in (*added_sets, families_healthy_variety.HEALTHY_VARIETY):
         assert set(added) <= set(episodes.FAMILIES)
@@ -216,8 +220,11 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         "healthy.gradient_accumulation",
         "healthy.checkpoint_upload",
         "healthy.periodic_gc_pauses",
+        "communication.rank_on_slow_peer",
+        "healthy.shared_leaf_bursts",
+        "communication.hca_firmware_hang",
     } <= trained
-    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 10
+    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 11
 
 
 def test_step_times_cover_small_and_large_batches(data):

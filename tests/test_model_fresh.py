@@ -1,6 +1,6 @@
-"""Fresh families (stethoscope.model.fresh, set 11): the shipped model's second clean hold-out,
-written after its first (set 10, families_set10) was scored and before anything changed. Format and
-determinism only: their scores are a benchmark (benchmarks/model_fresh_families.py), not a test."""
+"""Fresh families (stethoscope.model.fresh, set 12): the clean hold-out of generator version 11,
+written before that model was trained. Format and determinism only: their scores are a benchmark
+(benchmarks/model_fresh_families.py), not a test."""
 
 from __future__ import annotations
 
@@ -24,30 +24,42 @@ def data() -> episodes.Episodes:
 
 
 def test_fresh_families_reuse_no_training_family_name():
-    from stethoscope.model import families_set10
-
-    earlier = {*episodes.FAMILIES, *families_set10.SET10}
+    earlier = set(episodes.FAMILIES)
     assert not set(fresh.FRESH) & earlier
     assert not set(fresh.FRESH) & set(episodes.REPLAYED)
     assert not {name.split(".", 1)[1] for name in fresh.FRESH} & {name.split(".", 1)[1] for name in earlier}
 
 
-def test_set_10_scored_the_shipped_model_and_is_not_training_data_yet():
-    """The shipped model was scored on set 10 and then on set 11: training on set 10 before set 11
-    was scored would have made set 11 the only clean hold-out left."""
-    from stethoscope.model import families_set10
+def _scorings(fresh_set: int) -> list[dict]:
+    results = TOP / "benchmarks" / "results"
+    doc = json.loads((results / "model_fresh_families.json").read_text())
+    entries = [doc, *doc["history"]]
+    if (results / f"model_fresh_set{fresh_set}.json").exists():
+        entries.append(json.loads((results / f"model_fresh_set{fresh_set}.json").read_text()))
+    return [e for e in entries if e.get("fresh_set") == fresh_set]
 
-    assert not set(families_set10.SET10) & set(episodes.FAMILIES)
-    assert fresh.families_of(10) is families_set10.SET10 and fresh.families_of(fresh.SET) is fresh.FRESH
-    assert set(fresh.families_of(3)) <= set(episodes.FAMILIES)  # training data now: no hold-out
+
+@pytest.mark.parametrize("fresh_set", [10, 11])
+def test_sets_that_scored_a_model_are_training_data_and_regenerate_what_was_scored(fresh_set):
+    """Sets 10 and 11 both scored the model of generator version 10 and are training data since
+    version 11; regenerated, each gives the very data its scorings recorded."""
+    chosen = fresh.families_of(fresh_set)
+    assert set(chosen) <= set(episodes.FAMILIES)
+    scorings = _scorings(fresh_set)
+    assert scorings, f"no recorded scoring of set {fresh_set}"
+    again = fresh.generate(seed=2026, per_family=200, fresh_set=fresh_set)
+    assert again.info["fresh_set"] == fresh_set and set(again.family.tolist()) == set(chosen)
+    for recorded in scorings:
+        assert (recorded["fresh_seed"], recorded["per_family"]) == (2026, 200)
+        assert again.data_hash() == recorded["fresh_data_hash"]
+
+
+def test_the_current_set_is_no_training_data_and_other_sets_are_named_by_number():
+    assert fresh.SET == 12 and fresh.families_of(fresh.SET) is fresh.FRESH
+    assert not set(fresh.FRESH) & set(episodes.FAMILIES)
+    assert set(fresh.families_of(3)) <= set(episodes.FAMILIES)
     with pytest.raises(ValueError, match="fresh set 99"):
         fresh.families_of(99)
-    # regenerating set 10 gives the very data its scorings recorded
-    again = fresh.generate(seed=2026, per_family=200, fresh_set=10)
-    assert again.info["fresh_set"] == 10 and set(again.family.tolist()) == set(families_set10.SET10)
-    recorded = json.loads((TOP / "benchmarks" / "results" / "model_fresh_set10.json").read_text())
-    assert (recorded["fresh_seed"], recorded["per_family"]) == (2026, 200)
-    assert again.data_hash() == recorded["fresh_data_hash"]
 
 
 def test_every_class_has_a_fresh_family(data):
@@ -139,9 +151,9 @@ def test_a_workload_no_other_episode_can_stand_in_for_gets_no_outlier_score():
 
 def test_every_workload_tag_names_a_family_that_exists():
     """A misspelt name in families.WORKLOADS would fall back to "standard" without a word."""
-    from stethoscope.model import families, families_set10
+    from stethoscope.model import families
 
-    known = set(episodes.FAMILIES) | set(families_set10.SET10) | set(fresh.FRESH)
+    known = set(episodes.FAMILIES) | set(fresh.FRESH)
     assert set(families.WORKLOADS) <= known, set(families.WORKLOADS) - known
     assert all(name.startswith("healthy.") for name in families.WORKLOADS)
 

@@ -513,8 +513,7 @@ REPLAYED_TRAINING = ("healthy.replay_idle_early", "healthy.replay_load_early")
 # from the same family (stethoscope.model.evaluate.peer_groups); every other family is "standard".
 # None: a pattern of its own in every episode (a swing, a change of pace at its own step), which a
 # job's ranks share and no other episode can stand in for; such episodes get no outlier score.
-# Names from the core families, fresh sets 1-9 (training now), set 10 (it scored the shipped model;
-# not training data yet) and the current hold-out, set 11.
+# Names from the core families, fresh sets 1-11 and the current hold-out, set 12.
 WORKLOADS: dict[str, str | None] = {
     "healthy.power_capped": "power_capped",
     "healthy.small_batch": "small_batch",
@@ -551,6 +550,9 @@ WORKLOADS: dict[str, str | None] = {
     "healthy.async_local_checkpoint": None,
     "healthy.shared_leaf_bursts": None,
     "healthy.small_batch_inference_boost": None,
+    "healthy.fp8_switch_faster": None,
+    "healthy.uneven_pipeline_stages": "uneven_pipeline_stages",
+    "healthy.nccl_algorithm_switch": None,
 }
 
 

@@ -1,9 +1,8 @@
-"""Fresh families (set 11): a second clean hold-out for the shipped model of generator version 10,
-written after its first (set 10, families_set10) was scored and before anything was changed, from
-what these conditions look like on a real node rather than from the training families; no
-training, validation or model selection has seen them. (Sets 1-9, the hold-outs of generator
-versions 1-9, are training data now: families_set1..9.) Same signals, aggregation, sample loss and
-masking as stethoscope.model.episodes; split "fresh". Scored by
+"""Fresh families (set 12): the clean hold-out of generator version 11, written before that model
+was trained, from what these conditions look like on a real node rather than from the training
+families; no training, validation or model selection has seen them. (Sets 1-11, the hold-outs of
+generator versions 1-10, are training data now: families_set1..11.) Same signals, aggregation,
+sample loss and masking as stethoscope.model.episodes; split "fresh". Scored by
 benchmarks/model_fresh_families.py, once per model."""
 
 from __future__ import annotations
@@ -33,149 +32,153 @@ from stethoscope.model.families import (
     _slow,
     _some_gpus,
 )
-from stethoscope.model.families_healthy_variety import _load_following
 from stethoscope.model.metadata import CLASSES, STEPS
 
 SPLIT = "fresh"
-SET = 11  # its salt (`salt`) keeps its streams apart from episodes.generate's and earlier sets'
+SET = 12  # its salt (`salt`) keeps its streams apart from episodes.generate's and earlier sets'
 
 
 # --- healthy -----------------------------------------------------------------------------------
 
 
-def healthy_async_local_checkpoint(rng, hw, n):
-    """Every three to five minutes the job writes an asynchronous checkpoint to the local NVMe: for
-    a minute or two the drive warms by 2-5 C, the reads from the same drive wait 20-60 % longer and
-    each step takes 5-10 % longer; the job has done this all along."""
+def healthy_fp8_switch_faster(rng, hw, n):
+    """At a step in the window the job switches its matrix multiplies to FP8 (or a compiled kernel
+    takes over): from then on each step takes 20-40 % less, its collectives take as long as before,
+    and the GPUs stay as busy, as hot and as close to the cap; nothing is wrong."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
     t = np.arange(STEPS)[None, :]
-    period = rng.integers(36, 61, (n, 1))
-    writing = (t + rng.integers(0, 60, (n, 1))) % period < rng.integers(12, 25, (n, 1))
-    _disk_warm(w, writing.astype(float), rng.uniform(2, 5, (n, 1)))
-    w.data_ms = np.where(writing, w.data_ms * rng.uniform(1.2, 1.6, (n, 1)), w.data_ms)
-    _slow(w, w.step_ms * writing * rng.uniform(0.05, 0.1, (n, 1)))
+    faster = t >= rng.integers(10, STEPS - 10, (n, 1))
+    compute = w.step_ms - w.comm_ms
+    w.step_ms = np.where(faster, w.comm_ms + compute * (1 - rng.uniform(0.2, 0.4, (n, 1))), w.step_ms)
     return w
 
 
-def healthy_shared_leaf_bursts(rng, hw, n):
-    """Other jobs' traffic crosses the same leaf switch in spells: now and then the node's ports
-    wait two to six times as long to send and this job's collectives take 5-25 % longer, for half a
-    minute to two minutes; the job has seen this all along."""
+def healthy_uneven_pipeline_stages(rng, hw, n):
+    """A pipeline-parallel job whose first and last stages carry less work: two to four of the
+    node's GPUs are 55-80 % busy all window long, draw that much less power, run a few degrees
+    cooler and boost a little higher; the step keeps its pace."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    spell = _bursts(w, on=12, off=20)
-    _port_waits(w, 1 + spell * rng.uniform(1, 5, (n, 1)))
-    _collectives_slower(w, w.comm_ms * spell * rng.uniform(0.05, 0.25, (n, 1)))
+    light = _some_gpus(w, 2, 4)[:, None, :]
+    level = rng.uniform(0.55, 0.8, (n, 1, GPUS))
+    w.util = np.where(light, np.rint(w.util * level), w.util)
+    w.power = np.where(light, hw.idle_power + (w.power - hw.idle_power) * (0.2 + 0.8 * level), w.power)
+    w.temp = np.where(light, np.rint(hw.idle_temp + (w.temp - hw.idle_temp) * (0.5 + 0.5 * level)), w.temp)
+    boost = hw.clock_step * rng.integers(0, 4, (n, 1, GPUS))
+    w.clock = np.where(light, np.minimum(w.clock + boost, hw.max_clock), w.clock)
     return w
 
 
-def healthy_small_batch_inference_boost(rng, hw, n):
-    """Small-batch inference with gaps between requests: the GPUs are 40-70 % busy from sample to
-    sample, boost their clocks in the gaps and draw 40-80 % of the way to the cap."""
+def healthy_nccl_algorithm_switch(rng, hw, n):
+    """At a step in the window the job's collectives change shape (a resumed run with another
+    parallel layout, or NCCL's tuner picking a tree over a ring): from then on the ports wait half
+    to twice as long to send and the collectives take 8 % less to 8 % more, steady at the new
+    level; nothing is dropped or counted."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    level = np.clip(rng.uniform(0.4, 0.7, (n, 1)) + rng.normal(0, 0.08, (n, STEPS)), 0.2, 1.0)
-    _load_following(w, level)
-    w.comm_ms = w.step_ms * rng.uniform(0.0, 0.02, (n, 1))
+    t = np.arange(STEPS)[None, :]
+    after = (t >= rng.integers(10, STEPS - 10, (n, 1))).astype(float)
+    _port_waits(w, 1 + after * (2 ** rng.uniform(-1, 1, (n, 1)) - 1))
+    change = w.comm_ms * after * rng.uniform(-0.08, 0.08, (n, 1))
+    w.comm_ms = w.comm_ms + change
+    w.step_ms = w.step_ms + change
     return w
 
 
 # --- communication -----------------------------------------------------------------------------
 
 
-def hca_firmware_hang(rng, hw, n):
-    """The HCA's firmware hangs at the onset for 10-25 s and recovers by itself: no traffic moves
-    (the port sends nothing), the collectives in flight time out and retry, a step takes many
-    times as long; after it a few drops are counted and the job goes on as before."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 100)
-    s = _sev(w)
-    t = np.arange(STEPS)[None, :]
-    hang_len = rng.integers(2, 6, (n, 1))
-    hang = (t >= w.onset[:, None]) & (t < w.onset[:, None] + hang_len)
-    after = (t >= w.onset[:, None] + hang_len) & (t < w.onset[:, None] + hang_len + 3)
-    _port_waits(w, np.where(hang, 0.0, 1.0))
-    _rate(w, "rdma_qps_dropped_per_second", 10 ** (0.3 + 1.0 * s), after.astype(float))
-    _collectives_slower(w, w.comm_ms * hang * (5 + 20 * s))
+def mtu_mismatch_fragmentation(rng, hw, n):
+    """A switch configuration push at the onset leaves the path MTU smaller than the NIC's: messages
+    are split and some resent, the collectives take 20-80 % longer, the ports wait 1.3-2.5 times as
+    long to send, and a steady trickle of drops (a fraction of one to a few a second) is counted."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+    s, on = _sev(w), w.after(rng.integers(1, 3, n))
+    _port_waits(w, 1 + on * (0.3 + 1.2 * s))
+    _rate(w, "rdma_qps_dropped_per_second", 0.2 + 2.8 * s, on)
+    _collectives_slower(w, w.comm_ms * on * (0.2 + 0.6 * s))
     return w
 
 
-def in_network_reduction_off(rng, hw, n):
-    """The switches' in-network reduction (SHARP) is turned off at the onset by a fabric update:
-    every all-reduce now goes the long way round, 30-100 % slower, and the ports wait one and a half
-    to three times as long to send; nothing is dropped or counted."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 4, n))
-    _port_waits(w, 1 + on * rng.uniform(0.5, 2, (n, 1)))
-    _collectives_slower(w, w.comm_ms * on * (0.3 + 0.7 * s))
+def nic_thermal_throttle_spells(rng, hw, n):
+    """The NIC overheats (its temperature is not among the features) and from the onset throttles
+    its link in spells of 20-60 s: in a spell the ports wait 3-10 times as long to send and the
+    collectives take 50-200 % longer; a few symbol errors are counted as a spell begins."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
+    s = _sev(w)
+    spell = _bursts(w, on=8, off=14) * w.after()
+    begins = np.clip(spell - np.roll(spell, 1, axis=1), 0, 1)
+    _port_waits(w, 1 + spell * (2 + 7 * s))
+    _rate(w, "ib_symbol_errors_per_second", 0.4 + 1.6 * s, begins)
+    _collectives_slower(w, w.comm_ms * spell * (0.5 + 1.5 * s))
     return w
 
 
 # --- storage -----------------------------------------------------------------------------------
 
 
-def fuse_mount_stalls(rng, hw, n):
-    """The job reads through a FUSE mount of an object store whose daemon stalls from the onset,
-    every one to three minutes, for 5-20 s: the steps in those samples wait for their input, the
-    GPUs idle; the local drive is not involved."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
-    s = _sev(w)
-    t = np.arange(STEPS)[None, :]
-    since = t - w.onset[:, None]
-    stall = (since >= 0) & (since % rng.integers(12, 37, (n, 1)) < rng.integers(1, 5, (n, 1)))
-    _input_slower(w, stall * w.step_ms * (1 + 5 * s))
+def swap_onto_local_nvme(rng, hw, n):
+    """Host memory runs short from the onset and the data loader's pages swap to the local NVMe:
+    the drive warms by 3-8 C, the input waits grow long-tailed (two to ten times their usual mean,
+    some samples far more) and each step takes that much longer."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+    s, on = _sev(w), w.after(rng.integers(3, 12, n))
+    _disk_warm(w, on, 3 + 5 * s)
+    tail = rng.lognormal(0, 0.8, (n, STEPS))
+    _input_slower(w, on * w.data_ms * (1 + 9 * s) * tail)
     return w
 
 
-def drive_latency_spikes(rng, hw, n):
-    """A drive whose firmware pauses for internal housekeeping from the onset: a tenth to a quarter
-    of the samples wait some 65-750 ms more for their input (and twice their usual wait), a
-    long-tailed input wait; the drive's temperature does not move."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+def parallel_fs_client_eviction(rng, hw, n):
+    """The parallel file system evicts the node's client at the onset: for 30-90 s the job's input
+    stalls (its steps wait for data, the GPUs idle), then the client reconnects with a cold cache
+    and the input waits stay 30-100 % longer than before for the rest of the window."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 90)
     s = _sev(w)
-    spike = w.after() * (rng.random((n, STEPS)) < rng.uniform(0.1, 0.25, (n, 1)))
-    _input_slower(w, spike * (rng.uniform(100, 500, (n, STEPS)) * (0.5 + s) + w.data_ms * 2))
+    t = np.arange(STEPS)[None, :]
+    stall_len = rng.integers(6, 19, (n, 1))
+    stall = (t >= w.onset[:, None]) & (t < w.onset[:, None] + stall_len)
+    after = t >= w.onset[:, None] + stall_len
+    extra = stall * w.step_ms * (3 + 7 * s) + after * w.data_ms * (0.3 + 0.7 * s)
+    _input_slower(w, extra)
     return w
 
 
 # --- compute -----------------------------------------------------------------------------------
 
 
-def bmc_power_budget_steps(rng, hw, n):
-    """The node's BMC lowers its power budget in steps from the onset (a rack-level cap after a
-    feed failed): every GPU's power and clock come down by a tenth at each of two or three steps a
-    minute or two apart, and the job's steps get longer with them."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 60)
-    s = _sev(w)
-    t = np.arange(STEPS)[None, :]
-    gap = rng.integers(12, 25, (n, 1))
-    steps = np.clip((t - w.onset[:, None]) // gap + 1, 0, rng.integers(2, 4, (n, 1)))
-    _gpu_slow(w, np.ones((n, GPUS), dtype=bool), 1 - steps * (0.07 + 0.06 * s))
+def host_cpu_prochot(rng, hw, n):
+    """The host CPUs are throttled from the onset (a PROCHOT from a failing board regulator): the
+    kernels launch late, every step takes 20-60 % longer, the GPUs wait for the host between kernels
+    (utilisation and power fall with the step, their clocks hold); the collectives and the input
+    take as long as before."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
+    s, on = _sev(w), w.after(rng.integers(1, 6, n))
+    _slow(w, w.step_ms * on * (0.2 + 0.4 * s))
     return w
 
 
-def one_gpu_heatsink_loose(rng, hw, n):
-    """One GPU's heatsink has come loose: from the onset it warms by 15-25 C over two to four
-    minutes, and from halfway up that climb it loses clock, 10-25 % by the top; every step waits
-    for it."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 60)
+def one_gpu_clock_flapping(rng, hw, n):
+    """One board's power-brake signal flaps from the onset: every 10-40 s its GPU drops to 55-80 %
+    of its clock for a few samples and comes back; its power follows and every step in those
+    samples waits for it."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s = _sev(w)
-    ramp = w.after(rng.integers(24, 49, n))
     gpu = _some_gpus(w, 1, 1)
-    w.temp = np.where(gpu[:, None, :], np.rint(w.temp + ramp[:, :, None] * (15 + 10 * s[:, :, None])), w.temp)
-    held = np.clip(ramp * 2 - 1, 0, 1)
-    _gpu_slow(w, gpu, 1 - held * (0.1 + 0.15 * s))
+    braked = _bursts(w, on=3, off=5) * w.after()
+    _gpu_slow(w, gpu, 1 - braked * (0.2 + 0.25 * s))
     return w
 
 
 # name -> (class, family); none of these names is a training family's (episodes.FAMILIES)
 FRESH: dict[str, tuple[str, Family]] = {
-    "healthy.async_local_checkpoint": ("healthy", healthy_async_local_checkpoint),
-    "healthy.shared_leaf_bursts": ("healthy", healthy_shared_leaf_bursts),
-    "healthy.small_batch_inference_boost": ("healthy", healthy_small_batch_inference_boost),
-    "communication.hca_firmware_hang": ("communication", hca_firmware_hang),
-    "communication.in_network_reduction_off": ("communication", in_network_reduction_off),
-    "storage.fuse_mount_stalls": ("storage", fuse_mount_stalls),
-    "storage.drive_latency_spikes": ("storage", drive_latency_spikes),
-    "compute.bmc_power_budget_steps": ("compute", bmc_power_budget_steps),
-    "compute.one_gpu_heatsink_loose": ("compute", one_gpu_heatsink_loose),
+    "healthy.fp8_switch_faster": ("healthy", healthy_fp8_switch_faster),
+    "healthy.uneven_pipeline_stages": ("healthy", healthy_uneven_pipeline_stages),
+    "healthy.nccl_algorithm_switch": ("healthy", healthy_nccl_algorithm_switch),
+    "communication.mtu_mismatch_fragmentation": ("communication", mtu_mismatch_fragmentation),
+    "communication.nic_thermal_throttle_spells": ("communication", nic_thermal_throttle_spells),
+    "storage.swap_onto_local_nvme": ("storage", swap_onto_local_nvme),
+    "storage.parallel_fs_client_eviction": ("storage", parallel_fs_client_eviction),
+    "compute.host_cpu_prochot": ("compute", host_cpu_prochot),
+    "compute.one_gpu_clock_flapping": ("compute", one_gpu_clock_flapping),
 }
 
 
