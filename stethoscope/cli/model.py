@@ -202,8 +202,9 @@ def _info(args: argparse.Namespace) -> int:
     print("  history:")
     for h in meta.history:
         extra = f" {h['hw_class']}" if "hw_class" in h else ""
+        made = f", generator version {h['generator_version']}" if "generator_version" in h else ""
         print(
             f"    {h.get('at', '')} {h.get('action', '')}{extra}: test macro-F1 {h.get('test_macro_f1')}, "
-            f"{h.get('episodes')} episodes, {h.get('seconds')} s"
+            f"{h.get('episodes')} episodes, {h.get('seconds')} s{made}"
         )
     return EXIT_OK
