@@ -43,8 +43,9 @@ SET = 12  # its salt (`salt`) keeps its streams apart from episodes.generate's a
 
 def healthy_fp8_switch_faster(rng, hw, n):
     """At a step in the window the job switches its matrix multiplies to FP8 (or a compiled kernel
-    takes over): from then on each step takes 20-40 % less, its collectives take as long as before,
-    and the GPUs stay as busy, as hot and as close to the cap; nothing is wrong."""
+    takes over): from then on the part of each step outside its collectives takes 20-40 % less (the
+    step some 12-38 % less), its collectives take as long as before, and the GPUs stay as busy, as
+    hot and as close to the cap; nothing is wrong."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
     t = np.arange(STEPS)[None, :]
     faster = t >= rng.integers(10, STEPS - 10, (n, 1))
@@ -55,7 +56,7 @@ def healthy_fp8_switch_faster(rng, hw, n):
 
 def healthy_uneven_pipeline_stages(rng, hw, n):
     """A pipeline-parallel job whose first and last stages carry less work: two to four of the
-    node's GPUs are 55-80 % busy all window long, draw that much less power, run a few degrees
+    node's GPUs are some 52-80 % busy all window long, draw that much less power, run a few degrees
     cooler and boost a little higher; the step keeps its pace."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
     light = _some_gpus(w, 2, 4)[:, None, :]
@@ -88,7 +89,7 @@ def healthy_nccl_algorithm_switch(rng, hw, n):
 
 def mtu_mismatch_fragmentation(rng, hw, n):
     """A switch configuration push at the onset leaves the path MTU smaller than the NIC's: messages
-    are split and some resent, the collectives take 20-80 % longer, the ports wait 1.3-2.5 times as
+    are split and some resent, the collectives take 20-80 % longer, the ports wait 1.5-2.5 times as
     long to send, and a steady trickle of drops (a fraction of one to a few a second) is counted."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s, on = _sev(w), w.after(rng.integers(1, 3, n))
@@ -100,8 +101,9 @@ def mtu_mismatch_fragmentation(rng, hw, n):
 
 def nic_thermal_throttle_spells(rng, hw, n):
     """The NIC overheats (its temperature is not among the features) and from the onset throttles
-    its link in spells of 20-60 s: in a spell the ports wait 3-10 times as long to send and the
-    collectives take 50-200 % longer; a few symbol errors are counted as a spell begins."""
+    its link in spells (some 40 s on average, as short as 5 s, about a minute apart): in a spell the
+    ports wait 3-10 times as long to send and the collectives take 50-200 % longer; a few symbol
+    errors are counted as a spell begins."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
     s = _sev(w)
     spell = _bursts(w, on=8, off=14) * w.after()
@@ -117,7 +119,7 @@ def nic_thermal_throttle_spells(rng, hw, n):
 
 def swap_onto_local_nvme(rng, hw, n):
     """Host memory runs short from the onset and the data loader's pages swap to the local NVMe:
-    the drive warms by 3-8 C, the input waits grow long-tailed (two to ten times their usual mean,
+    the drive warms by 3-8 C, the input waits grow long-tailed (some 3-11 times their usual median,
     some samples far more) and each step takes that much longer."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s, on = _sev(w), w.after(rng.integers(3, 12, n))
@@ -128,9 +130,10 @@ def swap_onto_local_nvme(rng, hw, n):
 
 
 def parallel_fs_client_eviction(rng, hw, n):
-    """The parallel file system evicts the node's client at the onset: for 30-90 s the job's input
-    stalls (its steps wait for data, the GPUs idle), then the client reconnects with a cold cache
-    and the input waits stay 30-100 % longer than before for the rest of the window."""
+    """The parallel file system evicts the node's client at the onset: for 30-90 s each step waits
+    four to eleven times its usual time for its input (the GPUs mostly idle; a real eviction may
+    block longer), then the client reconnects with a cold cache and the input waits stay 30-100 %
+    longer than before for the rest of the window (a small share of the step)."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 90)
     s = _sev(w)
     t = np.arange(STEPS)[None, :]
@@ -157,8 +160,8 @@ def host_cpu_prochot(rng, hw, n):
 
 
 def one_gpu_clock_flapping(rng, hw, n):
-    """One board's power-brake signal flaps from the onset: every 10-40 s its GPU drops to 55-80 %
-    of its clock for a few samples and comes back; its power follows and every step in those
+    """One board's power-brake signal flaps from the onset: about every 40 s its GPU drops to 55-80 %
+    of its clock for some 15 s and comes back; its power follows and every step in those
     samples waits for it."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s = _sev(w)
