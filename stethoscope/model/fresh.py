@@ -89,7 +89,7 @@ def healthy_nccl_algorithm_switch(rng, hw, n):
 
 def mtu_mismatch_fragmentation(rng, hw, n):
     """A switch configuration push at the onset leaves the path MTU smaller than the NIC's: messages
-    are split and some resent, the collectives take 20-80 % longer, the ports wait 1.5-2.5 times as
+    are split and some resent, the collectives take 30-80 % longer, the ports wait 1.5-2.5 times as
     long to send, and a steady trickle of drops (a fraction of one to a few a second) is counted."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s, on = _sev(w), w.after(rng.integers(1, 3, n))
@@ -102,7 +102,7 @@ def mtu_mismatch_fragmentation(rng, hw, n):
 def nic_thermal_throttle_spells(rng, hw, n):
     """The NIC overheats (its temperature is not among the features) and from the onset throttles
     its link in spells (some 40 s on average, as short as 5 s, about a minute apart): in a spell the
-    ports wait 3-10 times as long to send and the collectives take 50-200 % longer; a few symbol
+    ports wait 4-10 times as long to send and the collectives take 70-200 % longer; a few symbol
     errors are counted as a spell begins."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
     s = _sev(w)
@@ -131,8 +131,8 @@ def swap_onto_local_nvme(rng, hw, n):
 
 def parallel_fs_client_eviction(rng, hw, n):
     """The parallel file system evicts the node's client at the onset: for 30-90 s each step waits
-    four to eleven times its usual time for its input (the GPUs mostly idle; a real eviction may
-    block longer), then the client reconnects with a cold cache and the input waits stay 30-100 %
+    four to ten times its usual step time for its input (the GPUs mostly idle; a real eviction may
+    block longer), then the client reconnects with a cold cache and the input waits stay 40-100 %
     longer than before for the rest of the window (a small share of the step)."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 90)
     s = _sev(w)
@@ -150,7 +150,7 @@ def parallel_fs_client_eviction(rng, hw, n):
 
 def host_cpu_prochot(rng, hw, n):
     """The host CPUs are throttled from the onset (a PROCHOT from a failing board regulator): the
-    kernels launch late, every step takes 20-60 % longer, the GPUs wait for the host between kernels
+    kernels launch late, every step takes 26-60 % longer, the GPUs wait for the host between kernels
     (utilisation and power fall with the step, their clocks hold); the collectives and the input
     take as long as before."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
@@ -160,7 +160,7 @@ def host_cpu_prochot(rng, hw, n):
 
 
 def one_gpu_clock_flapping(rng, hw, n):
-    """One board's power-brake signal flaps from the onset: about every 40 s its GPU drops to 55-80 %
+    """One board's power-brake signal flaps from the onset: about every 40 s its GPU drops to 55-76 %
     of its clock for some 15 s and comes back; its power follows and every step in those
     samples waits for it."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
