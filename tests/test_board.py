@@ -13,9 +13,12 @@ from stethoscope.report.smart import month_growth
 from stethoscope.store.batch import MetricColumns
 from stethoscope.timeutil import now_ms
 
-NOW = now_ms()
+# The board's instant is the last noon (UTC) before the run: the seeds sit at 01:00-02:00 of each
+# day, so a run in the first hours after midnight once found today empty and grey.
+_REAL = now_ms()
+NOW = _REAL - (_REAL - DAY_MS // 2) % DAY_MS
 TODAY = NOW - NOW % DAY_MS
-DAYS = [dt.date.fromtimestamp((TODAY - back * DAY_MS) / 1000).isoformat() for back in (2, 1, 0)]
+DAYS = [dt.datetime.fromtimestamp((TODAY - b * DAY_MS) / 1000, dt.UTC).date().isoformat() for b in (2, 1, 0)]
 
 
 def sweeps(batch: MetricColumns, node: str, days_back: range, metric: str, device: str, value) -> None:

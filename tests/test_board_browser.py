@@ -129,7 +129,8 @@ def test_node_named_with_a_script_tag_renders_as_text_in_chromium(store, tmp_pat
     batch = MetricColumns()
     batch.append(name, "gpu_temperature_celsius", "gpu0", {}, 61.0, now_ms() - 60_000)
     store.insert_metrics(batch)
-    page = write(collect(store, Catalog.load(), 1, now_ms(), rules=[], evaluate=False), tmp_path / "out")
+    # two days: a sample a minute old is yesterday's in the first minute after midnight
+    page = write(collect(store, Catalog.load(), 2, now_ms(), rules=[], evaluate=False), tmp_path / "out")
     dumped = chromium(page, "--dump-dom")
     assert dumped.returncode == 0, dumped.stderr[-2000:]
     assert console_errors(dumped.stderr) == []

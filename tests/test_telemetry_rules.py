@@ -132,3 +132,18 @@ def test_a_minute_sweep_alone_does_not_fire_a_stream_rule(store, at) -> None:
             rows.append("bad", metric, "gpu0", {}, value, at - i * STEP_MS)
     store.insert_metrics(rows)
     assert evaluate(store, RULES["stream_gpu_sm_clock_drop_under_load"], at) == []
+
+
+# CI's instant when the rising-congestion case missed: a least-squares slope over raw epoch hours
+# (~5e5) cancelled catastrophically at a 2-minute window, so its sign depended on the milliseconds.
+# Ten minutes apart, so each window holds only its own ramp; the milliseconds differ.
+SLOPE_INSTANTS = [1_796_172_475_792 + i * (600_000 + 997) for i in range(12)]
+
+
+def test_a_ramp_fires_the_slope_rule_at_every_instant(store) -> None:
+    firing, _ = CASES["stream_ib_congestion_rising"]
+    fired = []
+    for at in SLOPE_INSTANTS:
+        stream(store, "bad", *firing, at)
+        fired.append([m.node_id for m in evaluate(store, RULES["stream_ib_congestion_rising"], at)])
+    assert fired == [["bad"]] * len(SLOPE_INSTANTS)

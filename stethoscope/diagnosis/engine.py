@@ -97,9 +97,10 @@ class _Builder:
             "p99": "quantile(0.99)(value)",
             "stddev": "stddevSamp(value)",
             "cv": "if(avg(value) = 0, 0, stddevSamp(value) / abs(avg(value)))",
-            # units per hour, least squares over the window
+            # units per hour, least squares over the window; hours before the instant, not since the
+            # epoch: at ~5e5 epoch hours the regression's sums cancel and a 2-minute slope's sign is noise
             "slope": "if(count() < 2, 0, tupleElement(simpleLinearRegression("
-            "toFloat64(toUnixTimestamp64Milli(timestamp)) / 3600000, value), 1))",
+            "toFloat64(toUnixTimestamp64Milli(timestamp) - {at:Int64}) / 3600000, value), 1))",
             "rising_fraction": f"if(count() < 2, 0, arrayCount((a, b) -> b > a, {steps}) / (count() - 1))",
             # relative to max(first, 1): counters that start at 0 grow by their new value in percent
             "growth_percent": f"({last} - {first}) / greatest(abs({first}), 1) * 100",
