@@ -185,6 +185,7 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         families_set9,
         families_set10,
         families_set11,
+        families_set12,
         fresh,
     )
 
@@ -200,6 +201,7 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         families_set9.SET9,
         families_set10.SET10,
         families_set11.SET11,
+        families_set12.SET12,
     )
     for added in (*added_sets, families_healthy_variety.HEALTHY_VARIETY):
         assert set(added) <= set(episodes.FAMILIES)
@@ -224,8 +226,10 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         "communication.rank_on_slow_peer",
         "healthy.shared_leaf_bursts",
         "communication.hca_firmware_hang",
+        "compute.host_cpu_prochot",
+        "storage.parallel_fs_client_eviction",
     } <= trained
-    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 11
+    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 12
 
 
 def test_step_times_cover_small_and_large_batches(data):

@@ -1,7 +1,7 @@
-"""Fresh families (set 12): the clean hold-out of generator version 11, written before that model
+"""Fresh families (set 13): the clean hold-out of generator version 12, written before that model
 was trained, from what these conditions look like on a real node rather than from the training
-families; no training, validation or model selection has seen them. (Sets 1-11, the hold-outs of
-generator versions 1-10, are training data now: families_set1..11.) Same signals, aggregation,
+families; no training, validation or model selection has seen them. (Sets 1-12, the hold-outs of
+generator versions 1-11, are training data now: families_set1..12.) Same signals, aggregation,
 sample loss and masking as stethoscope.model.episodes; split "fresh". Scored by
 benchmarks/model_fresh_families.py, once per model."""
 
@@ -14,133 +14,132 @@ import numpy as np
 from stethoscope.model.episodes import ARRAYS, Episodes, _assemble, data_hash, hardware, manifest
 from stethoscope.model.families import (
     CAPTURE,
-    GPUS,
     Capture,
+    F,
     Family,
     Window,
     _base,
     _bursts,
     _busy,
     _collectives_slower,
-    _disk_warm,
     _fault,
-    _gpu_slow,
     _input_slower,
+    _others_wait,
     _port_waits,
-    _rate,
-    _sev,
     _slow,
     _some_gpus,
 )
 from stethoscope.model.metadata import CLASSES, STEPS
 
 SPLIT = "fresh"
-SET = 12  # its salt (`salt`) keeps its streams apart from episodes.generate's and earlier sets'
+SET = 13  # its salt (`salt`) keeps its streams apart from episodes.generate's and earlier sets'
 
 
 # --- healthy -----------------------------------------------------------------------------------
 
 
-def healthy_fp8_switch_faster(rng, hw, n):
-    """At a step in the window the job switches its matrix multiplies to FP8 (or a compiled kernel
-    takes over): from then on the part of each step outside its collectives takes 20-40 % less (the
-    step some 12-38 % less), its collectives take as long as before, and the GPUs stay as busy, as
-    hot and as close to the cap; nothing is wrong."""
+def healthy_moe_all_to_all_variance(rng, hw, n):
+    """A mixture-of-experts job: how many tokens each rank's experts receive changes from step to
+    step, so its all-to-all collectives take from about half to twice their median (lognormal, a
+    spread of 0.25-0.5 from episode to episode), the ports wait to send in proportion, and the step
+    follows; the GPUs idle in the longer exchanges. The same all window long; nothing is wrong."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    t = np.arange(STEPS)[None, :]
-    faster = t >= rng.integers(10, STEPS - 10, (n, 1))
-    compute = w.step_ms - w.comm_ms
-    w.step_ms = np.where(faster, w.comm_ms + compute * (1 - rng.uniform(0.2, 0.4, (n, 1))), w.step_ms)
+    factor = np.exp(rng.normal(0, 1, (n, STEPS)) * rng.uniform(0.25, 0.5, (n, 1)))
+    change = w.comm_ms * (factor - 1)
+    _port_waits(w, factor)
+    _collectives_slower(w, np.maximum(change, 0))
+    shorter = np.minimum(change, 0)
+    w.comm_ms = w.comm_ms + shorter
+    w.step_ms = w.step_ms + shorter
     return w
 
 
-def healthy_uneven_pipeline_stages(rng, hw, n):
-    """A pipeline-parallel job whose first and last stages carry less work: two to four of the
-    node's GPUs are some 52-80 % busy all window long, draw that much less power, run a few degrees
-    cooler and boost a little higher; the step keeps its pace."""
+def healthy_tensor_parallel_over_nvlink(rng, hw, n):
+    """A tensor-parallel job kept inside the node: its collectives run over NVLink and take 30-50 %
+    of every step, while the IB ports carry only the small data-parallel reduction and wait a tenth
+    to a third as long as a typical job's; the GPUs stay busy through the collectives (NCCL's
+    kernels run on them) and the step keeps its pace. The same all window long."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    light = _some_gpus(w, 2, 4)[:, None, :]
-    level = rng.uniform(0.55, 0.8, (n, 1, GPUS))
-    w.util = np.where(light, np.rint(w.util * level), w.util)
-    w.power = np.where(light, hw.idle_power + (w.power - hw.idle_power) * (0.2 + 0.8 * level), w.power)
-    w.temp = np.where(light, np.rint(hw.idle_temp + (w.temp - hw.idle_temp) * (0.5 + 0.5 * level)), w.temp)
-    boost = hw.clock_step * rng.integers(0, 4, (n, 1, GPUS))
-    w.clock = np.where(light, np.minimum(w.clock + boost, hw.max_clock), w.clock)
+    share = rng.uniform(0.3, 0.5, (n, 1))
+    w.comm_ms = w.comm_ms * share / np.median(w.comm_ms / w.step_ms, axis=1, keepdims=True)
+    _port_waits(w, rng.uniform(0.1, 0.33, (n, 1)))
     return w
 
 
-def healthy_nccl_algorithm_switch(rng, hw, n):
-    """At a step in the window the job's collectives change shape (a resumed run with another
-    parallel layout, or NCCL's tuner picking a tree over a ring): from then on the ports wait half
-    to twice as long to send and the collectives take 8 % less to 8 % more, steady at the new
-    level; nothing is dropped or counted."""
+def healthy_liquid_cooled_node(rng, hw, n):
+    """A direct-liquid-cooled node: under load its GPUs run 12-20 C cooler than the air-cooled
+    capture's, and at the same power cap the cooler silicon holds one to four 15-MHz clock steps
+    more; its drives sit 5-10 C cooler too. The same all window long; nothing is wrong."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    t = np.arange(STEPS)[None, :]
-    after = (t >= rng.integers(10, STEPS - 10, (n, 1))).astype(float)
-    _port_waits(w, 1 + after * (2 ** rng.uniform(-1, 1, (n, 1)) - 1))
-    change = w.comm_ms * after * rng.uniform(-0.08, 0.08, (n, 1))
-    w.comm_ms = w.comm_ms + change
-    w.step_ms = w.step_ms + change
+    w.temp = np.rint(w.temp - rng.uniform(12, 20, (n, 1, 1)))
+    w.clock = np.minimum(w.clock + hw.clock_step * rng.integers(1, 5, (n, 1, 1)), hw.max_clock)
+    disk = F["disk_temperature_celsius"]
+    w.node[:, :, disk] = w.node[:, :, disk] - np.rint(rng.uniform(5, 10, (n, 1)))
     return w
 
 
 # --- communication -----------------------------------------------------------------------------
 
 
-def mtu_mismatch_fragmentation(rng, hw, n):
-    """A switch configuration push at the onset leaves the path MTU smaller than the NIC's: messages
-    are split and some resent, the collectives take 30-80 % longer, the ports wait 1.5-2.5 times as
-    long to send, and a steady trickle of drops (a fraction of one to a few a second) is counted."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 3, n))
-    _port_waits(w, 1 + on * (0.3 + 1.2 * s))
-    _rate(w, "rdma_qps_dropped_per_second", 0.2 + 2.8 * s, on)
-    _collectives_slower(w, w.comm_ms * on * (0.2 + 0.6 * s))
+def gpudirect_rdma_lost_after_restart(rng, hw, n):
+    """The job restarts inside the window (its GPUs idle for 10-30 s) on a node whose peer-memory
+    module did not load after a driver update: without GPUDirect RDMA its collectives bounce through
+    host memory and take 40-120 % longer from then on, while the ports, fed more slowly, wait half to
+    four fifths as long to send; nothing is dropped or counted."""
+    t = np.arange(STEPS)[None, :]
+    end = rng.integers(15, STEPS - 30, (n, 1))
+    start = end + rng.integers(2, 7, (n, 1))
+    w = _base(rng, hw, n, ((t < end) | (t >= start)).astype(float))
+    w.onset, w.severity = start[:, 0], rng.uniform(0.15, 1.0, n)
+    s, after = w.severity[:, None], (t >= start).astype(float)
+    _port_waits(w, 1 - after * (0.2 + 0.3 * s))
+    _collectives_slower(w, w.comm_ms * after * (0.4 + 0.8 * s))
     return w
 
 
-def nic_thermal_throttle_spells(rng, hw, n):
-    """The NIC overheats (its temperature is not among the features) and from the onset throttles
-    its link in spells (some 40 s on average, as short as 5 s, about a minute apart): in a spell the
-    ports wait 4-10 times as long to send and the collectives take 70-200 % longer; a few symbol
-    errors are counted as a spell begins."""
+def ecmp_hash_collision(rng, hw, n):
+    """A routing change at the onset hashes this node's flows onto the same spine uplink as another
+    job's: from then on its collectives alternate with the flows' hash, in runs of a few samples,
+    some as fast as before and some (about four in ten) 60-200 % slower with the ports waiting 4-12
+    times as long to send; nothing is dropped."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
-    s = _sev(w)
-    spell = _bursts(w, on=8, off=14) * w.after()
-    begins = np.clip(spell - np.roll(spell, 1, axis=1), 0, 1)
-    _port_waits(w, 1 + spell * (2 + 7 * s))
-    _rate(w, "ib_symbol_errors_per_second", 0.4 + 1.6 * s, begins)
-    _collectives_slower(w, w.comm_ms * spell * (0.5 + 1.5 * s))
+    s = w.severity[:, None]
+    collide = _bursts(w, on=3, off=4) * w.after()
+    _port_waits(w, 1 + collide * (3 + 8 * s))
+    _collectives_slower(w, w.comm_ms * collide * (0.6 + 1.4 * s))
     return w
 
 
 # --- storage -----------------------------------------------------------------------------------
 
 
-def swap_onto_local_nvme(rng, hw, n):
-    """Host memory runs short from the onset and the data loader's pages swap to the local NVMe:
-    the drive warms by 3-8 C, the input waits grow long-tailed (some 3-11 times their usual median,
-    some samples far more) and each step takes that much longer."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(3, 12, n))
-    _disk_warm(w, on, 3 + 5 * s)
-    tail = rng.lognormal(0, 0.8, (n, STEPS))
-    _input_slower(w, on * w.data_ms * (1 + 9 * s) * tail)
+def degraded_shard_server(rng, hw, n):
+    """One of the storage servers holding the job's dataset shards degrades at the onset (a failing
+    disk in its pool): the samples whose shard lives there, every third to sixth in the loader's
+    fixed order, wait 3-10 times their usual input time plus a fifth of a step to a whole step; the
+    other samples and the local drive are as before."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 90)
+    s = w.severity[:, None]
+    t = np.arange(STEPS)[None, :]
+    period = rng.integers(3, 7, (n, 1))
+    hit = (t % period == rng.integers(0, 6, (n, 1)) % period) & (t >= w.onset[:, None])
+    _input_slower(w, hit * (w.data_ms * (2 + 7 * s) + w.step_ms * (0.2 + 0.8 * s)))
     return w
 
 
-def parallel_fs_client_eviction(rng, hw, n):
-    """The parallel file system evicts the node's client at the onset: for 30-90 s each step waits
-    four to ten times its usual step time for its input (the GPUs mostly idle; a real eviction may
-    block longer), then the client reconnects with a cold cache and the input waits stay 40-100 %
-    longer than before for the rest of the window (a small share of the step)."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 15, 90)
-    s = _sev(w)
-    t = np.arange(STEPS)[None, :]
-    stall_len = rng.integers(6, 19, (n, 1))
-    stall = (t >= w.onset[:, None]) & (t < w.onset[:, None] + stall_len)
-    after = t >= w.onset[:, None] + stall_len
-    extra = stall * w.step_ms * (3 + 7 * s) + after * w.data_ms * (0.3 + 0.7 * s)
+def lock_recovery_backoff(rng, hw, n):
+    """The file system's metadata server restarts at the onset and the client's lock recovery
+    retries with exponential backoff: stalls of some 1, 2, 4, 8 s and on (from half a second to two
+    at first, as it gets worse; at most 30 s), 30-60 s apart, each adding to one sample's input
+    wait and step while the GPUs idle; between the stalls everything is as before."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 70)
+    extra = np.zeros((n, STEPS))
+    gaps = rng.integers(6, 13, n)
+    for i in range(n):
+        stall, at = 500 + 1500 * w.severity[i], int(w.onset[i])
+        while at < STEPS:
+            extra[i, at] = stall
+            stall, at = min(2 * stall, 30_000), at + int(gaps[i])
     _input_slower(w, extra)
     return w
 
@@ -148,40 +147,47 @@ def parallel_fs_client_eviction(rng, hw, n):
 # --- compute -----------------------------------------------------------------------------------
 
 
-def host_cpu_prochot(rng, hw, n):
-    """The host CPUs are throttled from the onset (a PROCHOT from a failing board regulator): the
-    kernels launch late, every step takes 26-60 % longer, the GPUs wait for the host between kernels
-    (utilisation and power fall with the step, their clocks hold); the collectives and the input
-    take as long as before."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 6, n))
-    _slow(w, w.step_ms * on * (0.2 + 0.4 * s))
+def host_memory_ce_storm(rng, hw, n):
+    """A host DIMM starts reporting correctable errors at the onset and the firmware's handling of
+    them (interrupt storms, SMIs) stalls the CPUs in spells of 15-60 s every minute or two: in a
+    spell every step takes 15-50 % longer and the GPUs wait for the host between kernels
+    (utilisation and power fall with the step, clocks hold); the collectives and the input take as
+    long as before, and between spells nothing shows."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
+    spell = _bursts(w, on=7, off=16) * w.after()
+    _slow(w, w.step_ms * spell * (0.15 + 0.35 * w.severity[:, None]))
     return w
 
 
-def one_gpu_clock_flapping(rng, hw, n):
-    """One board's power-brake signal flaps from the onset: about every 40 s its GPU drops to 55-76 %
-    of its clock for some 15 s and comes back; its power follows and every step in those
-    samples waits for it."""
+def gpu_memory_clock_stuck_low(rng, hw, n):
+    """One GPU's memory clock drops to its lowest state at the onset and stays there (a driver fault
+    that only a reset clears): its kernels starve for memory bandwidth, so it draws 35-60 % of the
+    cap, runs 6-14 C cooler and, with power to spare, boosts its SM clock to the maximum, all while
+    fully busy; every step takes 1.4-3 times as long and the other GPUs wait for it in the
+    collectives."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s = _sev(w)
-    gpu = _some_gpus(w, 1, 1)
-    braked = _bursts(w, on=3, off=5) * w.after()
-    _gpu_slow(w, gpu, 1 - braked * (0.2 + 0.25 * s))
+    s, on = w.severity[:, None], w.after(rng.integers(1, 4, n))
+    gpu, o, sg = _some_gpus(w, 1, 1)[:, None, :], on[:, :, None], s[:, :, None]
+    starved = hw.cap_power * (0.6 - 0.25 * sg) * (1 + rng.normal(0, 0.01, w.power.shape))
+    w.power = np.where(gpu, w.power + o * (starved - w.power), w.power)
+    w.temp = np.where(gpu, np.rint(w.temp - o * (6 + 8 * sg)), w.temp)
+    boosted = hw.clock_step * np.rint((w.clock + o * (hw.max_clock - w.clock)) / hw.clock_step)
+    w.clock = np.where(gpu, boosted, w.clock)
+    _others_wait(w, gpu, w.step_ms * on * (0.4 + 1.6 * s))
     return w
 
 
 # name -> (class, family); none of these names is a training family's (episodes.FAMILIES)
 FRESH: dict[str, tuple[str, Family]] = {
-    "healthy.fp8_switch_faster": ("healthy", healthy_fp8_switch_faster),
-    "healthy.uneven_pipeline_stages": ("healthy", healthy_uneven_pipeline_stages),
-    "healthy.nccl_algorithm_switch": ("healthy", healthy_nccl_algorithm_switch),
-    "communication.mtu_mismatch_fragmentation": ("communication", mtu_mismatch_fragmentation),
-    "communication.nic_thermal_throttle_spells": ("communication", nic_thermal_throttle_spells),
-    "storage.swap_onto_local_nvme": ("storage", swap_onto_local_nvme),
-    "storage.parallel_fs_client_eviction": ("storage", parallel_fs_client_eviction),
-    "compute.host_cpu_prochot": ("compute", host_cpu_prochot),
-    "compute.one_gpu_clock_flapping": ("compute", one_gpu_clock_flapping),
+    "healthy.moe_all_to_all_variance": ("healthy", healthy_moe_all_to_all_variance),
+    "healthy.tensor_parallel_over_nvlink": ("healthy", healthy_tensor_parallel_over_nvlink),
+    "healthy.liquid_cooled_node": ("healthy", healthy_liquid_cooled_node),
+    "communication.gpudirect_rdma_lost_after_restart": ("communication", gpudirect_rdma_lost_after_restart),
+    "communication.ecmp_hash_collision": ("communication", ecmp_hash_collision),
+    "storage.degraded_shard_server": ("storage", degraded_shard_server),
+    "storage.lock_recovery_backoff": ("storage", lock_recovery_backoff),
+    "compute.host_memory_ce_storm": ("compute", host_memory_ce_storm),
+    "compute.gpu_memory_clock_stuck_low": ("compute", gpu_memory_clock_stuck_low),
 }
 
 
