@@ -165,13 +165,14 @@ def test_jobs_that_report_only_their_step_time_are_in_the_training_data(data):
 
 
 def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
-    """Regression guard: fresh sets 1-11 found healthy workloads the training data lacked (small
+    """Regression guard: fresh sets 1-12 found healthy workloads the training data lacked (small
     batches, an inference server, part of a node, swinging GPU load, a change of pace, routine
     checkpoint saves, a job restart, an epoch boundary, a profiler, gradient accumulation, a
     checkpoint upload, a shared leaf's traffic spells, an async local checkpoint) read as faults,
     a memory-bound straggler GPU and a drive's PCIe link errors as communication faults, an HCA
-    firmware hang as healthy; once scored, a hold-out becomes training data and the next set is
-    the hold-out."""
+    firmware hang as healthy, a parallel file system's client eviction as healthy and a host CPU
+    PROCHOT as communication or storage; once scored, a hold-out becomes training data and the next
+    set is the hold-out."""
     from stethoscope.model import (
         families_healthy_variety,
         families_set1,

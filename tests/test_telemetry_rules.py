@@ -134,10 +134,12 @@ def test_a_minute_sweep_alone_does_not_fire_a_stream_rule(store, at) -> None:
     assert evaluate(store, RULES["stream_gpu_sm_clock_drop_under_load"], at) == []
 
 
-# CI's instant when the rising-congestion case missed: a least-squares slope over raw epoch hours
-# (~5e5) cancelled catastrophically at a 2-minute window, so its sign depended on the milliseconds.
-# Ten minutes apart, so each window holds only its own ramp; the milliseconds differ.
-SLOPE_INSTANTS = [1_796_172_475_792 + i * (600_000 + 997) for i in range(12)]
+# CI missed the rising-congestion case at 1_796_172_475_792 ms: a least-squares slope over raw epoch
+# hours (~5e5) cancelled catastrophically at a 2-minute window, so its sign hung on the milliseconds.
+# Twelve instants ten minutes apart (each window holds only its own ramp) with other milliseconds,
+# taken at import within the raw TTL: rows older than it would be dropped on insert.
+_LAST = now_ms() - 3_600_000
+SLOPE_INSTANTS = [_LAST - i * (600_000 + 997) for i in range(12)]
 
 
 def test_a_ramp_fires_the_slope_rule_at_every_instant(store) -> None:

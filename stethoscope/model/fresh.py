@@ -84,8 +84,8 @@ def healthy_liquid_cooled_node(rng, hw, n):
 def gpudirect_rdma_lost_after_restart(rng, hw, n):
     """The job restarts inside the window (its GPUs idle for 10-30 s) on a node whose peer-memory
     module did not load after a driver update: without GPUDirect RDMA its collectives bounce through
-    host memory and take 40-120 % longer from then on, while the ports, fed more slowly, wait half to
-    four fifths as long to send; nothing is dropped or counted."""
+    host memory and take 52-120 % longer from then on, while the ports, fed more slowly, wait half to
+    three quarters as long to send; nothing is dropped or counted."""
     t = np.arange(STEPS)[None, :]
     end = rng.integers(15, STEPS - 30, (n, 1))
     start = end + rng.integers(2, 7, (n, 1))
@@ -100,7 +100,7 @@ def gpudirect_rdma_lost_after_restart(rng, hw, n):
 def ecmp_hash_collision(rng, hw, n):
     """A routing change at the onset hashes this node's flows onto the same spine uplink as another
     job's: from then on its collectives alternate with the flows' hash, in runs of a few samples,
-    some as fast as before and some (about four in ten) 60-200 % slower with the ports waiting 4-12
+    some as fast as before and some (about four in ten) 81-200 % slower with the ports waiting 4-12
     times as long to send; nothing is dropped."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
     s = w.severity[:, None]
@@ -116,7 +116,7 @@ def ecmp_hash_collision(rng, hw, n):
 def degraded_shard_server(rng, hw, n):
     """One of the storage servers holding the job's dataset shards degrades at the onset (a failing
     disk in its pool): the samples whose shard lives there, every third to sixth in the loader's
-    fixed order, wait 3-10 times their usual input time plus a fifth of a step to a whole step; the
+    fixed order, wait 4-10 times their usual input time plus a third of a step to a whole step; the
     other samples and the local drive are as before."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 90)
     s = w.severity[:, None]
@@ -129,9 +129,9 @@ def degraded_shard_server(rng, hw, n):
 
 def lock_recovery_backoff(rng, hw, n):
     """The file system's metadata server restarts at the onset and the client's lock recovery
-    retries with exponential backoff: stalls of some 1, 2, 4, 8 s and on (from half a second to two
-    at first, as it gets worse; at most 30 s), 30-60 s apart, each adding to one sample's input
-    wait and step while the GPUs idle; between the stalls everything is as before."""
+    retries with exponential backoff: stalls of some 1, 2, 4, 8 s and on (from three quarters of a
+    second to two at first, as it gets worse; at most 30 s), 30-60 s apart, each adding to one
+    sample's input wait and step while the GPUs idle; between the stalls everything is as before."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 70)
     extra = np.zeros((n, STEPS))
     gaps = rng.integers(6, 13, n)
@@ -149,10 +149,10 @@ def lock_recovery_backoff(rng, hw, n):
 
 def host_memory_ce_storm(rng, hw, n):
     """A host DIMM starts reporting correctable errors at the onset and the firmware's handling of
-    them (interrupt storms, SMIs) stalls the CPUs in spells of 15-60 s every minute or two: in a
-    spell every step takes 15-50 % longer and the GPUs wait for the host between kernels
-    (utilisation and power fall with the step, clocks hold); the collectives and the input take as
-    long as before, and between spells nothing shows."""
+    them (interrupt storms, SMIs) stalls the CPUs in spells of some 35 s on average (as short as 5 s)
+    every minute or two: in a spell every step takes 20-50 % longer and the GPUs wait for the host
+    between kernels (utilisation and power fall with the step, clocks hold); the collectives and the
+    input take as long as before, and between spells nothing shows."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
     spell = _bursts(w, on=7, off=16) * w.after()
     _slow(w, w.step_ms * spell * (0.15 + 0.35 * w.severity[:, None]))
@@ -161,9 +161,9 @@ def host_memory_ce_storm(rng, hw, n):
 
 def gpu_memory_clock_stuck_low(rng, hw, n):
     """One GPU's memory clock drops to its lowest state at the onset and stays there (a driver fault
-    that only a reset clears): its kernels starve for memory bandwidth, so it draws 35-60 % of the
-    cap, runs 6-14 C cooler and, with power to spare, boosts its SM clock to the maximum, all while
-    fully busy; every step takes 1.4-3 times as long and the other GPUs wait for it in the
+    that only a reset clears): its kernels starve for memory bandwidth, so it draws 35-56 % of the
+    cap, runs 7-14 C cooler and, with power to spare, boosts its SM clock to the maximum, all while
+    fully busy; every step takes 1.6-3 times as long and the other GPUs wait for it in the
     collectives."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
     s, on = w.severity[:, None], w.after(rng.integers(1, 4, n))
