@@ -26,6 +26,7 @@ from stethoscope.model.families import (
     _input_slower,
     _others_wait,
     _port_waits,
+    _sev,
     _slow,
     _some_gpus,
 )
@@ -91,7 +92,7 @@ def gpudirect_rdma_lost_after_restart(rng, hw, n):
     start = end + rng.integers(2, 7, (n, 1))
     w = _base(rng, hw, n, ((t < end) | (t >= start)).astype(float))
     w.onset, w.severity = start[:, 0], rng.uniform(0.15, 1.0, n)
-    s, after = w.severity[:, None], (t >= start).astype(float)
+    s, after = _sev(w), (t >= start).astype(float)
     _port_waits(w, 1 - after * (0.2 + 0.3 * s))
     _collectives_slower(w, w.comm_ms * after * (0.4 + 0.8 * s))
     return w
@@ -103,7 +104,7 @@ def ecmp_hash_collision(rng, hw, n):
     some as fast as before and some (about four in ten) 81-200 % slower with the ports waiting 4-12
     times as long to send; nothing is dropped."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
-    s = w.severity[:, None]
+    s = _sev(w)
     collide = _bursts(w, on=3, off=4) * w.after()
     _port_waits(w, 1 + collide * (3 + 8 * s))
     _collectives_slower(w, w.comm_ms * collide * (0.6 + 1.4 * s))
@@ -119,7 +120,7 @@ def degraded_shard_server(rng, hw, n):
     fixed order, wait 4-10 times their usual input time plus a third of a step to a whole step; the
     other samples and the local drive are as before."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 90)
-    s = w.severity[:, None]
+    s = _sev(w)
     t = np.arange(STEPS)[None, :]
     period = rng.integers(3, 7, (n, 1))
     hit = (t % period == rng.integers(0, 6, (n, 1)) % period) & (t >= w.onset[:, None])
@@ -155,7 +156,7 @@ def host_memory_ce_storm(rng, hw, n):
     input take as long as before, and between spells nothing shows."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
     spell = _bursts(w, on=7, off=16) * w.after()
-    _slow(w, w.step_ms * spell * (0.15 + 0.35 * w.severity[:, None]))
+    _slow(w, w.step_ms * spell * (0.15 + 0.35 * _sev(w)))
     return w
 
 
@@ -166,7 +167,7 @@ def gpu_memory_clock_stuck_low(rng, hw, n):
     fully busy; every step takes 1.6-3 times as long and the other GPUs wait for it in the
     collectives."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = w.severity[:, None], w.after(rng.integers(1, 4, n))
+    s, on = _sev(w), w.after(rng.integers(1, 4, n))
     gpu, o, sg = _some_gpus(w, 1, 1)[:, None, :], on[:, :, None], s[:, :, None]
     starved = hw.cap_power * (0.6 - 0.25 * sg) * (1 + rng.normal(0, 0.01, w.power.shape))
     w.power = np.where(gpu, w.power + o * (starved - w.power), w.power)
