@@ -12,7 +12,7 @@ from typing import Any
 
 from stethoscope import templating
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.engine import Match, evaluate
+from stethoscope.diagnosis.engine import Match, evaluate_all
 from stethoscope.diagnosis.model import ModelUse, agrees, finding_dicts, pair
 from stethoscope.diagnosis.rules import Action, Group, Rule
 from stethoscope.diagnosis.unknown import (
@@ -165,10 +165,11 @@ def diagnose(
     `nodes` (an inventory's hosts), only those nodes' data is read; with a fleet (the inventory given),
     UNKNOWN also answers for its nodes that say nothing; with a model, its findings too, each beside
     the rule finding of its layer on its node where there is one (diagnosis.model)."""
+    ordered = sorted(rules, key=lambda r: r.rule_id)
     findings = [
         _finding(rule, m, at_ms)
-        for rule in sorted(rules, key=lambda r: r.rule_id)
-        for m in evaluate(store, rule, at_ms, nodes=nodes)
+        for rule, matches in zip(ordered, evaluate_all(store, ordered, at_ms, nodes=nodes), strict=True)
+        for m in matches
     ]
     if catalog is not None:
         findings += _unknown_findings(store, catalog, at_ms, fleet, nodes)

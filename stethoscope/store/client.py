@@ -147,6 +147,7 @@ class Store:
         self.open_wait = open_wait_seconds() if open_wait is None else open_wait
         self._client: Any = None
         self._holder: holder.HolderFile | None = None
+        self._kwargs: dict[str, Any] = {}
 
     # connection -------------------------------------------------------------------------------
     def open(self) -> Store:
@@ -167,6 +168,7 @@ class Store:
             problem = holder.unusable_path(embedded_path(self.dsn))
             if problem:  # the DSN names a path that cannot be a database: a setting to fix, exit 2
                 raise ConfigError(f"embedded database {embedded_path(self.dsn)}: {problem}")
+        self._kwargs = kwargs
         deadline = time.monotonic() + self.open_wait
         announced = False
         while True:
@@ -205,6 +207,22 @@ class Store:
                 raise
             # Before `db init` the database does not exist yet; statements name it anyway.
             return clickhouse_connect.get_client(**{**kwargs, "database": "default"})
+
+    def reader(self) -> Store:
+        """Another handle on the same database, for a thread that reads beside this one: chdb serializes
+        the calls on one handle, so two threads on two handles use two cores (a server's HTTP client
+        gets a connection of its own). An embedded path stays claimed by this store; close the reader
+        first."""
+        import clickhouse_connect
+
+        self.open()
+        other = Store(self.dsn, timeout=self.timeout, open_wait=0)
+        try:
+            other._client = self._connect(clickhouse_connect, self._kwargs)
+        except Exception as exc:
+            raise _failure(self.dsn, exc) from None
+        other._kwargs = self._kwargs
+        return other
 
     def close(self) -> None:
         client, self._client = self._client, None
