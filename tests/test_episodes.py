@@ -187,6 +187,7 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         families_set10,
         families_set11,
         families_set12,
+        families_set13,
         fresh,
     )
 
@@ -203,6 +204,7 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         families_set10.SET10,
         families_set11.SET11,
         families_set12.SET12,
+        families_set13.SET13,
     )
     for added in (*added_sets, families_healthy_variety.HEALTHY_VARIETY):
         assert set(added) <= set(episodes.FAMILIES)
@@ -229,8 +231,10 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
         "communication.hca_firmware_hang",
         "compute.host_cpu_prochot",
         "storage.parallel_fs_client_eviction",
+        "healthy.moe_all_to_all_variance",
+        "compute.host_memory_ce_storm",
     } <= trained
-    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 12
+    assert data.info["generator_version"] == episodes.GENERATOR_VERSION == 13
 
 
 def test_step_times_cover_small_and_large_batches(data):

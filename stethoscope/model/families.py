@@ -513,7 +513,7 @@ REPLAYED_TRAINING = ("healthy.replay_idle_early", "healthy.replay_load_early")
 # from the same family (stethoscope.model.evaluate.peer_groups); every other family is "standard".
 # None: a pattern of its own in every episode (a swing, a change of pace at its own step), which a
 # job's ranks share and no other episode can stand in for; such episodes get no outlier score.
-# Names from the core families, fresh sets 1-12 and the current hold-out, set 13.
+# Names from the core families, fresh sets 1-13 and the current hold-out, set 14.
 WORKLOADS: dict[str, str | None] = {
     "healthy.power_capped": "power_capped",
     "healthy.small_batch": "small_batch",
@@ -556,6 +556,9 @@ WORKLOADS: dict[str, str | None] = {
     "healthy.moe_all_to_all_variance": None,
     "healthy.tensor_parallel_over_nvlink": "tensor_parallel_over_nvlink",
     "healthy.liquid_cooled_node": "liquid_cooled_node",
+    "healthy.activation_recompute": "activation_recompute",
+    "healthy.fully_sharded_gathers": "fully_sharded_gathers",
+    "healthy.loss_scale_skipped_steps": None,
 }
 
 

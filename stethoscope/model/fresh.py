@@ -1,7 +1,7 @@
-"""Fresh families (set 13): the clean hold-out of generator version 12, written before that model
+"""Fresh families (set 14): the clean hold-out of generator version 13, written before that model
 was trained, from what these conditions look like on a real node rather than from the training
-families; no training, validation or model selection has seen them. (Sets 1-12, the hold-outs of
-generator versions 1-11, are training data now: families_set1..12.) Same signals, aggregation,
+families; no training, validation or model selection has seen them. (Sets 1-13, the hold-outs of
+generator versions 1-12, are training data now: families_set1..13.) Same signals, aggregation,
 sample loss and masking as stethoscope.model.episodes; split "fresh". Scored by
 benchmarks/model_fresh_families.py, once per model."""
 
@@ -19,13 +19,13 @@ from stethoscope.model.families import (
     Family,
     Window,
     _base,
-    _bursts,
     _busy,
     _collectives_slower,
     _fault,
+    _gpu_slow,
     _input_slower,
-    _others_wait,
     _port_waits,
+    _rate,
     _sev,
     _slow,
     _some_gpus,
@@ -33,162 +33,156 @@ from stethoscope.model.families import (
 from stethoscope.model.metadata import CLASSES, STEPS
 
 SPLIT = "fresh"
-SET = 13  # its salt (`salt`) keeps its streams apart from episodes.generate's and earlier sets'
+SET = 14  # its salt (`salt`) keeps its streams apart from episodes.generate's and earlier sets'
 
 
 # --- healthy -----------------------------------------------------------------------------------
 
 
-def healthy_moe_all_to_all_variance(rng, hw, n):
-    """A mixture-of-experts job: how many tokens each rank's experts receive changes from step to
-    step, so its all-to-all collectives take from about half to twice their median (lognormal, a
-    spread of 0.25-0.5 from episode to episode), the ports wait to send in proportion, and the step
-    follows; the GPUs idle in the longer exchanges. The same all window long; nothing is wrong."""
+def healthy_activation_recompute(rng, hw, n):
+    """A job that recomputes its activations in the backward pass (activation checkpointing, to fit a
+    longer sequence): all window long the part of each step outside its collectives takes 25-40 %
+    longer than a job of its size would take, with the GPUs as busy, as hot and as close to the cap
+    as ever, and its collectives and input as long as before; nothing is wrong."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    factor = np.exp(rng.normal(0, 1, (n, STEPS)) * rng.uniform(0.25, 0.5, (n, 1)))
-    change = w.comm_ms * (factor - 1)
-    _port_waits(w, factor)
-    _collectives_slower(w, np.maximum(change, 0))
-    shorter = np.minimum(change, 0)
-    w.comm_ms = w.comm_ms + shorter
-    w.step_ms = w.step_ms + shorter
+    compute = w.step_ms - w.comm_ms
+    w.step_ms = w.comm_ms + compute * rng.uniform(1.25, 1.4, (n, 1))
     return w
 
 
-def healthy_tensor_parallel_over_nvlink(rng, hw, n):
-    """A tensor-parallel job kept inside the node: its collectives run over NVLink and take 30-50 %
-    of every step, while the IB ports carry only the small data-parallel reduction and wait a tenth
-    to a third as long as a typical job's; the GPUs stay busy through the collectives (NCCL's
-    kernels run on them) and the step keeps its pace. The same all window long."""
+def healthy_fully_sharded_gathers(rng, hw, n):
+    """A fully sharded (ZeRO-3 / FSDP) job gathers every layer's parameters before using them: its
+    collectives take 45-70 % of each step, mostly hidden behind the compute, so the GPUs stay 85-97 %
+    busy; the ports carry two to four times a typical job's traffic and wait that much longer to
+    send, varying more from sample to sample (a spread of 0.3-0.5). The same all window long."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    share = rng.uniform(0.3, 0.5, (n, 1))
+    share = rng.uniform(0.45, 0.7, (n, 1))
     w.comm_ms = w.comm_ms * share / np.median(w.comm_ms / w.step_ms, axis=1, keepdims=True)
-    _port_waits(w, rng.uniform(0.1, 0.33, (n, 1)))
+    spread = rng.uniform(0.3, 0.5, (n, 1))
+    _port_waits(w, rng.uniform(2, 4, (n, 1)) * rng.lognormal(0, 1, (n, STEPS)) ** spread)
+    w.util = np.rint(w.util * rng.uniform(0.9, 0.97, (n, 1, 1)))
     return w
 
 
-def healthy_liquid_cooled_node(rng, hw, n):
-    """A direct-liquid-cooled node: under load its GPUs run 12-20 C cooler than the air-cooled
-    capture's, and at the same power cap the cooler silicon holds one to four 15-MHz clock steps
-    more; its drives sit 5-10 C cooler too. The same all window long; nothing is wrong."""
+def healthy_loss_scale_skipped_steps(rng, hw, n):
+    """Mixed-precision training whose loss scaler overflows now and then: a skipped step runs no
+    optimizer update and takes 10-25 % less, one sample in 12-30 at random; the GPUs stay busy
+    throughout. Nothing is wrong."""
     w = _base(rng, hw, n, _busy(rng, n, "load"))
-    w.temp = np.rint(w.temp - rng.uniform(12, 20, (n, 1, 1)))
-    w.clock = np.minimum(w.clock + hw.clock_step * rng.integers(1, 5, (n, 1, 1)), hw.max_clock)
-    disk = F["disk_temperature_celsius"]
-    w.node[:, :, disk] = w.node[:, :, disk] - np.rint(rng.uniform(5, 10, (n, 1)))
+    skipped = rng.random((n, STEPS)) < 1 / rng.uniform(12, 30, (n, 1))
+    w.step_ms = np.where(skipped, w.step_ms * (1 - rng.uniform(0.1, 0.25, (n, 1))), w.step_ms)
     return w
 
 
 # --- communication -----------------------------------------------------------------------------
 
 
-def gpudirect_rdma_lost_after_restart(rng, hw, n):
-    """The job restarts inside the window (its GPUs idle for 10-30 s) on a node whose peer-memory
-    module did not load after a driver update: without GPUDirect RDMA its collectives bounce through
-    host memory and take 52-120 % longer from then on, while the ports, fed more slowly, wait half to
-    three quarters as long to send; nothing is dropped or counted."""
+def qp_retry_exhausted_reconnects(rng, hw, n):
+    """From the onset the fabric drops a packet now and then on this node's path, an RDMA queue pair
+    runs out of retries and NCCL tears it down and reconnects: every 30 s to two minutes a collective
+    stalls for 1.4-6 s, the port counts a few dropped packets then (4-15 a second, bursty) and waits
+    less to send while the queue pair is rebuilt; between the reconnects everything is as before."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
+    s = _sev(w)
     t = np.arange(STEPS)[None, :]
-    end = rng.integers(15, STEPS - 30, (n, 1))
-    start = end + rng.integers(2, 7, (n, 1))
-    w = _base(rng, hw, n, ((t < end) | (t >= start)).astype(float))
-    w.onset, w.severity = start[:, 0], rng.uniform(0.15, 1.0, n)
-    s, after = _sev(w), (t >= start).astype(float)
-    _port_waits(w, 1 - after * (0.2 + 0.3 * s))
-    _collectives_slower(w, w.comm_ms * after * (0.4 + 0.8 * s))
+    every = rng.integers(6, 25, (n, 1))
+    hit = ((t - w.onset[:, None]) % every == 0) & (t >= w.onset[:, None])
+    stall = 1000 + 5000 * s * rng.uniform(0.5, 1.0, (n, STEPS))
+    _collectives_slower(w, hit * stall)
+    _port_waits(w, np.where(hit, rng.uniform(0.3, 0.7, (n, 1)), 1.0))
+    _rate(w, "rdma_qps_dropped_per_second", 2 + 13 * s, hit.astype(float))
     return w
 
 
-def ecmp_hash_collision(rng, hw, n):
-    """A routing change at the onset hashes this node's flows onto the same spine uplink as another
-    job's: from then on its collectives alternate with the flows' hash, in runs of a few samples,
-    some as fast as before and some (about four in ten) 81-200 % slower with the ports waiting 4-12
-    times as long to send; nothing is dropped."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
+def nic_pcie_link_retrained_narrow(rng, hw, n):
+    """The PCIe link between the NIC and its switch takes a burst of correctable errors at the onset
+    (32-100 a second for 10-20 s) and retrains at half its width: from then on the NIC moves data at
+    half the rate, so the collectives take 35-90 % longer and the port, fed more slowly, waits a
+    third to half as long to send; no error is counted after the burst."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 90)
     s = _sev(w)
-    collide = _bursts(w, on=3, off=4) * w.after()
-    _port_waits(w, 1 + collide * (3 + 8 * s))
-    _collectives_slower(w, w.comm_ms * collide * (0.6 + 1.4 * s))
+    t = np.arange(STEPS)[None, :]
+    burst = (t >= w.onset[:, None]) & (t < w.onset[:, None] + rng.integers(2, 5, (n, 1)))
+    _rate(w, "pcie_aer_correctable_errors_per_second", 20 + 80 * s, burst.astype(float))
+    after = w.after()
+    _port_waits(w, 1 - after * (0.5 + 0.17 * s))
+    _collectives_slower(w, w.comm_ms * after * (0.25 + 0.65 * s))
     return w
 
 
 # --- storage -----------------------------------------------------------------------------------
 
 
-def degraded_shard_server(rng, hw, n):
-    """One of the storage servers holding the job's dataset shards degrades at the onset (a failing
-    disk in its pool): the samples whose shard lives there, every third to sixth in the loader's
-    fixed order, wait 4-10 times their usual input time plus a third of a step to a whole step; the
-    other samples and the local drive are as before."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 90)
-    s = _sev(w)
-    t = np.arange(STEPS)[None, :]
-    period = rng.integers(3, 7, (n, 1))
-    hit = (t % period == rng.integers(0, 6, (n, 1)) % period) & (t >= w.onset[:, None])
-    _input_slower(w, hit * (w.data_ms * (2 + 7 * s) + w.step_ms * (0.2 + 0.8 * s)))
+def local_cache_miss_remote_fetch(rng, hw, n):
+    """The node's local dataset cache is evicted at the onset (another job filled the drive) and the
+    loader fetches every sample from the object store instead: within half a minute the input takes
+    4.4-12 times as long, varying widely from sample to sample (a spread of 0.6), and the step with
+    it; the local drive, idle now, cools by 2-5 C over two to four minutes."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
+    s, on = _sev(w), w.after(rng.integers(1, 6, n))
+    slower = w.data_ms * on * (2 + 9 * s) * rng.lognormal(0, 0.6, (n, STEPS))
+    _input_slower(w, slower)
+    disk = F["disk_temperature_celsius"]
+    cooled = w.after(rng.integers(20, 50, n)) * rng.uniform(2, 5, (n, 1))
+    w.node[:, :, disk] = np.rint(w.node[:, :, disk] - cooled)
     return w
 
 
-def lock_recovery_backoff(rng, hw, n):
-    """The file system's metadata server restarts at the onset and the client's lock recovery
-    retries with exponential backoff: stalls of some 1, 2, 4, 8 s and on (from three quarters of a
-    second to two at first, as it gets worse; at most 30 s), 30-60 s apart, each adding to one
-    sample's input wait and step while the GPUs idle; between the stalls everything is as before."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 70)
-    extra = np.zeros((n, STEPS))
-    gaps = rng.integers(6, 13, n)
-    for i in range(n):
-        stall, at = 500 + 1500 * w.severity[i], int(w.onset[i])
-        while at < STEPS:
-            extra[i, at] = stall
-            stall, at = min(2 * stall, 30_000), at + int(gaps[i])
-    _input_slower(w, extra)
+def readahead_lost_after_remount(rng, hw, n):
+    """The data volume is remounted at the onset (an automount timeout) without its tuned readahead:
+    from then on every sample's read is several small requests, so the input takes 2-4 times as long,
+    steadily, and the step that plus 9-30 % of itself (the loader's own extra requests), the GPUs
+    waiting meanwhile; the drive is as warm as before and nothing is counted."""
+    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 90)
+    s, on = _sev(w), w.after()
+    _input_slower(w, on * (w.data_ms * (0.6 + 2.4 * s) + w.step_ms * (0.05 + 0.25 * s)))
     return w
 
 
 # --- compute -----------------------------------------------------------------------------------
 
 
-def host_memory_ce_storm(rng, hw, n):
-    """A host DIMM starts reporting correctable errors at the onset and the firmware's handling of
-    them (interrupt storms, SMIs) stalls the CPUs in spells of some 35 s on average (as short as 5 s)
-    every minute or two: in a spell every step takes 20-50 % longer and the GPUs wait for the host
-    between kernels (utilisation and power fall with the step, clocks hold); the collectives and the
-    input take as long as before, and between spells nothing shows."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
-    spell = _bursts(w, on=7, off=16) * w.after()
-    _slow(w, w.step_ms * spell * (0.15 + 0.35 * _sev(w)))
+def numa_misbind_after_restart(rng, hw, n):
+    """The job restarts inside the window (the GPUs idle 10-30 s) and the launcher, after a BIOS
+    change renumbered the NUMA nodes, binds its host threads to the socket far from the GPUs: from
+    then on every step takes 15-45 % longer, the GPUs waiting for the host between kernels
+    (utilisation and power fall with the step, clocks hold), while the collectives and the input
+    take as long as before."""
+    t = np.arange(STEPS)[None, :]
+    end = rng.integers(15, STEPS - 30, (n, 1))
+    start = end + rng.integers(2, 7, (n, 1))
+    w = _base(rng, hw, n, ((t < end) | (t >= start)).astype(float))
+    w.onset, w.severity = start[:, 0], rng.uniform(0.15, 1.0, n)
+    _slow(w, w.step_ms * (t >= start) * (0.1 + 0.35 * _sev(w)))
     return w
 
 
-def gpu_memory_clock_stuck_low(rng, hw, n):
-    """One GPU's memory clock drops to its lowest state at the onset and stays there (a driver fault
-    that only a reset clears): its kernels starve for memory bandwidth, so it draws 35-56 % of the
-    cap, runs 7-14 C cooler and, with power to spare, boosts its SM clock to the maximum, all while
-    fully busy; every step takes 1.6-3 times as long and the other GPUs wait for it in the
-    collectives."""
+def one_gpu_temperature_sensor_frozen(rng, hw, n):
+    """One GPU's temperature reading freezes at the onset (a sensor fault) while its cooling fails
+    with it: the reading stays where it was, but the GPU heats and its firmware pulls its clock down
+    by 8-25 % over the next one to four minutes, its power with it; every step waits for it and the
+    other GPUs idle in the collectives meanwhile."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 4, n))
-    gpu, o, sg = _some_gpus(w, 1, 1)[:, None, :], on[:, :, None], s[:, :, None]
-    starved = hw.cap_power * (0.6 - 0.25 * sg) * (1 + rng.normal(0, 0.01, w.power.shape))
-    w.power = np.where(gpu, w.power + o * (starved - w.power), w.power)
-    w.temp = np.where(gpu, np.rint(w.temp - o * (6 + 8 * sg)), w.temp)
-    boosted = hw.clock_step * np.rint((w.clock + o * (hw.max_clock - w.clock)) / hw.clock_step)
-    w.clock = np.where(gpu, boosted, w.clock)
-    _others_wait(w, gpu, w.step_ms * on * (0.4 + 1.6 * s))
+    s = _sev(w)
+    gpu = _some_gpus(w, 1, 1)
+    frozen = w.temp[np.arange(n), w.onset][:, None, :]
+    after = (np.arange(STEPS)[None, :] >= w.onset[:, None])[:, :, None]
+    w.temp = np.where(gpu[:, None, :] & after, frozen, w.temp)
+    _gpu_slow(w, gpu, 1 - w.after(rng.integers(12, 48, n)) * (0.05 + 0.2 * s))
     return w
 
 
 # name -> (class, family); none of these names is a training family's (episodes.FAMILIES)
 FRESH: dict[str, tuple[str, Family]] = {
-    "healthy.moe_all_to_all_variance": ("healthy", healthy_moe_all_to_all_variance),
-    "healthy.tensor_parallel_over_nvlink": ("healthy", healthy_tensor_parallel_over_nvlink),
-    "healthy.liquid_cooled_node": ("healthy", healthy_liquid_cooled_node),
-    "communication.gpudirect_rdma_lost_after_restart": ("communication", gpudirect_rdma_lost_after_restart),
-    "communication.ecmp_hash_collision": ("communication", ecmp_hash_collision),
-    "storage.degraded_shard_server": ("storage", degraded_shard_server),
-    "storage.lock_recovery_backoff": ("storage", lock_recovery_backoff),
-    "compute.host_memory_ce_storm": ("compute", host_memory_ce_storm),
-    "compute.gpu_memory_clock_stuck_low": ("compute", gpu_memory_clock_stuck_low),
+    "healthy.activation_recompute": ("healthy", healthy_activation_recompute),
+    "healthy.fully_sharded_gathers": ("healthy", healthy_fully_sharded_gathers),
+    "healthy.loss_scale_skipped_steps": ("healthy", healthy_loss_scale_skipped_steps),
+    "communication.qp_retry_exhausted_reconnects": ("communication", qp_retry_exhausted_reconnects),
+    "communication.nic_pcie_link_retrained_narrow": ("communication", nic_pcie_link_retrained_narrow),
+    "storage.local_cache_miss_remote_fetch": ("storage", local_cache_miss_remote_fetch),
+    "storage.readahead_lost_after_remount": ("storage", readahead_lost_after_remount),
+    "compute.numa_misbind_after_restart": ("compute", numa_misbind_after_restart),
+    "compute.one_gpu_temperature_sensor_frozen": ("compute", one_gpu_temperature_sensor_frozen),
 }
 
 
