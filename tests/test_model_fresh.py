@@ -54,8 +54,8 @@ def test_a_scored_set_regenerates_the_data_its_scorings_recorded(fresh_set):
     version 11; set 12 scored version 11 (and, for comparison, version 10) and is training data since
     version 12; set 13 scored version 11 for comparison before version 12 was trained, then version
     12, and is training data since version 13; set 14 scored version 12 for comparison before
-    version 13 was trained, then version 13. Regenerated, each gives the very data its scorings recorded: a family edited after its set
-    was scored would make those figures another set's."""
+    version 13 was trained, then version 13. Regenerated, each gives the very data its scorings
+    recorded: a family edited after its set was scored would make those figures another set's."""
     chosen = fresh.families_of(fresh_set)
     if fresh_set != fresh.SET:
         assert set(chosen) <= set(episodes.FAMILIES)

@@ -1,8 +1,13 @@
-"""The rules read by several threads, each on a handle of its own: the same matches in the same order
-as one rule after another, on the lab as the real collect.yml stores it; handles closed after; a
-query that fails still fails with the store's message."""
+"""The rules read by several connections at once (engine.evaluate_all): the same matches in the same
+order as one rule after another, on the lab as the real collect.yml stores it, every connection
+serving some; connections closed after on every path; a query that fails still fails with the
+store's message, without waiting for the other rules; STETHOSCOPE_READERS sets how many."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -13,7 +18,7 @@ from stethoscope.paths import project_root
 from stethoscope.store.client import SchemaMissing, Store
 from stethoscope.timeutil import now_ms
 
-from conftest import swept_lab
+from conftest import TOP, swept_lab
 
 
 def shipped_rules():
@@ -29,8 +34,17 @@ def opened(monkeypatch) -> list[Store]:
     real_reader = Store.reader
 
     def reader(self: Store) -> Store:
-        handles.append(real_reader(self))
-        return handles[-1]
+        handle = real_reader(self)
+        real_query = handle.query
+
+        def counted(sql, parameters=None):
+            handle.queries += 1  # type: ignore[attr-defined]
+            return real_query(sql, parameters)
+
+        handle.queries = 0  # type: ignore[attr-defined]
+        handle.query = counted  # type: ignore[method-assign]
+        handles.append(handle)
+        return handle
 
     monkeypatch.setattr(Store, "reader", reader)
     return handles
@@ -46,6 +60,7 @@ def test_two_readers_give_the_matches_of_one_rule_after_another_on_the_swept_lab
         assert together == one_by_one
         assert sum(map(bool, together)) >= 5  # the lab's faults: several rules have matches to compare
         assert len(opened) == 1 and opened[0]._client is None  # the second handle, closed after
+        assert opened[0].queries >= 5  # and it read its share of the rules
         assert store.query("SELECT 1") == [(1,)]  # the caller's own handle still open
 
 
@@ -54,3 +69,62 @@ def test_a_failing_rule_query_raises_the_stores_error_and_closes_the_readers(tmp
     with store, pytest.raises(SchemaMissing, match="db init"):
         engine.evaluate_all(store, shipped_rules(), now_ms(), readers=3)
     assert len(opened) == 2 and all(handle._client is None for handle in opened)
+
+
+def test_a_reader_that_cannot_open_closes_those_already_open_and_raises_the_stores_error(
+    tmp_path, opened, monkeypatch
+):
+    from stethoscope.store.client import StoreError
+
+    real_reader = Store.reader  # the counting spy of `opened`
+
+    def second_fails(self: Store) -> Store:
+        if len(opened) == 1:
+            raise StoreError("ClickHouse at http://127.0.0.1:1: too many connections")
+        return real_reader(self)
+
+    monkeypatch.setattr(Store, "reader", second_fails)
+    with Store(f"chdb://{tmp_path / 'db'}") as store:
+        store.init_schema()
+        with pytest.raises(StoreError, match="too many connections"):
+            engine.evaluate_all(store, shipped_rules(), now_ms(), readers=3)
+    assert len(opened) == 1 and opened[0]._client is None
+
+
+def test_the_first_failing_rule_stops_the_rules_not_started_yet(tmp_path, monkeypatch):
+    """Against a server whose queries time out, a cycle must not wait for every other rule first."""
+    from stethoscope.store.client import StoreError
+
+    rules = shipped_rules()
+    started: list[str] = []
+
+    def slow_or_failing(store, rule, *args):
+        started.append(rule.rule_id)
+        if rule is rules[-1]:
+            raise StoreError(f"ClickHouse at http://127.0.0.1:1: {rule.rule_id}: timed out")
+        time.sleep(0.05)
+        return []
+
+    monkeypatch.setattr(engine, "_matches", slow_or_failing)
+    # the failing rule is the last in the rules' order and the first to be read (the costliest)
+    monkeypatch.setattr(engine, "_reach", lambda item: int(item is rules[-1].when))
+    with Store(f"chdb://{tmp_path / 'db'}") as store:
+        store.init_schema()
+        with pytest.raises(StoreError, match="timed out"):
+            engine.evaluate_all(store, rules, now_ms(), readers=2)
+    assert len(started) < len(rules) // 2
+
+
+@pytest.mark.parametrize(("value", "readers"), [("1", 1), ("3", 3), ("", None)])
+def test_stethoscope_readers_sets_how_many_connections_read(monkeypatch, value, readers):
+    monkeypatch.setenv(engine.READERS_VARIABLE, value)
+    expected = readers if readers is not None else max(1, min(engine.MAX_READERS, engine._cores()))
+    assert engine.readers_wanted() == expected
+
+
+def test_a_bad_stethoscope_readers_is_a_configuration_error_exit_2(tmp_path):
+    env = {"STETHOSCOPE_READERS": "two", "STETHOSCOPE_DSN": f"chdb://{tmp_path / 'db'}", "PATH": "/usr/bin"}
+    cli = [sys.executable, "-m", "stethoscope.cli", "diagnose"]
+    done = subprocess.run(cli, env=env, cwd=TOP, capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert "STETHOSCOPE_READERS='two'" in done.stderr and "Traceback" not in done.stderr

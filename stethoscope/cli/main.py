@@ -15,6 +15,7 @@ from stethoscope.cli import model as model_commands
 from stethoscope.cli import report as report_commands
 from stethoscope.cli import telemetry
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from stethoscope.diagnosis.engine import readers_wanted
 from stethoscope.paths import default_spool_dir
 from stethoscope.store.client import SchemaMissing, Store, StoreError
 from stethoscope.store.dsn import ConfigError, redact
@@ -173,6 +174,7 @@ def _execution_options(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        readers_wanted()  # STETHOSCOPE_READERS checked first: a bad value is exit 2, not a failed cycle
         return _run(args)
     except (ConfigError, CatalogError) as exc:
         print(f"stethoscope: {redact(exc)}", file=sys.stderr)

@@ -161,7 +161,8 @@ def diagnose(
     fleet: Fleet | None = None,
     model: ModelUse | None = None,
 ) -> list[dict[str, Any]]:
-    """Every finding at `at_ms`, most severe first; deterministic for the same data and rules. With
+    """Every finding at `at_ms`, most severe first; deterministic for the same data and rules, which
+    are read by a few connections at once (engine.evaluate_all). With
     `nodes` (an inventory's hosts), only those nodes' data is read; with a fleet (the inventory given),
     UNKNOWN also answers for its nodes that say nothing; with a model, its findings too, each beside
     the rule finding of its layer on its node where there is one (diagnosis.model)."""

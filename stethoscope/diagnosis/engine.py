@@ -15,7 +15,8 @@ aggregate with the node's own earlier history (its median for a percent deviatio
 for sigma) or with the fleet's median, and its value is the
 deviation in the direction the catalog calls worse. A rule with `correlate` also returns, per match,
 how many matching nodes share its switch (or rack), so several nodes behind one switch become one
-finding about the switch.
+finding about the switch. A cycle's rules are read by a few connections at once (`evaluate_all`,
+STETHOSCOPE_READERS), their matches returned in the rules' order.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import os
 import queue
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ from stethoscope.catalog import Catalog, default_catalog
 from stethoscope.diagnosis.rules import Condition, Group, Rule
 from stethoscope.diagnosis.spans import spans
 from stethoscope.store.client import Store
+from stethoscope.store.dsn import ConfigError
 
 _OPERATORS = {">": ">", ">=": ">=", "<": "<", "<=": "<=", "==": "=", "!=": "!="}
 RAW_TTL_SECONDS = 30 * 86400
@@ -497,14 +499,35 @@ def _matches(
     return matches
 
 
-# More handles than this gain nothing on the machines measured (benchmarks/diagnosis_cycle.py) and each
-# holds a connection.
+# Each reader is a connection of its own (a session on a server): a few are enough for the rule
+# queries, most of which use one core; benchmarks/diagnosis_cycle.py measures the default.
 MAX_READERS = 4
+READERS_VARIABLE = "STETHOSCOPE_READERS"
+
+
+def _cores() -> int:
+    counted = getattr(os, "process_cpu_count", None)  # Python 3.13: the cores this process may use
+    if counted is not None:
+        return counted() or 1
+    if hasattr(os, "sched_getaffinity"):  # Linux
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def readers_wanted() -> int:
-    """As many reading threads as this process may use cores, up to MAX_READERS."""
-    return max(1, min(MAX_READERS, len(os.sched_getaffinity(0))))
+    """How many connections read the rules at once: STETHOSCOPE_READERS where it is set (1 reads them
+    one after another on the caller's own), else one per core this process may use, up to
+    MAX_READERS. A value that is no whole number of 1 or more is a ConfigError (exit 2)."""
+    raw = os.environ.get(READERS_VARIABLE, "").strip()
+    if not raw:
+        return max(1, min(MAX_READERS, _cores()))
+    try:
+        wanted = int(raw)
+    except ValueError:
+        wanted = 0
+    if wanted < 1:
+        raise ConfigError(f"{READERS_VARIABLE}={raw!r}: a whole number of connections, 1 or more")
+    return wanted
 
 
 def evaluate_all(
@@ -516,19 +539,21 @@ def evaluate_all(
     via: str = "rollup",
 ) -> list[list[Match]]:
     """Every rule's matches, in the order of `rules`: the same answer as `evaluate` rule by rule,
-    read by `readers` threads (default: `readers_wanted()`), each on a handle of its own. Most rule
-    queries use one core, so on two cores two readers take about half the time. A rule whose query
-    fails raises as `evaluate` does; the rules not yet started are dropped."""
+    read by `readers` connections at once (default `readers_wanted()`), the caller's store and
+    `readers - 1` more (`Store.reader`), the costliest rules first. On 2 cores 2 readers took about
+    a third less time than one (benchmarks/diagnosis_cycle.py). The first rule query to fail stops
+    the rest that have not started; its error is raised as `evaluate` would raise it (of several
+    failed by then, the first in `rules`' order)."""
+    if not rules:
+        return []
     if via == "rollup" and not has_hourly_rollup(store):
         via = "raw"
     catalog = default_catalog()  # loaded here once, not by the threads together
-    count = min(readers or readers_wanted(), len(rules))
+    count = min(readers if readers is not None else readers_wanted(), len(rules))
     if count <= 1:
         return [_matches(store, rule, at_ms, RAW_TTL_SECONDS, catalog, nodes, via) for rule in rules]
     idle: queue.SimpleQueue[Store] = queue.SimpleQueue()
-    opened = [store.reader() for _ in range(count - 1)]
-    for handle in [store, *opened]:
-        idle.put(handle)
+    opened: list[Store] = []
 
     def one(rule: Rule) -> list[Match]:
         handle = idle.get()
@@ -538,16 +563,25 @@ def evaluate_all(
             idle.put(handle)
 
     try:
+        for _ in range(count - 1):
+            opened.append(store.reader())
+        for handle in [store, *opened]:
+            idle.put(handle)
         with ThreadPoolExecutor(max_workers=count, thread_name_prefix="rules") as pool:
             # the costliest first, so that no long rule is left running alone at the end
             costliest = sorted(range(len(rules)), key=lambda i: -_reach(rules[i].when))
-            futures = {i: pool.submit(one, rules[i]) for i in costliest}
-            try:
-                return [futures[i].result() for i in range(len(rules))]
-            except BaseException:
-                for future in futures.values():
+            futures = {pool.submit(one, rules[i]): i for i in costliest}
+            done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            failed = sorted((futures[f], f) for f in done if f.exception() is not None)
+            if failed:
+                for future in pending:
                     future.cancel()
-                raise
+                wait(pending)  # the queries already running end before their handles close
+                error = failed[0][1].exception()
+                assert error is not None
+                raise error
+            results = {futures[f]: f.result() for f in done}
+            return [results[i] for i in range(len(rules))]
     finally:
         for handle in opened:
             handle.close()

@@ -173,10 +173,13 @@ def choose_thresholds(
     return chosen
 
 
-def choose_outlier_threshold(scores: np.ndarray, healthy: np.ndarray, false_rate: float = 0.005) -> float:
+def choose_outlier_threshold(scores: np.ndarray, healthy: np.ndarray, false_rate: float = 0.01) -> float:
     """The outlier score that at most `false_rate` of healthy validation episodes reach, with a
     margin (the test split's replayed real windows come from a part of the capture validation never
-    sees)."""
+    sees). 1 %, not 0.5 %: of the ~800 healthy validation episodes the detector can judge, 0.5 % is
+    the 4 highest scores, and two trainings on nearly the same episodes (generator versions 12 and
+    13) moved it from 5.627 to 5.963, past a rank whose port waits were 1000 times its lockstep
+    peers' (5.905, tests/test_model_findings.py)."""
     valid = scores[healthy & np.isfinite(scores)]
     if not len(valid):
         return 1.0

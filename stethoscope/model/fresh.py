@@ -117,7 +117,7 @@ def local_cache_miss_remote_fetch(rng, hw, n):
     """The node's local dataset cache is evicted at the onset (another job filled the drive) and the
     loader fetches every sample from the object store instead: within half a minute the input takes
     4.4-12 times as long, varying widely from sample to sample (a spread of 0.6), and the step with
-    it; the local drive, idle now, cools by 2-5 C over two to four minutes."""
+    it; the local drive, idle now, cools by 2-5 C over 100-245 s."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
     s, on = _sev(w), w.after(rng.integers(1, 6, n))
     slower = w.data_ms * on * (2 + 9 * s) * rng.lognormal(0, 0.6, (n, STEPS))
@@ -130,9 +130,9 @@ def local_cache_miss_remote_fetch(rng, hw, n):
 
 def readahead_lost_after_remount(rng, hw, n):
     """The data volume is remounted at the onset (an automount timeout) without its tuned readahead:
-    from then on every sample's read is several small requests, so the input takes 2-4 times as long,
-    steadily, and the step that plus 9-30 % of itself (the loader's own extra requests), the GPUs
-    waiting meanwhile; the drive is as warm as before and nothing is counted."""
+    from then on every sample's read is several small requests, each waiting its turn: the input
+    wait grows by one to three times itself plus 9-30 % of a step, steadily, and the step by as
+    much, the GPUs waiting meanwhile; the drive is as warm as before and nothing is counted."""
     w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 90)
     s, on = _sev(w), w.after()
     _input_slower(w, on * (w.data_ms * (0.6 + 2.4 * s) + w.step_ms * (0.05 + 0.25 * s)))

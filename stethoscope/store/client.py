@@ -147,7 +147,6 @@ class Store:
         self.open_wait = open_wait_seconds() if open_wait is None else open_wait
         self._client: Any = None
         self._holder: holder.HolderFile | None = None
-        self._kwargs: dict[str, Any] = {}
 
     # connection -------------------------------------------------------------------------------
     def open(self) -> Store:
@@ -155,20 +154,12 @@ class Store:
             return self
         import clickhouse_connect
 
-        # Statements name the database, so the session may start in `default`: before `db init` the
-        # database does not exist.
-        kwargs: dict[str, Any] = {
-            "dsn": self.dsn,
-            "database": "default" if is_embedded(self.dsn) else self.database,
-        }
-        if not is_embedded(self.dsn):
-            kwargs.update(connect_timeout=self.timeout, send_receive_timeout=self.timeout)
-        else:
+        kwargs = self._client_kwargs()
+        if is_embedded(self.dsn):
             self._holder = holder.HolderFile(embedded_path(self.dsn))
             problem = holder.unusable_path(embedded_path(self.dsn))
             if problem:  # the DSN names a path that cannot be a database: a setting to fix, exit 2
                 raise ConfigError(f"embedded database {embedded_path(self.dsn)}: {problem}")
-        self._kwargs = kwargs
         deadline = time.monotonic() + self.open_wait
         announced = False
         while True:
@@ -198,6 +189,17 @@ class Store:
             self._holder.claim()
         return self
 
+    def _client_kwargs(self) -> dict[str, Any]:
+        # Statements name the database, so the session may start in `default`: before `db init` the
+        # database does not exist.
+        kwargs: dict[str, Any] = {
+            "dsn": self.dsn,
+            "database": "default" if is_embedded(self.dsn) else self.database,
+        }
+        if not is_embedded(self.dsn):
+            kwargs.update(connect_timeout=self.timeout, send_receive_timeout=self.timeout)
+        return kwargs
+
     @staticmethod
     def _connect(clickhouse_connect: Any, kwargs: dict[str, Any]) -> Any:
         try:
@@ -212,16 +214,15 @@ class Store:
         """Another handle on the same database, for a thread that reads beside this one: chdb serializes
         the calls on one handle, so two threads on two handles use two cores (a server's HTTP client
         gets a connection of its own). An embedded path stays claimed by this store; close the reader
-        first."""
+        first. The reader is a plain Store: a subclass's own `query` does not see its queries."""
         import clickhouse_connect
 
         self.open()
         other = Store(self.dsn, timeout=self.timeout, open_wait=0)
         try:
-            other._client = self._connect(clickhouse_connect, self._kwargs)
+            other._client = self._connect(clickhouse_connect, self._client_kwargs())
         except Exception as exc:
             raise _failure(self.dsn, exc) from None
-        other._kwargs = self._kwargs
         return other
 
     def close(self) -> None:
