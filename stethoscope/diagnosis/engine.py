@@ -466,9 +466,13 @@ def evaluate(
     nodes: Sequence[str] | None = None,
     via: str = "rollup",
 ) -> list[Match]:
+    return _matches(store, rule, at_ms, raw_ttl_seconds, catalog, nodes, _via(store, via))
+
+
+def _via(store: Store, via: str) -> str:
     if via == "rollup" and not has_hourly_rollup(store):
-        via = "raw"  # a database from before metrics_hourly, until `db init` adds it
-    return _matches(store, rule, at_ms, raw_ttl_seconds, catalog, nodes, via)
+        return "raw"  # a database from before metrics_hourly, until `db init` adds it
+    return via
 
 
 def _matches(
@@ -546,8 +550,7 @@ def evaluate_all(
     failed by then, the first in `rules`' order)."""
     if not rules:
         return []
-    if via == "rollup" and not has_hourly_rollup(store):
-        via = "raw"
+    via = _via(store, via)
     catalog = default_catalog()  # loaded here once, not by the threads together
     count = min(readers if readers is not None else readers_wanted(), len(rules))
     if count <= 1:
@@ -571,12 +574,10 @@ def evaluate_all(
             # the costliest first, so that no long rule is left running alone at the end
             costliest = sorted(range(len(rules)), key=lambda i: -_reach(rules[i].when))
             futures = {pool.submit(one, rules[i]): i for i in costliest}
-            done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             failed = sorted((futures[f], f) for f in done if f.exception() is not None)
-            if failed:
-                for future in pending:
-                    future.cancel()
-                wait(pending)  # the queries already running end before their handles close
+            if failed:  # the queries already running end before their handles close
+                pool.shutdown(cancel_futures=True)
                 error = failed[0][1].exception()
                 assert error is not None
                 raise error
