@@ -4,7 +4,8 @@ A condition becomes a subquery that aggregates a metric per node, device and lab
 window and keeps the rows past the threshold; `all` joins its members on the node (and on the
 enclosing device where every member names the same kind of device, from the catalog's `device_kinds`:
 gpu2/link3 belongs to gpu2), `any` unions them. Benchmark metrics are read from `bench_results`;
-windows longer than the raw TTL read the `metrics_daily` rollup (one sample a day, its last value).
+windows longer than the raw TTL read the `metrics_daily` rollup (one sample a day, its last value)
+for the days before the evaluation time's own, whose raw rows are read up to it.
 Samples are read once per (series, timestamp), however often a row was replayed. Increases (delta,
 rate) run from the last sample at or before the window's start (2 days of raw rows, then the daily
 rollup; else the first sample inside, or 0 for an `events` metric: its first event is news) to the
@@ -136,16 +137,10 @@ class _Builder:
                 f"FROM {self.database}.bench_results FINAL WHERE {' AND '.join(where)}"
             )
         if self.daily(condition):
-            day_value = {"max": "max(max_value)", "min": "min(min_value)"}.get(
-                condition.aggregate, "argMaxMerge(last_value)"
-            )
-            daily_where = [w.replace("timestamp", "toDateTime64(day, 3, 'UTC')") for w in where]
-            return (
-                f"SELECT node_id, device, labels_key, {day_value} AS value, "
-                "toDateTime64(day, 3, 'UTC') AS timestamp, '' AS cls "
-                f"FROM {self.database}.metrics_daily WHERE {' AND '.join(daily_where)} "
-                "GROUP BY node_id, device, labels_key, day"
-            )
+            return self.daily_source(condition, start, end)
+        return self.raw_source(where)
+
+    def raw_source(self, where: list[str]) -> str:
         if self.dedup == "final":
             return (
                 "SELECT node_id, device, labels_key, value, timestamp, '' AS cls "
@@ -155,6 +150,24 @@ class _Builder:
             "SELECT node_id, device, labels_key, any(value) AS value, timestamp, '' AS cls "
             f"FROM {self.database}.metrics WHERE {' AND '.join(where)} "
             "GROUP BY node_id, device, labels_key, timestamp"
+        )
+
+    def daily_source(self, condition: Condition, start: str, end: str) -> str:
+        """`source` past the raw TTL: one row a day from metrics_daily for the days that ended by
+        `end`, and the raw rows of the day `end` falls in, up to `end`. The rollup's row for that
+        day holds the whole day, so at a past instant (`diagnose --at`, the audit) it would read
+        what came after it."""
+        day_value = {"max": "max(max_value)", "min": "min(min_value)"}.get(
+            condition.aggregate, "argMaxMerge(last_value)"
+        )
+        day_start = "toDateTime64(day, 3, 'UTC')"
+        daily_where = [*self.filters(condition), f"{day_start} > {start}", f"day < toDate({end}, 'UTC')"]
+        today = f"toDateTime64(toDate({end}, 'UTC'), 3, 'UTC')"
+        partial = [*self.filters(condition), f"timestamp <= {end}", f"timestamp > greatest({start}, {today})"]
+        return (
+            f"SELECT node_id, device, labels_key, {day_value} AS value, {day_start} AS timestamp, '' AS cls "
+            f"FROM {self.database}.metrics_daily WHERE {' AND '.join(daily_where)} "
+            f"GROUP BY node_id, device, labels_key, day UNION ALL {self.raw_source(partial)}"
         )
 
     def increase(self, condition: Condition, start: str, end: str) -> str:
