@@ -252,3 +252,17 @@ def test_below_siblings_percent_is_not_fleet_graded(store):
     store.insert_rows("bench_results", rows)
     graded = {r.metric_name for r in build(store, CATALOG)}
     assert graded == {"bench_fio_randread_iops"}
+
+
+def test_the_table_shows_a_long_label_whole(store):
+    # NCCL's labels as suite_nccl emits them: cut at 33 characters, 16 GiB read as 1717 bytes
+    labels = {"algo": "ring", "size": "17179869184", "placement": "oop"}
+    rows = [
+        {**bench_row("r1", node, "bench_allreduce_busbw_gb_per_s", busbw, labels=labels), "suite": "nccl"}
+        for node, busbw in (("gpu-node-0001", 180.0), ("gpu-node-0002", 181.0), ("gpu-node-0003", 90.0))
+    ]
+    store.insert_rows("bench_results", rows)
+    table = render_table(build(store, CATALOG)).splitlines()
+    (slow,) = [line for line in table if "gpu-node-0003" in line]
+    assert "algo=ring,placement=oop,size=17179869184 " in slow
+    assert slow.startswith("RED") and table[0].index("value") < slow.index("90")

@@ -505,3 +505,15 @@ def test_a_node_whose_stream_stopped_is_not_judged_on_the_minutes_it_did_send(
     later = run_model(store, at + 120_000, meta=meta)
     assert later.evaluated == [] and later.findings == []
     assert sorted(later.unjudged["whose stream stopped"]) == sorted(_fleet(episode_set))
+
+
+def test_the_line_on_unclassified_nodes_says_what_would_classify_each():
+    # it told swept nodes to fine-tune the model; what they lack is the 5-second stream
+    use = ModelUse(metadata.load(TOP / "rules/models/core12.json"))
+    use.unjudged = {"only swept (no stream)": ["node02", "node05"]}
+    swept = use.describe()
+    assert "node02, node05 only swept (no stream)" in swept and "playbooks/agent.yml" in swept
+    assert "finetune" not in swept
+    use.unjudged["NVIDIA A100-SXM4-80GB"] = ["node09"]
+    both = use.describe()
+    assert "playbooks/agent.yml" in both and "model finetune --class CLASS" in both

@@ -379,8 +379,12 @@ def summary_rows(rows: list[Row]) -> list[Row]:
 def render_table(rows: list[Row]) -> str:
     if not rows:
         return "no benchmark results stored yet: run playbooks/baseline.yml"
+    # columns as wide as their longest entry: a label cut short can hide which test a row is
+    node_w = max(10, *(len(r.node_id) + 2 for r in rows))
+    metric_w = max(38, *(len(r.metric_name) + 2 for r in rows))
+    labels_w = max(34, *(len(r.label_text) + 2 for r in rows))
     header = (
-        f"{'grade':<7}{'node':<10}{'suite':<9}{'metric':<38}{'labels':<34}"
+        f"{'grade':<7}{'node':<{node_w}}{'suite':<9}{'metric':<{metric_w}}{'labels':<{labels_w}}"
         f"{'value':>11}{'fleet':>11}{'dev%':>7}  notes"
     )
     lines = [header, "-" * len(header)]
@@ -394,7 +398,8 @@ def render_table(rows: list[Row]) -> str:
             notes.append("only node of its class")
         notes.extend(r.hints)
         lines.append(
-            f"{r.grade.upper():<7}{r.node_id:<10}{r.suite:<9}{r.metric_name:<38}{r.label_text[:33]:<34}"
+            f"{r.grade.upper():<7}{r.node_id:<{node_w}}{r.suite:<9}"
+            f"{r.metric_name:<{metric_w}}{r.label_text:<{labels_w}}"
             f"{r.value:>11.4g}{(r.fleet_median or 0):>11.4g}{r.deviation_percent:>7.1f}  {'; '.join(notes)}"
         )
     return "\n".join(lines)

@@ -29,6 +29,10 @@ LEVELS = ("L1", "L2", "L3", "L4")
 COOLDOWN_SECONDS = 3600  # as a rule's default: a flapping model finding re-opens without acting
 SHOWN = 3  # metrics named in a message
 NAMED = 6  # nodes named in the line on the ones not classified
+# what makes each kind of unclassified node classified
+STREAM_HINT = "playbooks/agent.yml starts their 5-second stream"
+CLASS_HINT = "playbooks/collect.yml records their class"
+FINETUNE_HINT = "`stethoscope model finetune --class CLASS` adapts the model to a class"
 
 
 @dataclass
@@ -48,21 +52,23 @@ class ModelUse:
             return f"{self.meta.name} (FAILED: {self.error})"
         if not self.unjudged:
             return self.meta.name
-        parts = []
+        parts, hints = [], []
         for what, names in sorted(self.unjudged.items()):
             shown = ", ".join(names[:NAMED]) + (
                 f" and {len(names) - NAMED} more" if len(names) > NAMED else ""
             )
             if what in (SWEPT, STOPPED):
                 parts.append(f"{shown} {what}")
+                hints.append(STREAM_HINT)
             elif what == UNKNOWN_CLASS:
                 parts.append(f"{shown}: {what} (no class fingerprint yet)")
+                hints.append(CLASS_HINT)
             else:
                 parts.append(f"{shown}: {what}, a class it was not trained for")
-        return (
-            f"{self.meta.name} (not classified, scored against their peers only: {'; '.join(parts)}; "
-            "`stethoscope model finetune --class CLASS` adapts it to a class)"
-        )
+                hints.append(FINETUNE_HINT)
+        advice = "; ".join(dict.fromkeys(hints))  # each once, in the order the parts name them
+        unclassified = "; ".join(parts)
+        return f"{self.meta.name} (not classified, scored against their peers only: {unclassified}; {advice})"
 
 
 def explained(explanation: dict[str, float], shown: int = SHOWN) -> str:
