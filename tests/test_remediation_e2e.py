@@ -72,9 +72,12 @@ def test_worn_ssd_is_drained_evidenced_ticketed_once_and_resumed_after_verificat
     saturated = [f for f in everything if f["rule_id"] == "ib_counter_saturated"]
     assert saturated and {(f["severity"], f["outcome"]) for f in saturated} == {("info", "log ok")}
     found = [f for f in everything if f["rule_id"] != "ib_counter_saturated"]
-    # one family on one drive: the early warning (sectors climbing) and the hard limit it leads to
+    # one family on one drive: the early warning (sectors climbing), the month's growth (the lab's
+    # sweeps of today, read from the raw rows of the day) and the hard limit they lead to; only the
+    # hard limit drains and tickets
     assert sorted((f["node_id"], f["device"], f["rule_id"]) for f in found) == [
         ("node07", "sda", "ssd_reallocated_climbing"),
+        ("node07", "sda", "ssd_reallocated_growth"),
         ("node07", "sda", "ssd_reallocated_sectors"),
     ]
     (finding,) = [f for f in found if f["rule_id"] == "ssd_reallocated_sectors"]
