@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 LINK := .collections/ansible_collections/aicluster/stethoscope
+LAB := inventories/lab/hosts.yml
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
@@ -22,16 +23,16 @@ $(LINK)/galaxy.yml: tools/link_collection.sh
 demo: setup
 	$(BIN)/stethoscope db init
 	$(BIN)/python tools/lab.py build --nodes 8
-	$(BIN)/ansible-playbook playbooks/collect.yml
-	$(BIN)/ansible-playbook playbooks/collect.yml
-	$(BIN)/ansible-playbook playbooks/collect.yml
-	$(BIN)/stethoscope summary
-	$(BIN)/ansible-playbook playbooks/baseline.yml
+	$(BIN)/ansible-playbook -i $(LAB) playbooks/collect.yml
+	$(BIN)/ansible-playbook -i $(LAB) playbooks/collect.yml
+	$(BIN)/ansible-playbook -i $(LAB) playbooks/collect.yml
+	$(BIN)/stethoscope summary --inventory $(LAB)
+	$(BIN)/ansible-playbook -i $(LAB) playbooks/baseline.yml
 	$(BIN)/stethoscope baseline --out .stethoscope/report
 	# the baseline took minutes: fresh sweeps, so that the rules read data of now, not UNKNOWN
-	$(BIN)/ansible-playbook playbooks/collect.yml
-	$(BIN)/ansible-playbook playbooks/collect.yml
-	$(BIN)/ansible-playbook playbooks/collect.yml
+	$(BIN)/ansible-playbook -i $(LAB) playbooks/collect.yml
+	$(BIN)/ansible-playbook -i $(LAB) playbooks/collect.yml
+	$(BIN)/ansible-playbook -i $(LAB) playbooks/collect.yml
 	# the lab is swept, not streamed, and runs no job: ten minutes of stream from the episodes (H200-
 	# calibrated: the lab's H200 nodes) give the learned model its 120 steps: RDMA drops on node08
 	# (beside its rule findings), an AllReduce centre (node01) and a slow NVMe with clean SMART
@@ -39,7 +40,7 @@ demo: setup
 	$(BIN)/python tools/episode_stream.py --nodes node01 node03 node04 node08 \
 	    --fault node08=communication.rdma_drop_storm --fault node01=communication.allreduce_centre \
 	    --fault node04=storage.slow_nvme_clean_smart | $(BIN)/stethoscope ingest -
-	$(BIN)/stethoscope diagnose || test $$? -eq 1  # 1 = findings, which the lab has
+	$(BIN)/stethoscope diagnose --inventory $(LAB) || test $$? -eq 1  # 1 = findings, which the lab has
 	$(BIN)/stethoscope report --out .stethoscope/report  # prints the board's path
 
 test: setup

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from stethoscope.paths import project_root
+from stethoscope.paths import rules_dir
 
 KINDS = ("gauge", "counter", "events")
 DIRECTIONS = ("higher", "lower", "none")
@@ -24,6 +24,7 @@ AGGREGATES = {
     "events": _CUMULATIVE,
 }
 SWEEP_INTERVAL = 60  # what the catalog assumes for metrics the Ansible sweeps report
+STREAM_INTERVAL = 5  # the push stream's period (docs/design.md "Telemetry"; push_agent_period)
 # A metric without a declared layer gets one from its name's prefix, so that every metric has one.
 _LAYER_PREFIXES = (
     ("nvlink_", "communication"),
@@ -53,6 +54,17 @@ class MetricSpec:
     interval: int
     help: str = ""
     layer: str = ""
+    # the interval rules/metrics.yml declares, which a rule's author counted on (0: `interval` is it)
+    authored: int = 0
+
+    @property
+    def authored_interval(self) -> int:
+        return self.authored or self.interval
+
+    @property
+    def streamed(self) -> bool:
+        """Reported by the push stream only (declared at its period), never by a sweep."""
+        return self.authored_interval <= STREAM_INTERVAL
 
 
 @dataclass(frozen=True)
@@ -76,10 +88,28 @@ class Catalog:
         metrics: dict[str, MetricSpec],
         families: dict[str, MetricSpec],
         device_kinds: dict[str, DeviceKind] | None = None,
+        stream_interval: int = STREAM_INTERVAL,
     ):
         self.metrics = metrics
         self.families = families
         self.device_kinds = device_kinds or {}
+        self.stream_interval = stream_interval  # the agents' period: every `source=stream` series
+
+    def interval_of(self, metric: str, stream: bool) -> int:
+        """The declared report interval of `metric`'s series from the stream (`stream`) or the sweeps:
+        the stream's period for a stream series or a metric only the stream reports, whatever the
+        sweeps' interval; else the catalog's interval as the inventory sets it."""
+        spec = self.get(metric)
+        if spec is None:
+            return SWEEP_INTERVAL
+        return self.stream_interval if stream or spec.streamed else spec.interval
+
+    def authored_interval_of(self, metric: str, stream: bool) -> int:
+        """The interval rules/metrics.yml declares for that series: what a rule's author counted on."""
+        spec = self.get(metric)
+        if spec is None:
+            return SWEEP_INTERVAL
+        return STREAM_INTERVAL if stream or spec.streamed else spec.authored_interval
 
     def kind(self, name: str) -> str | None:
         spec = self.get(name)
@@ -109,15 +139,18 @@ class Catalog:
                 return replace(spec, name=name)
         return None
 
-    def with_intervals(self, sweep: Any = None, per_metric: Any = None) -> Catalog:
+    def with_intervals(self, sweep: Any = None, per_metric: Any = None, stream: Any = None) -> Catalog:
         """This catalog as an inventory reports it: `sweep` seconds for every metric the Ansible sweeps
-        report (interval SWEEP_INTERVAL in the catalog), `per_metric` {name: seconds} over that."""
+        report (interval SWEEP_INTERVAL in the catalog), `per_metric` {name: seconds} over that, and
+        `stream` seconds (push_agent_period) for every series of the stream. Sweep settings never
+        apply to the stream's series (`interval_of`)."""
         if per_metric is not None and not isinstance(per_metric, dict):
             raise CatalogError(
                 f"stethoscope_metric_intervals must be a mapping of metric to seconds, not {per_metric!r}"
             )
         overrides = dict(per_metric or {})
-        for name, seconds in [("stethoscope_sweep_interval", sweep), *overrides.items()]:
+        named = [("stethoscope_sweep_interval", sweep), ("push_agent_period", stream), *overrides.items()]
+        for name, seconds in named:
             if seconds is not None and (
                 isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0
             ):
@@ -132,7 +165,7 @@ class Catalog:
             seconds = overrides.get(spec.name) or (
                 sweep if spec.interval == SWEEP_INTERVAL and sweep else None
             )
-            return replace(spec, interval=int(seconds)) if seconds else spec
+            return replace(spec, interval=int(seconds), authored=spec.authored_interval) if seconds else spec
 
         metrics = {name: interval(spec) for name, spec in self.metrics.items()}
         for name in overrides:  # a member of a family (smart_*) gets an entry of its own
@@ -140,7 +173,7 @@ class Catalog:
             if name not in metrics and spec is not None:
                 metrics[name] = interval(spec)
         families = {prefix: interval(spec) for prefix, spec in self.families.items()}
-        return Catalog(metrics, families, self.device_kinds)
+        return Catalog(metrics, families, self.device_kinds, int(stream or self.stream_interval))
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self.get(name) is not None
@@ -213,7 +246,7 @@ def _device_kinds(path: Path, entries: dict) -> dict[str, DeviceKind]:
 
 
 def default_path() -> Path:
-    return project_root() / "rules" / "metrics.yml"
+    return rules_dir() / "metrics.yml"
 
 
 @lru_cache(maxsize=1)

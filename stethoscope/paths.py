@@ -1,24 +1,87 @@
-"""Where the project keeps its embedded database, spool and lab state."""
+"""Where things are: what the package ships (rules, models, playbooks, the collection, the ansible.cfg
+ansible-runner gets) and where the state lives (embedded database, spool, evidence, report, locks).
+
+Shipped: `stethoscope/shipped/` holds relative links to the checkout's top-level rules/, plugins/,
+roles/, playbooks/ and collections/stethoscope/ (a link farm `ansible_collections/aicluster/
+stethoscope/`); building the wheel copies what they point at, so the same paths answer in a checkout
+(the real folders) and installed (package data).
+
+State: $STETHOSCOPE_HOME/.stethoscope when that is set; else `.stethoscope` of the current directory
+when it is a stethoscope checkout (`make demo`, `make test`); else ${XDG_STATE_HOME:-~/.local/state}/
+stethoscope. Never the checkout the package happens to live in when run from elsewhere."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+COLLECTION = ("ansible_collections", "aicluster", "stethoscope")
+
+
+def shipped_dir() -> Path:
+    """The package's data: links into the checkout, or the copies a wheel installed."""
+    return Path(__file__).resolve().parent / "shipped"
+
+
+def rules_dir() -> Path:
+    """The shipped knowledge base: rules, metrics.yml, telemetry.yml, models/."""
+    return (shipped_dir() / "rules").resolve()
+
+
+def models_dir() -> Path:
+    return rules_dir() / "models"
+
+
+def collections_path() -> Path:
+    """A folder holding ansible_collections/aicluster/stethoscope (ANSIBLE_COLLECTIONS_PATH)."""
+    return shipped_dir()
+
+
+def collection_dir() -> Path:
+    """The collection aicluster.stethoscope itself: galaxy.yml, meta/, plugins/, roles/, playbooks/."""
+    return collections_path().joinpath(*COLLECTION)
+
+
+def playbooks_dir() -> Path:
+    return (collection_dir() / "playbooks").resolve()
+
+
+def is_checkout(folder: Path) -> bool:
+    return (folder / "collections" / "stethoscope").is_dir()
+
+
+def ansible_cfg() -> Path:
+    """The ansible.cfg ansible-runner gets: the checkout's own when run from one, else the shipped one
+    (the collection beside it, the stethoscope callback, no inventory of its own)."""
+    cwd = Path.cwd().resolve()
+    if is_checkout(cwd) and (cwd / "ansible.cfg").is_file():
+        return cwd / "ansible.cfg"
+    return shipped_dir() / "ansible.cfg"
+
 
 def project_root() -> Path:
-    """The project folder: $STETHOSCOPE_HOME, else the checkout this package lives in, else cwd."""
+    """The lab's project folder (inventories/lab, .lab, the test captures): $STETHOSCOPE_HOME, else
+    the checkout this package lives in, else cwd. Not for state, rules or playbooks (above, below)."""
     env = os.environ.get("STETHOSCOPE_HOME")
     if env:
         return Path(env).resolve()
     here = Path(__file__).resolve().parent.parent
-    if (here / "collections" / "stethoscope").is_dir():
+    if is_checkout(here):
         return here
     return Path.cwd().resolve()
 
 
 def state_dir() -> Path:
-    return project_root() / ".stethoscope"
+    """$STETHOSCOPE_HOME/.stethoscope, else ./.stethoscope in a checkout, else the XDG state folder."""
+    env = os.environ.get("STETHOSCOPE_HOME")
+    if env:
+        return Path(env).expanduser().resolve() / ".stethoscope"
+    cwd = Path.cwd().resolve()
+    if is_checkout(cwd):
+        return cwd / ".stethoscope"
+    xdg = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".local" / "state"
+    return base / "stethoscope"
 
 
 def default_db_path() -> Path:

@@ -19,6 +19,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PUBLIC = FIXTURES / "public"
 REAL = FIXTURES / "real" / "h200-vm"
 COLLECTIONS = TOP / ".collections"
+LAB_INVENTORY = TOP / "inventories" / "lab" / "hosts.yml"
 
 if not (COLLECTIONS / "ansible_collections/aicluster/stethoscope/galaxy.yml").exists():
     subprocess.run(["bash", str(TOP / "tools/link_collection.sh")], check=True, capture_output=True)
@@ -54,6 +55,8 @@ def ansible_env(tmp_path: Path, dsn: str | None = None, **extra: str) -> dict[st
         ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"),
         ANSIBLE_HOME=str(tmp_path / "ansible-home"),
         STETHOSCOPE_SPOOL_DIR=str(tmp_path / "spool"),
+        # the lab, named as `make demo` names it: ansible.cfg names no inventory
+        ANSIBLE_INVENTORY=str(LAB_INVENTORY),
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
     )
     if dsn:
@@ -211,4 +214,66 @@ def hot_gpu(dsn: str, node: str = "node01") -> None:
         batch = MetricColumns()
         for ago in (120_000, 60_000, 1_000):
             batch.append(node, "gpu_temperature_celsius", "gpu0", {}, 85.0, now_ms() - ago)
+        store.insert_metrics(batch)
+
+
+@pytest.fixture(scope="session")
+def lab_sweeps(tmp_path_factory):
+    """Three real sweeps of the lab (collect.yml, the callback, chdb), as the rows the collector stored
+    each time: [(node_id, metric_name, device, labels, value)] per sweep, and the `nodes` rows. Tests
+    lay them out again at whatever cadence they need (`replay_sweeps`)."""
+    from stethoscope.store.client import Store
+
+    tmp_path = tmp_path_factory.mktemp("lab_sweeps")
+    dsn = f"chdb://{tmp_path / 'db'}"
+    env = ansible_env(tmp_path, dsn, STETHOSCOPE_LAB_DIR=str(tmp_path / "lab"))
+    subprocess.run(
+        [sys.executable, str(TOP / "tools/lab.py"), "build"], env=env, check=True, capture_output=True
+    )
+    subprocess.run(
+        [sys.executable, "-m", "stethoscope.cli", "db", "init"],
+        env=env,
+        cwd=TOP,
+        check=True,
+        capture_output=True,
+    )
+    playbook = str(Path(sys.executable).parent / "ansible-playbook")
+    sweeps, last = [], 0
+    for _sweep in range(3):
+        play = subprocess.run(
+            [playbook, str(TOP / "playbooks/collect.yml")], env=env, cwd=TOP, capture_output=True, text=True
+        )
+        assert play.returncode == 0, play.stdout[-3000:]
+        with Store(dsn) as store:
+            rows = store.query(
+                f"SELECT node_id, metric_name, device, labels, value, toUnixTimestamp64Milli(timestamp) "
+                f"FROM {store.database}.metrics WHERE toUnixTimestamp64Milli(timestamp) > {{last:Int64}}",
+                {"last": last},
+            )
+            nodes = store.query(
+                f"SELECT node_id, slurm_name, rack, switch, groups FROM {store.database}.nodes FINAL"
+            )
+        last = max(row[5] for row in rows)
+        sweeps.append([row[:5] for row in rows])
+    return sweeps, nodes
+
+
+def replay_sweeps(store, lab_sweeps, times_ms: list[int], skip_nodes=()) -> None:
+    """Lay the lab's sweeps out at `times_ms` (one sweep each, the lab's third repeated past the
+    third): every row as the collector stored it, at that sweep's time."""
+    from stethoscope.store.batch import MetricColumns
+
+    sweeps, nodes = lab_sweeps
+    store.insert_rows(
+        "nodes",
+        [
+            {"node_id": n, "slurm_name": s, "rack": r, "switch": w, "groups": g, "updated_at": times_ms[0]}
+            for n, s, r, w, g in nodes
+        ],
+    )
+    for index, at in enumerate(times_ms):
+        batch = MetricColumns()
+        for node, metric, device, labels, value in sweeps[min(index, len(sweeps) - 1)]:
+            if node not in skip_nodes:
+                batch.append(node, metric, device, dict(labels), float(value), at)
         store.insert_metrics(batch)

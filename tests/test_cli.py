@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import TOP, hot_gpu
+from conftest import LAB_INVENTORY, TOP, hot_gpu
 
 
 def cli(*args, env_extra=None, cwd=TOP):
@@ -176,17 +176,20 @@ def test_diagnose_on_an_uninitialised_database_is_a_configuration_error_saying_r
 
 def test_verify_refuses_a_node_that_is_not_a_valid_host_of_the_inventory(tmp_path, tmp_dsn):
     cli("--dsn", tmp_dsn, "db", "init")
+    lab = ("--inventory", str(LAB_INVENTORY))
     for node in ("node;rm -rf /", "-oProxyCommand=sh"):  # refused by the one validator
-        result = cli("verify", "--dsn", tmp_dsn, f"--node={node}", "--txn", "t1")
+        result = cli("verify", "--dsn", tmp_dsn, f"--node={node}", "--txn", "t1", *lab)
         assert result.returncode == 2 and "is not a valid host of" in result.stderr, result.stderr
         assert result.stdout == ""
+    unnamed = cli("verify", "--dsn", tmp_dsn, "--node", "node01", "--txn", "t1")  # no lab by default
+    assert unnamed.returncode == 2 and "needs an inventory" in unnamed.stderr, unnamed.stderr
     inventory = tmp_path / "hosts.yml"
     inventory.write_text("all:\n  hosts:\n    gpu01: {}\n")
     for env in ({}, {"STETHOSCOPE_INVENTORY": str(inventory)}):
         args = () if env else ("--inventory", str(inventory))
         other = cli("verify", "--dsn", tmp_dsn, "--node", "node01", "--txn", "t1", *args, env_extra=env)
         assert other.returncode == 2 and str(inventory) in other.stderr  # a lab node, not a host of this one
-    ours = cli("verify", "--dsn", tmp_dsn, "--node", "node01", "--txn", "t1")
+    ours = cli("verify", "--dsn", tmp_dsn, "--node", "node01", "--txn", "t1", *lab)
     assert ours.returncode == 1 and json.loads(ours.stdout)["drain_recorded"] is False  # no drain under t1
 
 
@@ -209,7 +212,9 @@ def test_watch_with_another_inventory_does_not_evaluate_the_lab_nodes(tmp_path, 
     ]
     assert "1 findings from 1 rules" in cli(*run).stdout  # no inventory given: every stored node
     other = cli(*run, env_extra={"STETHOSCOPE_INVENTORY": str(inventory)})
-    assert other.returncode == 0 and "healthy: 1 rules, no finding" in other.stdout, other.stderr
+    assert other.returncode == 0 and "node01" not in other.stdout, other.stderr
+    # nothing of gpu01 in this store: UNKNOWN for it, never "healthy"
+    assert "UNKNOWN fleet: no data from any of the 1 nodes of the inventory" in other.stdout
 
 
 def metric_row(**changes):

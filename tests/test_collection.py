@@ -1,5 +1,6 @@
-"""Packaging: the Galaxy tarball builds, installs into a temp path and its modules resolve from it;
-role defaults agree with meta/argument_specs.yml; the linters of the style guide are clean."""
+"""Packaging: the Galaxy tarball builds, installs into a temp path, its modules resolve from it and its
+callback, with the dependency it declares, stores a real play's rows; role defaults agree with
+meta/argument_specs.yml; the linters of the style guide are clean."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import TOP
+from stethoscope.store.client import Store
+
+from conftest import REAL, TOP
 
 BIN = Path(sys.executable).parent
 
@@ -52,6 +55,51 @@ def test_galaxy_tarball_installs_and_resolves_a_module(tmp_path):
     )
     assert doc.returncode == 0, doc.stderr
     assert str(installed) in doc.stdout and "nvidia-smi -q -x" in doc.stdout
+
+    # the callback's controller-side dependency, declared as collections do (ansible-builder reads both)
+    assert "stethoscope" in (installed / "requirements.txt").read_text()
+    ee = yaml.safe_load((installed / "meta/execution-environment.yml").read_text())
+    assert ee["dependencies"]["python"] == "requirements.txt"
+    callback = subprocess.run(
+        [str(BIN / "ansible-doc"), "-t", "callback", "aicluster.stethoscope.clickhouse"],
+        capture_output=True,
+        text=True,
+        env=clean,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert callback.returncode == 0, callback.stderr
+    assert str(installed / "plugins/callback") in callback.stdout
+    assert "requirements.txt" in callback.stdout  # its DOCUMENTATION says what to install
+
+    # a module and the callback of the installed collection in one real play: the rows are stored
+    dsn = f"chdb://{tmp_path / 'db'}"
+    stored = {**clean, "STETHOSCOPE_DSN": dsn, "STETHOSCOPE_SPOOL_DIR": str(tmp_path / "spool")}
+    init = subprocess.run(
+        [str(BIN / "stethoscope"), "db", "init"], capture_output=True, text=True, env=stored, check=False
+    )
+    assert init.returncode == 0, init.stderr
+    playbook = tmp_path / "play.yml"
+    task = {"root": str(REAL / "root"), "state_dir": str(tmp_path / "state")}
+    tasks = [{"aicluster.stethoscope.tuning_facts": task}]
+    play = [{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]
+    playbook.write_text(yaml.safe_dump(play))
+    interpreter = f"ansible_python_interpreter={sys.executable}"
+    ran = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", interpreter, str(playbook)],
+        capture_output=True,
+        text=True,
+        env={**stored, "ANSIBLE_CALLBACKS_ENABLED": "aicluster.stethoscope.clickhouse"},
+        cwd=tmp_path,
+        check=False,
+    )
+    assert ran.returncode == 0 and "WARNING" not in ran.stderr, ran.stdout[-3000:] + ran.stderr[-3000:]
+    with Store(dsn) as store:
+        rows = store.query(
+            "SELECT count() FROM stethoscope.metrics WHERE node_id = 'localhost' "
+            "AND metric_name = 'numa_balancing_enabled'"
+        )[0][0]
+    assert rows > 0
 
 
 @pytest.mark.parametrize("role", sorted(p.name for p in (TOP / "roles").iterdir() if p.is_dir()))

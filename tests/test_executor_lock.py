@@ -47,7 +47,7 @@ def test_a_second_concurrent_execute_exits_3_and_does_nothing_while_the_lock_is_
     hook = http_standin()
     rule_dir, settings = alerting(tmp_path, db, hook)
     spool = tmp_path / "spool"
-    with Store(db) as named, ExecutorLock(lock_path(tmp_path, named.dsn, named.database)):
+    with Store(db) as named, ExecutorLock(lock_path(named.dsn, named.database)):
         command = [
             sys.executable, "-m", "stethoscope.cli", "--dsn", db, "--spool-dir", str(spool), "diagnose",
             "--rules", str(rule_dir), *settings,
@@ -73,3 +73,49 @@ def test_a_foreign_heartbeat_that_missed_3_beats_is_taken_over(tmp_path, db, htt
     foreign_beat(db, now_ms() - 4 * 60_000)  # beats every 60 s by default
     (finding,), result = diagnose(tmp_path, db, rule_dir, *settings)
     assert "standby" not in result.stderr and finding["outcome"] == "alert ok" and len(hook.requests) == 1
+
+
+def test_the_lock_belongs_to_the_database_whatever_spool_folder_a_run_is_given(tmp_path, db, http_standin):
+    """Regression guard (issue 19): the lock file lived beside the spool folder, so two runs with
+    different --spool-dir both executed."""
+    hook = http_standin()
+    rule_dir, settings = alerting(tmp_path, db, hook)
+    with Store(db) as named, ExecutorLock(lock_path(named.dsn, named.database)):
+        command = [
+            sys.executable, "-m", "stethoscope.cli", "--dsn", db,
+            "--spool-dir", str(tmp_path / "elsewhere" / "spool"),
+            "diagnose", "--rules", str(rule_dir), *settings,
+        ]  # fmt: skip
+        second = subprocess.run(command, capture_output=True, text=True, cwd=TOP, check=False)
+    assert second.returncode == 3, second.stderr
+    assert "held by another run (pid" in second.stderr and "nothing done" in second.stderr
+    assert hook.requests == []
+
+
+def test_a_long_running_executor_holds_the_lock_between_its_cycles(tmp_path, db, http_standin):
+    """watch --execute (as serve --execute) is the one executor of its database while it runs: a
+    diagnose --execute between two of its cycles exits 3 and does nothing."""
+    hook = http_standin()
+    rule_dir, settings = alerting(tmp_path, db, hook)
+    base = [sys.executable, "-m", "stethoscope.cli", "--dsn", db]
+    watch = subprocess.Popen(
+        [*base, "watch", "--rules", str(rule_dir), "--interval", "30", "--cycles", "2", "--json", *settings],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=TOP,
+    )
+    try:
+        assert watch.stdout is not None and watch.stdout.readline().startswith("[")  # its first cycle ran
+        second = subprocess.run(
+            [*base, "diagnose", "--rules", str(rule_dir), *settings],
+            capture_output=True,
+            text=True,
+            cwd=TOP,
+            check=False,
+        )
+    finally:
+        watch.kill()
+        watch.wait()
+    assert second.returncode == 3 and "watch" in second.stderr, second.stderr
+    assert len(hook.requests) == 1  # the watch's one alert, nothing from the second run

@@ -17,7 +17,7 @@ from stethoscope.store.batch import MetricColumns
 from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
-from conftest import TOP
+from conftest import LAB_INVENTORY, TOP
 
 __all__ = ["db"]  # the fixture, shared with test_execute
 
@@ -32,6 +32,11 @@ def healthy(store, node, at):  # the SSD replaced: no reallocated sector, full l
     batch.append(node, "smart_media_wearout_indicator_normalized", "sda", {}, 97.0, at)
     store.insert_metrics(batch)
     others_report(store, at, besides=node)
+
+
+def healthy_window(store, node, at):  # healthy for a whole window (5m at 60 s): what resolves a finding
+    for minutes in (4, 2, 0):
+        healthy(store, node, at - minutes * MINUTE)
 
 
 def sectors(store, node, value, at):
@@ -69,6 +74,7 @@ def status(db, rule_id="worn_ssd"):
 
 def verify(db, *extra, env=None):
     command = [sys.executable, "-m", "stethoscope.cli", "--dsn", db, "verify", *extra]
+    command += ["--inventory", str(LAB_INVENTORY)]
     return subprocess.run(command, capture_output=True, text=True, cwd=TOP, env=env, check=False)
 
 
@@ -110,11 +116,16 @@ def test_data_that_stops_leaves_the_finding_stale_and_fresh_healthy_data_resolve
     diagnose(tmp_path, db, rule_dir, *settings, at=T0)
     diagnose(tmp_path, db, rule_dir, *settings, at=T0 + 10 * MINUTE)  # nothing came in since
     assert status(db)[0] == "stale" and status(db, "unknown.node")[0] == "open"  # UNKNOWN speaks for it
-    with Store(db) as store:
+    with Store(db) as store:  # a whole window (5m) of fresh healthy sweeps: one sample is not enough
         healthy(store, "node03", T0 + 20 * MINUTE)
         others_report(store, T0 + 20 * MINUTE)
     diagnose(tmp_path, db, rule_dir, *settings, at=T0 + 20 * MINUTE)
-    assert status(db)[0] == "resolved" and status(db, "unknown.node")[0] == "resolved"
+    assert status(db)[0] == "open" and status(db, "unknown.node")[0] == "resolved"  # data back, not clear yet
+    with Store(db) as store:
+        for at in (T0 + 21 * MINUTE, T0 + 22 * MINUTE):
+            healthy(store, "node03", at)
+    diagnose(tmp_path, db, rule_dir, *settings, at=T0 + 22 * MINUTE)
+    assert status(db)[0] == "resolved"
     assert [r.json()["text"] for r in hook.requests if "UNKNOWN" not in r.json()["text"]] == ["worn"]
 
 
@@ -130,8 +141,9 @@ def test_a_drained_finding_stays_open_when_its_data_turns_healthy_until_verify_r
     with Store(db) as store:
         healthy(store, "node03", T0 + 20 * MINUTE)
         others_report(store, T0 + 20 * MINUTE)
-    later, _ = diagnose(tmp_path, db, rule_dir, *settings, at=T0 + 20 * MINUTE, env=env)
-    assert later == [] and status(db) == ("open", finding["txn_id"])
+    (later,), _ = diagnose(tmp_path, db, rule_dir, *settings, at=T0 + 20 * MINUTE, env=env)
+    assert status(db) == ("open", finding["txn_id"])  # reported open, as it is, until verify resumes it
+    assert later["finding_id"] == finding["finding_id"] and "drained under txn" in later["outcome"]
     resumed = verify(db, "--node", "node03", "--txn", finding["txn_id"], "--resumed", env=env)
     assert resumed.returncode == 0, resumed.stderr
     assert status(db) == ("resolved", finding["txn_id"])
@@ -191,8 +203,11 @@ def test_the_cooldown_holds_only_a_reopen_after_a_resolve(tmp_path, db, http_sta
     hook = http_standin()
     rule_dir = rule_file(tmp_path, worn_rule([ACTIONS["alert"]], cooldown="30m"))
     settings = execute_args(tmp_path, f"stethoscope_alert_webhook={hook.url}")
-    steps = [(T0, worn), (T0 + 10 * MINUTE, healthy), (T0 + 20 * MINUTE, worn)]  # flaps within 30m
-    steps += [(T0 + 30 * MINUTE, healthy), (T0 + 70 * MINUTE, worn)]  # back 50 min after its last match
+    steps = [(T0, worn), (T0 + 10 * MINUTE, healthy_window), (T0 + 20 * MINUTE, worn)]  # flaps within 30m
+    steps += [
+        (T0 + 30 * MINUTE, healthy_window),
+        (T0 + 70 * MINUTE, worn),
+    ]  # back 50 min after its last match
     txns = []
     for at, state in steps:
         with Store(db) as store:

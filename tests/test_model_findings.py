@@ -290,15 +290,15 @@ def test_a_model_finding_resolves_when_the_model_sees_its_node_healthy_and_not_w
     _write(store, episode_set, _fleet(episode_set), at)
     use = ModelUse(metadata.load(model_json))
     found = [f for f in diagnose(store, [], at, model=use) if f["rule_id"] == "model.communication"]
-    decisions, rows, _ = decide(store, found, [], at, model_nodes=use.evaluated)
-    assert [d.finding["rule_id"] for d in decisions] == ["model.communication"]
-    Ledger(store).write_findings(rows)
+    plan = decide(store, found, [], at, model_nodes=use.evaluated)
+    assert [d.finding["rule_id"] for d in plan.decisions] == ["model.communication"]
+    Ledger(store).write_findings(plan.rows)
     later = at + 60_000
-    assert decide(store, [], [], later, model_nodes=None)[2] == []  # --no-model: left as it is
-    assert [c[:2] for c in decide(store, [], [], later, model_nodes={FAULTY})[2]] == [
+    assert decide(store, [], [], later, model_nodes=None).changes == []  # --no-model: left as it is
+    assert [c[:2] for c in decide(store, [], [], later, model_nodes={FAULTY}).changes] == [
         (found[0]["finding_id"], "resolved")
     ]
-    assert [c[1] for c in decide(store, [], [], later, model_nodes=set())[2]] == ["stale"]
+    assert [c[1] for c in decide(store, [], [], later, model_nodes=set()).changes] == ["stale"]
 
 
 def test_a_rank_whose_port_waits_and_collectives_slow_stands_out_from_its_jobs_lockstep_peers(

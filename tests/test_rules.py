@@ -24,8 +24,10 @@ def test_the_seed_rule_loads_unchanged():
     assert rule.when == Group(
         "all",
         (
-            Condition("nvlink_error_rate_percent", ">", 0.001, 300, better="lower"),
-            Condition("gpu_temperature_celsius", "<", 70.0, 300, better="lower"),
+            Condition(
+                "nvlink_error_rate_percent", ">", 0.001, 300, better="lower", written_window_seconds=300
+            ),
+            Condition("gpu_temperature_celsius", "<", 70.0, 300, better="lower", written_window_seconds=300),
         ),
     )
     assert [a.type for a in rule.actions] == ["alert", "api_call", "log"]
@@ -81,11 +83,14 @@ def test_each_problem_names_file_line_and_field(tmp_path):
         (3, "severity", "one of info, warning, critical; got 'urgent'"),
         (5, "metric", "unknown metric 'gpu_made_up_celsius'"),
         (6, "operator", "one of > >= < <= == != has_bits; got '=>'"),
-        (12, "window", "60 s is shorter than 3 report intervals of gpu_temperature_celsius"),
         (14, "type", "unknown action type 'page'"),
         (15, "message", "template syntax error"),
     ]
     assert str(result.errors[0]).startswith(f"{path}:")
+    # a window shorter than 3 reports is no error: it stretches to them, and says so in a note
+    (note,) = result.notes
+    assert (note.line, note.field) == (12, "window")
+    assert "1m is shorter than 3 reports of gpu_temperature_celsius at 60 s: it reads 3m" in note.message
     assert [r.rule_id for r in result.rules] == ["nested_ok"]  # the bad rule is rejected, the good one kept
     assert result.rules[0].when.mode == "any" and isinstance(result.rules[0].when.items[1], Group)
 
@@ -180,24 +185,31 @@ def test_every_shipped_playbook_action_exists():
     assert all((TOP / "playbooks" / p).is_file() for p in playbooks)
 
 
-def test_rules_check_with_an_inventory_that_sweeps_every_five_minutes(tmp_path):
+def test_rules_check_with_an_inventory_that_sweeps_every_five_minutes_stretches_the_window(tmp_path):
     inventory = tmp_path / "hosts.yml"
     inventory.write_text("all:\n  vars:\n    stethoscope_sweep_interval: 300\n  hosts:\n    node01:\n")
     rule = write(
         tmp_path,
         "rule_id: r\ndescription: d\nseverity: info\n"
-        "trigger: [{metric: gpu_temperature_celsius, operator: '>', threshold: 80, window: 5m}]\n",
+        "trigger: [{metric: gpu_temperature_celsius, operator: '>', threshold: 80, window: 5m,\n"
+        "           min_samples: 5}]\n",
     )
     command = [sys.executable, "-m", "stethoscope.cli", "rules", "check", str(rule)]
-    assert subprocess.run(command, capture_output=True, text=True, cwd=TOP, check=False).returncode == 0
+    fast = subprocess.run(command, capture_output=True, text=True, cwd=TOP, check=False)
+    assert fast.returncode == 0 and "note" not in fast.stdout + fast.stderr
     slow = subprocess.run(
         [*command, "--inventory", str(inventory)], capture_output=True, text=True, cwd=TOP, check=False
     )
-    assert slow.returncode == 2
+    assert slow.returncode == 0, slow.stderr
     assert (
-        "300 s is shorter than 3 report intervals of gpu_temperature_celsius (3 x 300 s = 900 s)"
-        in slow.stderr
+        f"{rule}:4: window: note: 5m is shorter than 3 reports of gpu_temperature_celsius at 300 s: "
+        "it reads 15m (3 x 300 s)" in slow.stdout
     )
+    assert "1 rules valid in 1 files; 0 problems; 1 windows stretched to their cadence" in slow.stdout
+    (loaded,) = load_rules(rule, CATALOG.with_intervals(300)).rules
+    (condition,) = loaded.when.items
+    # 5 of 5 expected reports as written: 2 of the 3 a 15-minute window holds at 300 s (one may be late)
+    assert (condition.window_seconds, condition.min_samples, condition.min_share) == (900, 2, 1.0)
 
 
 def test_family_is_loaded_and_a_bad_family_names_its_line(tmp_path):

@@ -60,6 +60,7 @@ def _start_serve(tmp_path: Path, dsn: str, secret_file: Path) -> tuple[subproces
     proc = subprocess.Popen(
         [
             *_cli(tmp_path, dsn, "serve", "--inventory", str(inventory), "--secret-file", str(secret_file)),
+            "--no-sweep",
             "--listen",
             "127.0.0.1:0",
             "--http",
@@ -276,6 +277,7 @@ def test_serve_killed_loses_at_most_its_unflushed_second_and_resends_refill_it(
                 *_cli(
                     tmp_path, dsn, "serve", "--inventory", str(inventory), "--secret-file", str(secret_file)
                 ),
+                "--no-sweep",
                 "--listen",
                 f"127.0.0.1:{port}",
                 "--http",
@@ -352,7 +354,7 @@ def test_a_finding_from_the_stream_alone_is_capped_at_l3_and_never_drains(store,
     from stethoscope.catalog import Catalog
     from stethoscope.diagnosis.diagnose import diagnose
     from stethoscope.diagnosis.rules import load_rules
-    from stethoscope.serve import cap_stream_only, stream_only_metrics
+    from stethoscope.remediation.stream_cap import cap_stream_only, stream_only_metrics
     from stethoscope.store.batch import MetricColumns
     from stethoscope.timeutil import now_ms
 
@@ -389,7 +391,7 @@ def test_a_finding_from_the_stream_alone_is_capped_at_l3_and_never_drains(store,
 def test_a_model_finding_raised_to_l4_by_the_inventory_is_capped_in_serve_and_never_drains() -> None:
     # the model reads the stream: its evidence is the stream's alone, whatever level the inventory sets
     from stethoscope.diagnosis.diagnose import LEVEL_ACTIONS, action_label
-    from stethoscope.serve import cap_stream_only
+    from stethoscope.remediation.stream_cap import cap_stream_only
 
     plan = LEVEL_ACTIONS["L4"]
     finding = {
@@ -428,7 +430,7 @@ def test_serve_execute_acts_once_per_stream_finding_across_cycles(tmp_path: Path
         "       aggregate: max}\n"
     )
     command = _cli(tmp_path, dsn, "serve", "--inventory", str(inventory), "--secret-file", str(secret_file))
-    options = ["--rules", str(rules), "--execute", "--no-model", "--interval", "1"]
+    options = ["--rules", str(rules), "--execute", "--no-model", "--interval", "1", "--no-sweep"]
     proc = subprocess.Popen(
         [*command, *options, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
@@ -473,6 +475,9 @@ def test_serve_execute_acts_once_per_stream_finding_across_cycles(tmp_path: Path
     assert proc.returncode == 0, err
     assert later >= first + 3  # the findings stayed open over three more cycles
     entries = [json.loads(line) for line in log.read_text().splitlines()]
+    # before the first datagram the store held nothing of the inventory's nodes: UNKNOWN, once
+    assert [e["rule_id"] for e in entries if e["rule_id"].startswith("unknown.")] in ([], ["unknown.fleet"])
+    entries = [e for e in entries if not e["rule_id"].startswith("unknown.")]
     assert sorted((e["rule_id"], e["node_id"]) for e in entries) == [
         ("stream_xmit_wait_test", "gpu-a"),
         ("stream_xmit_wait_test", "gpu-b"),
@@ -483,7 +488,8 @@ def test_serve_execute_acts_once_per_stream_finding_across_cycles(tmp_path: Path
             "WHERE rule_id = 'stream_xmit_wait_test' GROUP BY finding_id, node_id ORDER BY node_id"
         )
         actions = store.query(
-            f"SELECT txn_id, action, argMax(status, version) FROM {database}.actions "
+            f"SELECT txn_id, action, argMax(status, version) FROM {database}.actions WHERE finding_id IN "
+            f"(SELECT finding_id FROM {database}.findings WHERE rule_id = 'stream_xmit_wait_test') "
             "GROUP BY txn_id, finding_id, action, target"
         )
     assert [(node, status) for node, _, status in findings] == [("gpu-a", "open"), ("gpu-b", "open")]

@@ -51,8 +51,13 @@ def fleet_of(*names):
     return Fleet(tuple(Host(name, name, rack="r1", switch="leaf1") for name in names))
 
 
+def where(silence):
+    """The device a silence names: a node's unknown.device lists its silent devices."""
+    return silence.device or ",".join(silence.devices)
+
+
 def keys(found):
-    return {(s.rule_id, s.node_id, s.device) for s in found}
+    return {(s.rule_id, s.node_id, where(s)) for s in found}
 
 
 def test_a_metric_that_stops_is_unknown_and_a_silent_node_is_one_finding(store):
@@ -64,7 +69,7 @@ def test_a_metric_that_stops_is_unknown_and_a_silent_node_is_one_finding(store):
     sweeps(store, "healthy", [("cpu_governor_performance", "node")], until_min=30, labels={"phase": "bench"})
     sweeps(store, "silent", [("bench_gemm_tflops", "gpu0")], since_min=1)  # a benchmark is no sign of life
     sweeps(store, "healthy", [("gpu_power_watts", "gpu0")], since_min=27 * 60, until_min=26 * 60)
-    found = {(s.rule_id, s.node_id, s.device): s for s in silences(store, Catalog.load(), AT)}
+    found = {(s.rule_id, s.node_id, where(s)): s for s in silences(store, Catalog.load(), AT)}
     assert set(found) == {(DEVICE_RULE, "lost_gpu", "gpu1"), (NODE_RULE, "silent", "")}
     assert found[(DEVICE_RULE, "lost_gpu", "gpu1")].metrics == ["gpu_temperature_celsius"]
     assert sorted(found[(NODE_RULE, "silent", "")].metrics) == ["gpu_temperature_celsius", "ib_port_state"]
@@ -202,7 +207,7 @@ def test_an_evaluation_in_the_past_does_not_see_rows_that_arrived_after_it(store
     # back in the same hour, after the evaluation time: the hour's rollup holds those rows too
     sweeps(store, "n1", [("gpu_temperature_celsius", "gpu1")], since_min=before - 5, until_min=before - 25)
     (silence,) = silences(store, Catalog.load(), evaluated)
-    assert (silence.rule_id, silence.device) == (DEVICE_RULE, "gpu1")
+    assert (silence.rule_id, where(silence)) == (DEVICE_RULE, "gpu1")
     assert silence.last_seen_ms == evaluated - 10 * MINUTE
     (now,) = silences(store, Catalog.load(), AT)  # at AT those rows have arrived
     assert now.last_seen_ms == evaluated + 25 * MINUTE
@@ -281,3 +286,23 @@ def test_the_inventorys_push_agent_period_reaches_unknown(tmp_path):
     plain = tmp_path / "plain.yml"
     plain.write_text("---\nall:\n  hosts:\n    n1: {}\n")
     assert Fleet.of(load_inventory(plain)).stream_interval == 5
+
+
+def test_a_node_whose_many_devices_fell_silent_is_one_finding_listing_them_in_one_capped_line(store):
+    """Regression guard (issue 19): three minutes after the last sweep, one UNKNOWN finding per silent
+    device, each alerting, some lines 1,579 characters long."""
+    gpus = [(f"gpu_{m}", f"gpu{g}") for g in range(8) for m in ("temperature_celsius", "power_watts")]
+    nics = [("ib_port_state", f"mlx5_{p}/1") for p in range(8)]
+    sweeps(store, "n1", [("cpu_governor_performance", "node")], until_min=0)  # the node still reports
+    sweeps(store, "n1", [*gpus, *nics], until_min=10)
+    sweeps(store, "n2", SWEEP, until_min=0)
+    findings = [f for f in diagnose(store, [], AT, Catalog.load()) if f["rule_id"].startswith("unknown.")]
+    (finding,) = findings  # one per node, not one per device
+    assert (finding["rule_id"], finding["node_id"], finding["device"]) == (DEVICE_RULE, "n1", "")
+    evidence = json.loads(finding["evidence"])
+    assert len(evidence["devices"]) == 16 and evidence["devices"]["gpu3"] == [
+        "gpu_power_watts",
+        "gpu_temperature_celsius",
+    ]
+    assert finding["message"].startswith("n1: UNKNOWN, 24 series on 16 devices not reported since")
+    assert len(finding["message"]) <= 300 and finding["actions"] == ["log", "alert"]

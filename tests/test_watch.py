@@ -3,6 +3,7 @@ the last good version and says what is wrong with it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -69,14 +70,17 @@ def test_watch_survives_a_cycle_that_fails_outside_the_store_and_keeps_cycling(t
     write(folder / "hot.yml", 80)
     hot_gpu(tmp_dsn)
     not_a_folder = tmp_path / "state"
-    not_a_folder.write_text("a file where the state folder should be\n")  # the disk, not the store
+    not_a_folder.write_text("a file where the lock folder should be\n")  # the disk, not the store
     command = [
-        sys.executable, "-m", "stethoscope.cli", "--dsn", tmp_dsn, "--spool-dir", str(not_a_folder / "spool"),
+        sys.executable, "-m", "stethoscope.cli", "--dsn", tmp_dsn, "--spool-dir", str(tmp_path / "spool"),
         "watch",
         "--rules", str(folder), "--interval", "0.2", "--cycles", "3", "--execute",
         "--inventory", str(inventory(tmp_path)), "-e", f"stethoscope_diagnose_log={tmp_path / 'log'}",
     ]  # fmt: skip
-    result = subprocess.run(command, cwd=TOP, capture_output=True, text=True, timeout=180, check=False)
+    env = {**os.environ, "STETHOSCOPE_LOCK_DIR": str(not_a_folder / "locks")}
+    result = subprocess.run(
+        command, cwd=TOP, capture_output=True, text=True, timeout=180, check=False, env=env
+    )
     assert result.returncode == 0, result.stderr
     failures = [line for line in result.stderr.splitlines() if "watch: cycle" in line]
     assert [line.split(" failed")[0] for line in failures] == [

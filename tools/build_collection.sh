@@ -3,6 +3,7 @@
 # dereferenced copy of the link farm.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+bash "$top/tools/link_collection.sh" >/dev/null  # a link farm of an older checkout may lack entries
 stage="$top/build/collection/aicluster/stethoscope"
 rm -rf "$top/build/collection"
 mkdir -p "$(dirname "$stage")"

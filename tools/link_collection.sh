@@ -5,7 +5,7 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 link="$top/.collections/ansible_collections/aicluster/stethoscope"
 mkdir -p "$link"
-for entry in galaxy.yml meta README.md CHANGELOG.md; do
+for entry in galaxy.yml meta README.md CHANGELOG.md requirements.txt; do
   ln -sfn "$top/collections/stethoscope/$entry" "$link/$entry"
 done
 for entry in plugins roles playbooks; do

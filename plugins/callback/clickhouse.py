@@ -23,10 +23,16 @@ description:
   - A host the play cannot reach gets C(ansible_host_unreachable) = 1 (device C(node)); every host a
     sweep reached gets 0, so the series resolves when the host comes back.
 requirements:
-  - the C(stethoscope) Python package (this repository's C(pip install -e .)) on the controller
+  - the C(stethoscope) Python package in the Python that runs C(ansible-playbook) on the controller
+    (the project's wheel, C(pip wheel . --no-deps) then C(pip install dist/stethoscope-*.whl); or
+    C(pip install -e .) in a checkout). The collection's C(requirements.txt) and
+    C(meta/execution-environment.yml) declare it. Without it the callback warns once and stores nothing.
 options:
   dsn:
-    description: clickhouse-connect DSN; default the embedded database C(<project>/.stethoscope/db).
+    description:
+      - clickhouse-connect DSN; default the embedded database C(db) in the state folder
+        (C($STETHOSCOPE_HOME/.stethoscope), else C(.stethoscope) of a checkout run from, else
+        C(${XDG_STATE_HOME:-~/.local/state}/stethoscope)).
     type: str
     env:
       - name: STETHOSCOPE_DSN
@@ -52,7 +58,7 @@ options:
       - section: callback_clickhouse
         key: batch_size
   spool_dir:
-    description: Folder of the spool; default C(<project>/.stethoscope/spool).
+    description: Folder of the spool; default C(spool) in the state folder (see I(dsn)).
     type: path
     env:
       - name: STETHOSCOPE_SPOOL_DIR
@@ -71,6 +77,7 @@ options:
 """
 
 import json
+import sys
 import time
 import uuid
 from collections import Counter
@@ -87,8 +94,25 @@ try:
     from stethoscope.store.writer import Writer
 
     IMPORT_ERROR = None
-except ImportError as exc:  # the controller package is not installed in this Python
+except ImportError as exc:  # the controller package (or one of its dependencies) is not installed here
     IMPORT_ERROR = exc
+
+
+def _import_warning(exc):
+    """One line a human can act on, naming what is missing, instead of a traceback."""
+    missing = exc.name or ""
+    if missing == "stethoscope" or missing.startswith("stethoscope."):
+        what = "the controller package 'stethoscope' is not installed in this Python"
+    elif missing:
+        what = "'stethoscope' cannot be imported: its dependency %r is missing" % missing
+    else:
+        what = "'stethoscope' cannot be imported: %s" % exc
+    return (
+        "aicluster.stethoscope.clickhouse: %s (%s), so no result is stored. Install it where "
+        "ansible-playbook runs: pip install stethoscope (the wheel built from the project repository: "
+        "pip wheel . --no-deps; see the collection's requirements.txt)" % (what, sys.executable)
+    )
+
 
 TOPOLOGY_VARS = ("rack", "switch", "slurm_name")
 UNREACHABLE = "ansible_host_unreachable"
@@ -99,6 +123,7 @@ class CallbackModule(CallbackBase):
     CALLBACK_TYPE = "aggregate"
     CALLBACK_NAME = "aicluster.stethoscope.clickhouse"
     CALLBACK_NEEDS_ENABLED = True
+    _import_warned = False
 
     def __init__(self, display=None):
         super().__init__(display=display)
@@ -116,8 +141,9 @@ class CallbackModule(CallbackBase):
         self._spooled = 0
         self._spool_only = False  # this play's sink timed out once: no more waiting in it
         self._reached, self._unreachable, self._play_rows = set(), set(), False
-        if self.disabled:
-            self._display.warning("stethoscope clickhouse callback disabled: %s" % IMPORT_ERROR)
+        if self.disabled and not CallbackModule._import_warned:  # once a process, not per instance
+            CallbackModule._import_warned = True
+            self._display.warning(_import_warning(IMPORT_ERROR))
 
     def set_options(self, task_keys=None, var_options=None, direct=None):
         super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -20,9 +21,9 @@ from stethoscope.diagnosis.rules import LoadResult, load_rules
 from stethoscope.diagnosis.ruleset import RuleSet
 from stethoscope.diagnosis.unknown import Fleet
 from stethoscope.inventory import Inventory, load_inventory
-from stethoscope.paths import project_root
-from stethoscope.remediation.cycle import run_cycle, worst
-from stethoscope.remediation.lock import Heartbeat, LockHeld
+from stethoscope.paths import rules_dir
+from stethoscope.remediation.cycle import CycleResult, Cycles, render_result, worst
+from stethoscope.remediation.lock import LockHeld
 from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
 from stethoscope.timeutil import now_ms, to_ms
@@ -43,11 +44,22 @@ def _overrides(pairs: list[str]) -> dict[str, Any] | None:
     return overrides
 
 
-def inventory_of(args: argparse.Namespace, required: bool = False) -> Inventory | None:
-    """The inventory named by --inventory or $STETHOSCOPE_INVENTORY, else the lab's where one is
-    needed (to execute, or `required`); None for a dry-run given none. Errors exit 2."""
+NO_INVENTORY = (
+    "needs an inventory: --inventory INV or STETHOSCOPE_INVENTORY=INV (there is no default: "
+    "`make demo` names the lab's, inventories/lab/hosts.yml)"
+)
+
+
+def inventory_of(args: argparse.Namespace, required: bool = False, command: str = "") -> Inventory | None:
+    """The inventory named by --inventory or $STETHOSCOPE_INVENTORY; None for a dry-run given none.
+    Acting (--execute) or `required` without one is a usage error (exit 2): no command acts on the
+    lab's nodes unless it is told to. Errors exit 2."""
     named = args.inventory or os.environ.get("STETHOSCOPE_INVENTORY") or None
-    if not (named or required or getattr(args, "execute", False)):
+    if named is None:
+        if required or getattr(args, "execute", False):
+            what = "--execute" if getattr(args, "execute", False) else "this command"
+            _say(f"{command or args.command}: {what} {NO_INVENTORY}")
+            raise SystemExit(EXIT_USAGE)
         return None
     try:
         return load_inventory(named)
@@ -61,24 +73,27 @@ def catalog_for(inventory: Inventory | None) -> Catalog:
     catalog = Catalog.load()
     if inventory is None:
         return catalog
+    period = inventory.settings.get("push_agent_period")
+    if isinstance(period, float | str) and not isinstance(period, bool):  # YAML: 5, 5.0 or "5"
+        with contextlib.suppress(ValueError):
+            period = math.ceil(float(period))
     try:
         return catalog.with_intervals(
             inventory.settings.get("stethoscope_sweep_interval"),
             inventory.settings.get("stethoscope_metric_intervals") or {},
+            period,
         )
     except CatalogError as exc:
         _say(f"inventory {inventory.path}: {exc}")
         raise SystemExit(EXIT_USAGE) from None
 
 
-def fleet_of(args: argparse.Namespace, inventory: Inventory | None) -> Fleet | None:
-    """The hosts UNKNOWN answers for: those of an inventory named (--inventory or $STETHOSCOPE_INVENTORY),
-    not the lab's taken by default."""
-    named = args.inventory or os.environ.get("STETHOSCOPE_INVENTORY")
-    return Fleet.of(inventory) if inventory is not None and named else None
+def fleet_of(inventory: Inventory | None) -> Fleet | None:
+    """The hosts UNKNOWN answers for: those of the inventory named, if any."""
+    return Fleet.of(inventory) if inventory is not None else None
 
 
-def _executor_factory(args: argparse.Namespace, inventory: Inventory | None):
+def executor_factory(args: argparse.Namespace, inventory: Inventory | None):
     """None for a dry-run; else a function (dsn, database) -> execution Context. Errors exit 2."""
     if not args.execute or inventory is None:
         return None
@@ -124,7 +139,7 @@ def model_of(args: argparse.Namespace, inventory: Inventory | None, command: str
 def checked_rules(path: Path | None, catalog: Catalog, command: str) -> LoadResult:
     """The rules under `path` (default rules/); a missing path, a rule that does not load, or no rule
     at all exits 2: a gate must not pass because its rules were never evaluated."""
-    path = Path(path or project_root() / "rules")
+    path = Path(path or rules_dir())
     if not path.exists():
         _say(f"{command}: {path}: no such file or folder")
         raise SystemExit(EXIT_USAGE)
@@ -150,27 +165,45 @@ def diagnose_command(args: argparse.Namespace) -> int:
     except ValueError:
         _say(f"diagnose: --at {args.at!r} is neither ISO-8601 nor epoch seconds")
         return EXIT_USAGE
-    factory = _executor_factory(args, inventory)
+    cycles = cycles_of(args, inventory, catalog, model)
     try:
-        findings = run_cycle(
-            loaded.rules,
-            catalog,
-            at_ms,
-            dsn=args.dsn,
-            database=args.database,
-            as_json=args.json,
-            execute_with=factory,
-            nodes=hosts_of(inventory),
-            fleet=fleet_of(args, inventory),
-            model=model,
-        )
+        result = cycles.run(loaded.rules, at_ms)
     except LockHeld as exc:
         _say(f"diagnose: {exc}; nothing done")
         return EXIT_FAILED
+    say_cycle(result, args.json)
     if model is not None and model.error:  # the rules' findings are printed; the diagnosis is not whole
         _say(f"diagnose: model {model.meta.name}: {model.error}")
         return EXIT_FAILED
-    return EXIT_FINDINGS if worst(findings) >= SEVERITY_ORDER[args.fail_on] else EXIT_OK
+    return EXIT_FINDINGS if worst(result.findings) >= SEVERITY_ORDER[args.fail_on] else EXIT_OK
+
+
+def cycles_of(
+    args: argparse.Namespace,
+    inventory: Inventory | None,
+    catalog: Catalog,
+    model: ModelUse | None,
+    long_running: bool = False,
+    beat_seconds: float | None = None,
+) -> Cycles:
+    """The diagnosis cycles a command runs (remediation.cycle), as its options and inventory say."""
+    return Cycles(
+        args.dsn,
+        args.database,
+        catalog,
+        execute_with=executor_factory(args, inventory),
+        nodes=hosts_of(inventory),
+        fleet=fleet_of(inventory),
+        model=model,
+        long_running=long_running,
+        beat_seconds=beat_seconds,
+    )
+
+
+def say_cycle(result: CycleResult, as_json: bool) -> None:
+    if result.standby:
+        _say(f"{result.standby}; this run does not act")
+    print(render_result(result, as_json), flush=True)
 
 
 def watch_command(args: argparse.Namespace) -> int:
@@ -178,13 +211,13 @@ def watch_command(args: argparse.Namespace) -> int:
     its traceback under --debug), counted, and the next cycle runs."""
     inventory = inventory_of(args)
     catalog = catalog_for(inventory)
-    path = Path(args.rules or project_root() / "rules")
+    path = Path(args.rules or rules_dir())
     checked_rules(path, catalog, "watch")  # the first cycle's rules must load; later bad edits are kept out
     rules = RuleSet(path, catalog)
     model = model_of(args, inventory, "watch")
-    factory = _executor_factory(args, inventory)
-    fleet = fleet_of(args, inventory)
-    heartbeat = Heartbeat(max(args.interval, 1.0)) if factory is not None else None
+    cycles = cycles_of(
+        args, inventory, catalog, model, long_running=True, beat_seconds=max(args.interval, 1.0)
+    )
     cycle = failed = 0
     try:
         while True:
@@ -195,21 +228,12 @@ def watch_command(args: argparse.Namespace) -> int:
                 if not rules.rules:  # every rule file removed since: never "healthy" over no rules
                     _say(f"watch: cycle {cycle}: no rules under {path}; nothing evaluated")
                 else:
-                    run_cycle(
-                        rules.rules,
-                        catalog,
-                        now_ms(),
-                        dsn=args.dsn,
-                        database=args.database,
-                        as_json=args.json,
-                        execute_with=factory,
-                        heartbeat=heartbeat,
-                        nodes=hosts_of(inventory),
-                        fleet=fleet,
-                        model=model,
-                    )
+                    say_cycle(cycles.run(rules.rules, now_ms()), args.json)
             except KeyboardInterrupt:
                 raise
+            except LockHeld as exc:  # another executor acts on this database: this one never will
+                _say(f"watch: {exc}; nothing done")
+                return EXIT_FAILED
             except Exception as exc:  # the store, a rule, a playbook, the disk: keep watching
                 failed += 1
                 _say(
@@ -223,9 +247,8 @@ def watch_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return EXIT_OK
     finally:
-        if heartbeat is not None:
-            with contextlib.suppress(Exception), Store(args.dsn, args.database) as store:
-                heartbeat.retire(store)
+        with contextlib.suppress(Exception):  # the store may be the reason it stops
+            cycles.close()
 
 
 def verify_command(args: argparse.Namespace) -> int:

@@ -341,7 +341,11 @@ def _rules_check(args: argparse.Namespace) -> int:
     result = load_rules(path, catalog_for(inventory_of(args)))
     for error in result.errors:
         print(error, file=sys.stderr)
-    print(f"{len(result.rules)} rules valid in {result.files} files; {len(result.errors)} problems")
+    for note in result.notes:
+        print(note)
+    stretched = f"; {len(result.notes)} windows stretched to their cadence" if result.notes else ""
+    problems = f"{len(result.errors)} problems{stretched}"
+    print(f"{len(result.rules)} rules valid in {result.files} files; {problems}")
     if not result.rules and not result.errors:
         print(f"stethoscope: rules check: no rules under {path}", file=sys.stderr)
     return EXIT_USAGE if result.errors or not result.rules else EXIT_OK

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from stethoscope.catalog import SWEEP_INTERVAL
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from stethoscope.inventory import default_inventory
-from stethoscope.paths import default_spool_dir, project_root
+from stethoscope.inventory import Inventory, default_inventory
+from stethoscope.paths import default_spool_dir, rules_dir
 from stethoscope.store.client import Store, StoreError
-from stethoscope.store.dsn import ConfigError, redact
+from stethoscope.store.dsn import ConfigError, is_embedded, redact
 from stethoscope.store.writer import Writer
 from stethoscope.telemetry.keyring import Keyring, default_secret_path, keys_from_inventory, read_secret
 from stethoscope.telemetry.metric_set import MetricSet, MetricSetError, load_sets
@@ -23,6 +25,7 @@ COMMANDS = ("agent", "collector", "serve")
 
 DEFAULT_LISTEN = "127.0.0.1:9975"
 DEFAULT_HTTP = "127.0.0.1:9976"
+LOG_FORMATS = ("text", "json")  # serve's line per cycle
 
 
 def add_commands(commands: Any) -> None:
@@ -42,7 +45,9 @@ def add_commands(commands: Any) -> None:
         "--duration", type=float, help="stop after this many seconds (default: until stopped)"
     )
 
-    serve = commands.add_parser("serve", help="collector + diagnosis every interval + HTTP endpoint")
+    serve = commands.add_parser(
+        "serve", help="the long-running controller: collector, sweeps, diagnosis every interval, HTTP"
+    )
     _stream_options(serve)
     _listen_options(serve)
     serve.add_argument(
@@ -57,6 +62,18 @@ def add_commands(commands: Any) -> None:
     serve.add_argument("--no-model", action="store_true", help="rules only: without the learned model")
     serve.add_argument("--execute", action="store_true", help="carry out the actions (default: dry-run)")
     serve.add_argument("-e", "--extra-var", action="append", default=[], metavar="KEY=VALUE")
+    serve.add_argument(
+        "--sweep-interval",
+        type=float,
+        help="seconds between sweeps (collect.yml) (default the inventory's stethoscope_sweep_interval, "
+        f"else {SWEEP_INTERVAL})",
+    )
+    serve.add_argument(
+        "--no-sweep", action="store_true", help="run no sweeps (another scheduler runs collect.yml)"
+    )
+    serve.add_argument(
+        "--log-format", choices=LOG_FORMATS, default="text", help="each cycle's log line: text or json"
+    )
 
 
 def _stream_options(parser: argparse.ArgumentParser) -> None:
@@ -83,9 +100,23 @@ def _address(text: str, flag: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _inventory_path(args: argparse.Namespace) -> Path:
+    """The inventory of the hosts and keys: --inventory or $STETHOSCOPE_INVENTORY; the lab's only for
+    `agent`, which runs the lab's agents. `collector` and `serve` have no default: exit 2."""
+    named = args.inventory or os.environ.get("STETHOSCOPE_INVENTORY")
+    if named:
+        return Path(named)
+    if args.command == "agent":
+        return default_inventory()
+    raise ConfigError(
+        "needs an inventory: --inventory INV or STETHOSCOPE_INVENTORY=INV (there is no default: "
+        "the lab's is inventories/lab/hosts.yml)"
+    )
+
+
 def _stream(args: argparse.Namespace) -> tuple[Keyring, dict[int, MetricSet]]:
-    inventory = args.inventory or default_inventory()
-    lab = args.inventory is None
+    inventory = _inventory_path(args)
+    lab = inventory.resolve() == default_inventory().resolve()
     secret_path = args.secret_file or default_secret_path()
     secrets = [read_secret(secret_path, create=lab and args.secret_file is None)]
     if args.previous_secret_file:
@@ -182,13 +213,15 @@ def _collector(args: argparse.Namespace, keyring: Keyring, sets: dict[int, Metri
 
 
 def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet]) -> int:
-    from stethoscope.cli.diagnose import _executor_factory, catalog_for, fleet_of, inventory_of, model_of
+    from stethoscope.cli.diagnose import catalog_for, cycles_of, inventory_of, model_of
     from stethoscope.diagnosis.ruleset import RuleSet
+    from stethoscope.remediation.lock import LockHeld
     from stethoscope.serve import Server
 
-    inventory = inventory_of(args) if args.execute or args.inventory else None
+    inventory = inventory_of(args, required=True, command="serve")
+    assert inventory is not None
     catalog = catalog_for(inventory)
-    rules = RuleSet(Path(args.rules or project_root() / "rules"), catalog)
+    rules = RuleSet(Path(args.rules or rules_dir()), catalog)
     if not rules.rules:
         for message in rules.refresh():
             print(f"stethoscope: serve: {message}", file=sys.stderr)
@@ -203,10 +236,17 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
             print(f"stethoscope: serve: {message}", file=sys.stderr)
         return rules.rules
 
+    store = Store(args.dsn, args.database)
+    spool_dir = args.spool_dir or default_spool_dir()
+    cycles = cycles_of(args, inventory, catalog, model, long_running=True, beat_seconds=args.interval)
+    try:
+        cycles.claim()  # --execute: the one executor of this database while serve runs
+    except LockHeld as exc:
+        print(f"stethoscope: serve: {exc}; not started", file=sys.stderr)
+        return EXIT_FAILED
     server = Server(
-        dsn=args.dsn,
-        database=args.database,
-        spool_dir=args.spool_dir or default_spool_dir(),
+        store=store,
+        spool_dir=spool_dir,
         keyring=keyring,
         sets=sets,
         listen=_address(args.listen, "--listen"),
@@ -214,13 +254,19 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
         interval=args.interval,
         rules=current_rules,
         catalog=catalog,
-        execute_with=_executor_factory(args, inventory),
-        model=model,
-        fleet=fleet_of(args, inventory),
-    ).start()
+        cycles=cycles,
+        sweeper=None if args.no_sweep else _sweeper(args, inventory, store, spool_dir),
+        log_format=args.log_format,
+    )
+    try:
+        server.start()
+    except BaseException:
+        cycles.close()
+        raise
     assert server.collector is not None and server.httpd is not None
     udp, http = server.collector.address, server.httpd.server_address[:2]
-    print(f"serve: udp {udp[0]}:{udp[1]}, http http://{http[0]!s}:{http[1]}/healthz", flush=True)
+    sweeps = f", sweeps every {server.sweeper.interval:g} s" if server.sweeper else ", no sweeps"
+    print(f"serve: udp {udp[0]}:{udp[1]}, http http://{http[0]!s}:{http[1]}/healthz{sweeps}", flush=True)
     _stop_on_signals(server.stop_event.set)
     started = time.time()
     try:
@@ -233,3 +279,23 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
         f"{stats.stored} rows stored, {stats.spooled} spooled"
     )
     return EXIT_OK
+
+
+def _sweeper(args: argparse.Namespace, inventory: Inventory, store: Store, spool_dir: Path) -> Any:
+    """collect.yml at the inventory's cadence; its callback writes where serve reads, and spools into
+    serve's spool while serve holds the embedded database (a short write timeout: no sweep waits)."""
+    from stethoscope.serve.sweeps import Sweeper
+
+    interval = args.sweep_interval or inventory.settings.get("stethoscope_sweep_interval") or SWEEP_INTERVAL
+    try:
+        interval = float(interval)
+    except (TypeError, ValueError):
+        interval = 0
+    if interval <= 0:
+        raise ConfigError(f"sweep interval {interval!r}: a positive number of seconds")
+    envvars = {"STETHOSCOPE_DSN": store.dsn, "STETHOSCOPE_SPOOL_DIR": str(spool_dir)}
+    envvars["STETHOSCOPE_DATABASE"] = store.database
+    if is_embedded(store.dsn):
+        envvars["STETHOSCOPE_WRITE_TIMEOUT"] = "2"
+    batch = str(inventory.settings.get("stethoscope_sweep_batch") or "100%")
+    return Sweeper(inventory.path, interval, envvars, batch=batch)

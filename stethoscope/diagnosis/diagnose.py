@@ -12,7 +12,9 @@ from typing import Any
 
 from stethoscope import templating
 from stethoscope.catalog import Catalog
+from stethoscope.diagnosis.cadence import Cadence, window_of
 from stethoscope.diagnosis.engine import Match, evaluate_all
+from stethoscope.diagnosis.hysteresis import Held
 from stethoscope.diagnosis.model import ModelUse, agrees, finding_dicts, pair
 from stethoscope.diagnosis.rules import Action, Group, Rule
 from stethoscope.diagnosis.unknown import (
@@ -24,10 +26,12 @@ from stethoscope.diagnosis.unknown import (
     survey,
 )
 from stethoscope.store.client import Store
+from stethoscope.store.dsn import redact
 from stethoscope.timeutil import iso
 
 log = logging.getLogger(__name__)
 SEVERITY_ORDER = {"info": 0, "warning": 1, "unknown": 1, "critical": 2}
+MESSAGE_CAP = 300  # characters of an UNKNOWN finding's message: one line, whatever fell silent
 DEFAULT_LEVEL = {"info": "L1", "warning": "L2", "unknown": "L2", "critical": "L3"}
 _LOG, _ALERT = Action("log", ()), Action("alert", ())
 _EVIDENCE = Action("playbook", (("playbook", "remediate/evidence.yml"),))
@@ -106,13 +110,64 @@ def _finding(rule: Rule, match: Match, at_ms: int, evidence: dict[str, Any] | No
         "plan": rule.actions or LEVEL_ACTIONS[level],
         "cooldown_seconds": rule.cooldown_seconds,
         "rule_message": rule.message,
+        "window_seconds": window_of(rule),  # as fitted to the cadence: how long it must stay clear
     }
     finding["message"] = _message(rule, finding)
     return finding
 
 
-def _unknown_message(silence: Silence) -> str:
+def held_finding(held: Held, rules: Sequence[Rule]) -> dict[str, Any]:
+    """A finding that did not match this evaluation and stays open (diagnosis.hysteresis), shaped as
+    `diagnose` gives findings, from what the findings table (or the last cycle) holds of it."""
+    p = held.previous
+    rule = next((r for r in rules if r.rule_id == p.rule_id), None)
+    level = p.level or (rule.level if rule and rule.level else DEFAULT_LEVEL.get(p.severity, "L2"))
+    plan = (rule.actions if rule else ()) or LEVEL_ACTIONS[level]
+    return {
+        "finding_id": p.finding_id,
+        "rule_id": p.rule_id,
+        "node_id": p.node_id,
+        "device": p.device,
+        "severity": p.severity,
+        "confidence": p.confidence,
+        "level": level,
+        "first_seen": iso(p.first_seen_ms),
+        "message": p.message,
+        "evidence": p.evidence,
+        "actions": [action_label(a) for a in plan],
+        "value": 0.0,
+        "values": {},
+        "nodes": [],
+        "plan": plan,
+        "cooldown_seconds": rule.cooldown_seconds if rule else 3600,
+        "rule_message": rule.message if rule else None,
+        "window_seconds": window_of(rule) if rule else 0,
+        "txn_id": p.txn_id,
+        "first_seen_ms": p.first_seen_ms,
+        "last_seen_ms": p.last_seen_ms,
+        "held": True,
+        "outcome": held.why,
+    }
+
+
+def _unknown_message(silence: Silence, where: str) -> str:
+    """One line, at most MESSAGE_CAP characters, however many nodes or devices fell silent."""
+    return _capped(_unknown_text(silence, where))
+
+
+def _capped(text: str, cap: int = 0) -> str:
+    cap = cap or MESSAGE_CAP
+    return text if len(text) <= cap else text[: cap - 1].rstrip(" ,;") + "…"
+
+
+def _unknown_text(silence: Silence, where: str) -> str:
     since = iso(silence.last_seen_ms) if silence.last_seen_ms else ""
+    if silence.rule_id == FLEET_RULE and silence.empty:
+        whose = f"any of the {len(silence.nodes)} nodes of the inventory" if silence.nodes else "any node"
+        return (
+            f"UNKNOWN fleet: no data from {whose} in {where}: the store is empty or points elsewhere, "
+            "or nothing was collected yet (playbooks/collect.yml, the push agents)"
+        )
     if silence.rule_id == FLEET_RULE:
         named = ", ".join(silence.nodes[:10]) + (", ..." if len(silence.nodes) > 10 else "")
         return (
@@ -121,9 +176,13 @@ def _unknown_message(silence: Silence) -> str:
         )
     if silence.rule_id == UNREACHABLE_RULE:
         return f"{silence.node_id}: UNKNOWN, unreachable by the sweep since {since}"
-    if silence.device:
-        metrics = ", ".join(silence.metrics)
-        return f"{silence.node_id} {silence.device}: UNKNOWN, {metrics} not reported since {since}"
+    if silence.devices:
+        series = sum(len(names) for names in silence.devices.values())
+        listed = "; ".join(f"{device} ({', '.join(names)})" for device, names in silence.devices.items())
+        return (
+            f"{silence.node_id}: UNKNOWN, {series} series on {len(silence.devices)} devices not reported "
+            f"since {since}: {listed}"
+        )
     return f"{silence.node_id}: UNKNOWN, nothing reported " + (f"since {since}" if since else "ever")
 
 
@@ -132,10 +191,11 @@ def _unknown_findings(
 ) -> list[dict[str, Any]]:
     findings = []
     wanted = None if nodes is None else set(nodes)
+    where = f"database {store.database} of {redact(store.dsn)}"
     for silence in survey(store, catalog, at_ms, fleet).silences:
         if wanted is not None and silence.rule_id != FLEET_RULE and silence.node_id not in wanted:
             continue
-        message = _unknown_message(silence)
+        message = _unknown_message(silence, where)
         # a fleet finding names no host: log and alert, no playbook aimed at a node
         said = (("message", message),)
         actions = (Action("log", said), Action("alert", said)) if silence.rule_id == FLEET_RULE else ()
@@ -146,6 +206,8 @@ def _unknown_findings(
         evidence["last_seen"] = iso(silence.last_seen_ms) if silence.last_seen_ms else None
         if silence.nodes:
             evidence["nodes"] = silence.nodes
+        if silence.devices:
+            evidence["devices"] = silence.devices
         findings.append(_finding(rule, match, at_ms, evidence))
     if fleet is not None:
         record_new_hosts(store, fleet, at_ms)
@@ -160,13 +222,16 @@ def diagnose(
     nodes: Sequence[str] | None = None,
     fleet: Fleet | None = None,
     model: ModelUse | None = None,
+    cadence: Cadence | None = None,
 ) -> list[dict[str, Any]]:
     """Every finding at `at_ms`, most severe first; deterministic for the same data and rules, which
-    are read by a few connections at once (engine.evaluate_all). With
+    are read by a few connections at once (engine.evaluate_all), each fitted to the cadence its
+    series report at (`cadence`, else learned from the store now). With
     `nodes` (an inventory's hosts), only those nodes' data is read; with a fleet (the inventory given),
     UNKNOWN also answers for its nodes that say nothing; with a model, its findings too, each beside
     the rule finding of its layer on its node where there is one (diagnosis.model)."""
-    ordered = sorted(rules, key=lambda r: r.rule_id)
+    cadence = cadence if cadence is not None else Cadence.learn(store, at_ms)
+    ordered = sorted(cadence.fit_all(rules), key=lambda r: r.rule_id)
     findings = [
         _finding(rule, m, at_ms)
         for rule, matches in zip(ordered, evaluate_all(store, ordered, at_ms, nodes=nodes), strict=True)

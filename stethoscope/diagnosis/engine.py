@@ -454,6 +454,27 @@ def rule_query(
     return f"{sql} ORDER BY node_id, device", builder.params
 
 
+def sample_counts(
+    store: Store, condition: Condition, nodes: Sequence[str], at_ms: int, seconds: int
+) -> dict[str, int]:
+    """Per node of `nodes`, the samples (timestamps, each once) of the series `condition` reads in
+    the `seconds` before `at_ms`: what says whether fresh data stands behind a silence."""
+    builder = _Builder(store.database, at_ms, RAW_TTL_SECONDS, nodes)
+    table = "bench_results" if condition.metric.startswith("bench_") else "metrics"
+    where = [
+        *builder.filters(condition),
+        "timestamp <= fromUnixTimestamp64Milli({at:Int64}, 'UTC')",
+        "timestamp > fromUnixTimestamp64Milli({at:Int64}, 'UTC') "
+        f"- toIntervalSecond({builder.param(seconds, 'UInt32')})",
+    ]
+    rows = store.query(
+        f"SELECT node_id, uniqExact(timestamp) FROM {store.database}.{table} WHERE {' AND '.join(where)} "
+        "GROUP BY node_id",
+        builder.params,
+    )
+    return {str(node): int(count) for node, count in rows}
+
+
 # stores already seen with metrics_hourly (the database each had then): once there, it stays
 _WITH_ROLLUP: weakref.WeakKeyDictionary[Store, str] = weakref.WeakKeyDictionary()
 

@@ -8,8 +8,9 @@ findings on one node and device share a transaction).
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,9 @@ CONDITION_FIELDS = {
     "deviation",
     "history",
 }
+# A window spans at least this many reports of its series (docs/design.md "Rules"): shorter windows
+# stretch to it, at whatever cadence the inventory declares or the series shows.
+REPORTS_PER_WINDOW = 3
 _DURATION = re.compile(r"^(\d+)\s*(s|m|h|d)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _RULE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -131,6 +135,31 @@ class Condition:
     history_seconds: int = 30 * 86400  # how far back the node's own baseline reaches
     better: str = "none"
     kind: str = "gauge"  # the metric's kind in the catalog: gauge | counter | events
+    # The cadence (docs/design.md "Rules"): the series' declared report interval, the window as
+    # written (window_seconds is it stretched to REPORTS_PER_WINDOW reports where shorter), and
+    # min_samples as a share of the reports the window was written for (0: any one sample will do);
+    # `at_cadence` fits window_seconds and min_samples to the interval a series really shows.
+    interval_seconds: int = 60
+    written_window_seconds: int = 0
+    min_share: float = 0.0
+    cadence_seconds: int = 0  # the interval `at_cadence` fitted it to (0: the declared one)
+
+    @property
+    def stream(self) -> bool:
+        return ("source", "stream") in self.labels
+
+    def at_cadence(self, interval: int) -> Condition:
+        """This condition for series reported every `interval` seconds (never faster than declared):
+        the window spans at least REPORTS_PER_WINDOW reports, and the samples it asks for are its
+        share of the reports the window then expects, one of them allowed to be late or lost."""
+        interval = max(interval, self.interval_seconds)
+        window = max(self.written_window_seconds or self.window_seconds, REPORTS_PER_WINDOW * interval)
+        return replace(
+            self,
+            window_seconds=window,
+            min_samples=required_samples(self.min_share, window, interval),
+            cadence_seconds=interval,
+        )
 
 
 @dataclass(frozen=True)
@@ -169,6 +198,29 @@ class LoadResult:
     rules: list[Rule] = field(default_factory=list)
     errors: list[RuleError] = field(default_factory=list)
     files: int = 0
+    notes: list[RuleError] = field(default_factory=list)  # not errors: windows stretched to the cadence
+
+
+def required_samples(share: float, window: int, interval: int) -> int:
+    """Samples a window of `window` seconds at one report every `interval` must hold: `share` of the
+    reports it expects, but one of them, which a late or lost sweep takes away; at least 1."""
+    expected = window / max(interval, 1)
+    return max(1, math.ceil(round(share * (expected - 1), 6)))
+
+
+def min_share(min_samples: int, window: int, authored_interval: int) -> float:
+    """min_samples as written, as a share of the reports `window` expects at the catalog's interval
+    (the cadence the rule's author counted on); 0 for the default of 1 sample."""
+    if min_samples <= 1 or window <= 0:
+        return 0.0
+    return min(1.0, min_samples * authored_interval / window)
+
+
+def fmt_duration(seconds: int) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def parse_duration(text: Any) -> int | None:
@@ -178,12 +230,12 @@ def parse_duration(text: Any) -> int | None:
 
 
 class _Validator:
-    def __init__(self, path: Path, catalog: Catalog, min_window_factor: int, sandbox: SandboxedEnvironment):
+    def __init__(self, path: Path, catalog: Catalog, sandbox: SandboxedEnvironment):
         self.file = str(path)
         self.catalog = catalog
-        self.min_window_factor = min_window_factor
         self.sandbox = sandbox
         self.errors: list[RuleError] = []
+        self.notes: list[RuleError] = []
 
     def error(self, where: Any, key: str, message: str, fallback: int = 0) -> None:
         line = getattr(where, "key_lines", {}).get(key) or getattr(where, "line", 0) or fallback
@@ -320,13 +372,23 @@ class _Validator:
         window = parse_duration(data.get("window"))
         if window is None:
             self.error(data, "window", f"a duration like 5m; got {data.get('window')!r}")
-        elif spec is not None and window < self.min_window_factor * spec.interval:
-            self.error(
-                data,
-                "window",
-                f"{window} s is shorter than {self.min_window_factor} report intervals of "
-                f"{metric} ({self.min_window_factor} x {spec.interval} s = "
-                f"{self.min_window_factor * spec.interval} s)",
+        labels = data.get("labels", {})
+        if not isinstance(labels, dict) or not all(isinstance(v, str | int | float) for v in labels.values()):
+            self.error(data, "labels", "a mapping of label name to value")
+            labels = {}
+        stream = str(labels.get("source", "")) == "stream"
+        interval = self.catalog.interval_of(str(metric), stream) if spec is not None else 60
+        reach = REPORTS_PER_WINDOW * interval
+        if window is not None and spec is not None and window < reach:
+            self.notes.append(
+                RuleError(
+                    self.file,
+                    getattr(data, "key_lines", {}).get("window") or getattr(data, "line", 0) or 0,
+                    "window",
+                    f"note: {fmt_duration(window)} is shorter than {REPORTS_PER_WINDOW} reports of "
+                    f"{metric} {'from the stream ' if stream else ''}at {interval} s: it reads "
+                    f"{fmt_duration(reach)} ({REPORTS_PER_WINDOW} x {interval} s)",
+                )
             )
         kind = spec.kind if spec else "gauge"
         allowed = KIND_AGGREGATES[kind]
@@ -339,10 +401,6 @@ class _Validator:
                 "aggregate",
                 f"{aggregate} does not apply to {metric}, a {kind} (a {kind} allows {', '.join(allowed)})",
             )
-        labels = data.get("labels", {})
-        if not isinstance(labels, dict) or not all(isinstance(v, str | int | float) for v in labels.values()):
-            self.error(data, "labels", "a mapping of label name to value")
-            labels = {}
         min_samples = data.get("min_samples", 1)
         if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
             self.error(data, "min_samples", f"a positive integer; got {min_samples!r}")
@@ -368,6 +426,9 @@ class _Validator:
             )
         if len(self.errors) > before:
             return None
+        share = min_share(
+            min_samples, int(window or 0), self.catalog.authored_interval_of(str(metric), stream)
+        )
         return Condition(
             str(metric),
             str(operator),
@@ -382,7 +443,10 @@ class _Validator:
             history or 30 * 86400,
             spec.better if spec else "none",
             kind,
-        )
+            interval,
+            int(window or 0),
+            share,
+        ).at_cadence(interval)
 
     def actions(self, items: Any, parent: Any) -> tuple[Action, ...]:
         if items in (None, []):
@@ -428,14 +492,14 @@ def rule_files(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.suffix in (".yml", ".yaml") and p.name not in data)
 
 
-def load_rules(path: str | Path, catalog: Catalog, min_window_factor: int = 3) -> LoadResult:
+def load_rules(path: str | Path, catalog: Catalog) -> LoadResult:
     """Every rule under `path` (a file or a folder, metrics.yml excepted), and every problem found."""
     result = LoadResult()
     sandbox = SandboxedEnvironment()
     seen: dict[str, str] = {}
     for file in rule_files(Path(path)):
         result.files += 1
-        validator = _Validator(file, catalog, min_window_factor, sandbox)
+        validator = _Validator(file, catalog, sandbox)
         try:
             data = yaml.load(file.read_text(encoding="utf-8"), Loader=_LineLoader)
         except yaml.YAMLError as exc:
@@ -466,4 +530,5 @@ def load_rules(path: str | Path, catalog: Catalog, min_window_factor: int = 3) -
             seen[rule.rule_id] = f"{file}:{rule.line}"
             result.rules.append(rule)
         result.errors.extend(validator.errors)
+        result.notes.extend(validator.notes)
     return result

@@ -41,14 +41,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stethoscope.catalog import SWEEP_INTERVAL, Catalog
+from stethoscope.catalog import STREAM_INTERVAL, SWEEP_INTERVAL, Catalog
+from stethoscope.diagnosis.cadence import SKIPPED, SPACING_SQL, hour_params, hours_sql
 from stethoscope.inventory import Host, Inventory
 from stethoscope.store.client import Store, StoreError
 
 LOOKBACK_SECONDS = 24 * 3600
 MISSED_INTERVALS = 3
 DEFAULT_INTERVAL = 60
-STREAM_INTERVAL = 5  # the push stream's period (docs/design.md "Telemetry"; push_agent_period)
 # a stream series is judged this much later than its 3 periods: the collector's one-second batch,
 # the write (p99 2 s at 2,000 nodes, benchmarks/store_latency.py) and a clock a few seconds off
 STREAM_ALLOWANCE = 10
@@ -61,7 +61,6 @@ DEVICE_RULE = "unknown.device"
 UNREACHABLE_RULE = "unknown.unreachable"
 FLEET_RULE = "unknown.fleet"
 FLEET_NODE = "fleet"
-_HOUR_MS = 3_600_000
 
 
 @dataclass
@@ -73,6 +72,8 @@ class Silence:
     last_seen_ms: int
     severity: str = "unknown"
     nodes: list[str] = field(default_factory=list)  # unknown.fleet: the silent nodes
+    devices: dict[str, list[str]] = field(default_factory=dict)  # unknown.device: device -> its metrics
+    empty: bool = False  # unknown.fleet: nothing at all from the inventory's nodes (or in the store)
 
 
 @dataclass(frozen=True)
@@ -117,41 +118,6 @@ class Survey:
         return isinstance(key, tuple) and len(key) == 3 and (key[0] in self.nodes or key in self.series)
 
 
-_SKIPPED = (
-    "NOT startsWith(metric_name, 'train_') AND NOT startsWith(metric_name, 'cuda_') "
-    "AND NOT startsWith(metric_name, 'bench_') AND labels['phase'] != 'bench' AND device != 'collector'"
-)
-
-
-def _hours_sql(db: str) -> str:
-    """Per series (labels apart) and hour: first and last sample, last value, count. From the rollup;
-    only a series with rows after the evaluation time (an evaluation in the past) reads its raw rows
-    of the hour being evaluated."""
-    key = "node_id, metric_name, device, labels_key"
-    history = (
-        f"SELECT {key}, any(labels)['source'] AS source, hour, "
-        "toUnixTimestamp64Milli(min(first_at)) AS first_ms, toUnixTimestamp64Milli(max(last_at)) AS last_ms, "
-        f"argMaxMerge(last_value) AS last_value, sum(samples) AS n FROM {db}.metrics_hourly "
-        "WHERE hour >= toDateTime({from_s:Int64}, 'UTC') AND hour <= toDateTime({hour_s:Int64}, 'UTC') "
-        f"AND {_SKIPPED} GROUP BY {key}, hour "
-        "HAVING hour < toDateTime({hour_s:Int64}, 'UTC') OR last_ms <= {at:Int64}"
-    )
-    late = (
-        f"SELECT {key} FROM {db}.metrics_hourly WHERE hour = toDateTime({{hour_s:Int64}}, 'UTC') "
-        f"GROUP BY {key} HAVING max(last_at) > fromUnixTimestamp64Milli({{at:Int64}}, 'UTC')"
-    )
-    recent = (
-        f"SELECT {key}, any(labels)['source'] AS source, "
-        "toDateTime({hour_s:Int64}, 'UTC') AS hour, toUnixTimestamp64Milli(min(timestamp)) AS first_ms, "
-        "toUnixTimestamp64Milli(max(timestamp)) AS last_ms, argMax(value, timestamp) AS last_value, "
-        f"count() AS n FROM {db}.metrics "
-        "WHERE timestamp >= fromUnixTimestamp64Milli({hour_ms:Int64}, 'UTC') "
-        "AND timestamp <= fromUnixTimestamp64Milli({at:Int64}, 'UTC') "
-        f"AND ({key}) IN ({late}) AND {_SKIPPED} GROUP BY {key}"
-    )
-    return f"{history} UNION ALL {recent}"
-
-
 def _query(db: str) -> str:
     fallback = (
         "if(arrayExists(p -> startsWith(metric_name, p), {families:Array(String)}), "
@@ -161,7 +127,7 @@ def _query(db: str) -> str:
     # a stream series stands on the stream's cadence, whatever the sweeps' interval for its metric
     swept = f"transform(toString(metric_name), {names}, {fallback})"
     declared = f"if(source = 'stream', {{stream:UInt32}}, {swept})"
-    spacing = "quantileExactIf(0.5)((last_ms - first_ms) / 1000 / (n - 1), n >= 2)"
+    spacing = SPACING_SQL
     learned = (
         f"if(countIf(n >= 2) * 2 >= count(), {spacing}, "
         "if(uniqExact(hour) > 1, (toUnixTimestamp(max(hour)) - toUnixTimestamp(min(hour))) "
@@ -170,7 +136,7 @@ def _query(db: str) -> str:
     per_series = (
         "SELECT node_id, metric_name, device, source, max(last_ms) AS last, "
         f"argMax(last_value, last_ms) AS value, greatest({declared}, {learned}) AS interval_s "
-        f"FROM ({_hours_sql(db)}) GROUP BY node_id, metric_name, device, source "
+        f"FROM ({hours_sql(db)}) GROUP BY node_id, metric_name, device, source "
         "HAVING last > {at:Int64} - {lookback:Int64} * 1000"
     )
     flagged = (
@@ -192,12 +158,8 @@ def _query(db: str) -> str:
 
 def _params(catalog: Catalog, at_ms: int, stream_interval: int) -> dict[str, Any]:
     families = sorted(catalog.families)
-    hour_ms = at_ms - at_ms % _HOUR_MS
     return {
-        "at": at_ms,
-        "hour_ms": hour_ms,
-        "hour_s": hour_ms // 1000,
-        "from_s": (hour_ms - LOOKBACK_SECONDS * 1000) // 1000,
+        **hour_params(at_ms, LOOKBACK_SECONDS // 3600),
         "lookback": LOOKBACK_SECONDS,
         "missed": MISSED_INTERVALS,
         "names": list(catalog.metrics),
@@ -253,7 +215,7 @@ def _history(store: Store, names: list[str], at_ms: int) -> tuple[dict[str, int]
     last = store.query(
         f"SELECT node_id, toUnixTimestamp64Milli(max(last_at)) FROM {db}.metrics_hourly "
         "WHERE node_id IN {names:Array(String)} AND last_at <= fromUnixTimestamp64Milli({at:Int64}, 'UTC') "
-        f"AND metric_name != '{PROBE}' AND {_SKIPPED} GROUP BY node_id",
+        f"AND metric_name != '{PROBE}' AND {SKIPPED} GROUP BY node_id",
         {"names": names, "at": at_ms},
     )
     first = store.query(
@@ -329,12 +291,15 @@ def survey(store: Store, catalog: Catalog, at_ms: int, fleet: Fleet | None = Non
             )
         elif node.fresh == 0:
             whole[name] = Silence(NODE_RULE, name, "", sorted(m for m, _ in stopped), node.swept_ms)
-        else:
-            for device in sorted(node.silent):
-                metrics = node.silent[device]
-                silences.append(
-                    Silence(DEVICE_RULE, name, device, [m for m, _ in metrics], max(t for _, t in metrics))
-                )
+        elif node.silent:  # one finding per node, its silent devices listed: one alert, not a storm
+            devices = {device: sorted({m for m, _ in node.silent[device]}) for device in sorted(node.silent)}
+            silent_metrics = sorted({m for names in devices.values() for m in names})
+            last = max(t for _, t in stopped)
+            silences.append(Silence(DEVICE_RULE, name, "", silent_metrics, last, devices=devices))
+    if _nothing_at_all(store, fleet, seen, last_ms, at_ms):
+        names = fleet.names if fleet is not None else []
+        silences = [Silence(FLEET_RULE, FLEET_NODE, "", [], 0, severity="critical", nodes=names, empty=True)]
+        return Survey(silences, series, set(names))
     if fleet is not None and FLEET_MIN_NODES <= len(whole) > FLEET_FRACTION * len(fleet.hosts):
         nodes = sorted(whole)
         last_seen = max(s.last_seen_ms for s in whole.values())
@@ -342,6 +307,25 @@ def survey(store: Store, catalog: Catalog, at_ms: int, fleet: Fleet | None = Non
     else:
         silences.extend(whole.values())
     return Survey(silences, series, dark)
+
+
+def _nothing_at_all(
+    store: Store, fleet: Fleet | None, seen: dict[str, _Node], last_ms: dict[str, int], at_ms: int
+) -> bool:
+    """No node of the inventory has ever reported (whatever their grace: a store that is empty or
+    points elsewhere is no new fleet), or, given no inventory, the store holds nothing of the last
+    24 h: UNKNOWN, never healthy."""
+    if fleet is not None:
+        return not any(name in seen or name in last_ms for name in fleet.names)
+    if seen:
+        return False
+    rows = store.query(
+        f"SELECT count() FROM {store.database}.metrics_hourly "
+        "WHERE hour >= toDateTime({from_s:Int64}, 'UTC') "
+        "AND first_at <= fromUnixTimestamp64Milli({at:Int64}, 'UTC')",
+        {"from_s": (at_ms - LOOKBACK_SECONDS * 1000) // 1000, "at": at_ms},
+    )
+    return not rows or not rows[0][0]
 
 
 def silences(store: Store, catalog: Catalog, at_ms: int, fleet: Fleet | None = None) -> list[Silence]:

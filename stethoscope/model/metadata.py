@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stethoscope.paths import project_root
+from stethoscope.paths import models_dir as shipped_models_dir
 
 CLASSES = ("healthy", "communication", "storage", "compute")
 STEPS = 120
@@ -111,7 +111,7 @@ class ModelMeta:
 
 
 def models_dir() -> Path:
-    return project_root() / "rules" / "models"
+    return shipped_models_dir()
 
 
 def metadata_path(name: str = DEFAULT_NAME, directory: Path | None = None) -> Path:

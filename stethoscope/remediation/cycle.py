@@ -1,75 +1,202 @@
-"""One diagnosis cycle (what `diagnose` does once and `watch` repeats): evaluate, print, and with
---execute act on the findings. Executing, the cycle holds the database's executor lock from the
-evaluation to the last record, and acts only if its heartbeat makes it the executor of record."""
+"""One diagnosis cycle, the same for `diagnose` (once), `watch` and `serve` (every interval): learn the
+cadence the series report at, evaluate the rules and the model, hold open what did not match but is
+not yet clear (diagnosis.hysteresis), cap stream-only findings at L3, and with --execute act on the
+findings under the database's executor lock and heartbeat, the circuit breaker inside the executor.
+It prints nothing: its callers print (`render_result`).
+
+The executor lock is keyed by the DSN and the database (remediation.lock), not by a folder. A one-shot
+run holds it for its cycle; a long-running one (`watch --execute`, `serve --execute`) for its whole
+life, so that no other executor acts on the same database between its cycles."""
 
 from __future__ import annotations
 
 import json
-import sys
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.diagnose import SEVERITY_ORDER, diagnose, printable, render
+from stethoscope.diagnosis.cadence import Cadence
+from stethoscope.diagnosis.diagnose import SEVERITY_ORDER, diagnose, held_finding, printable, render
+from stethoscope.diagnosis.hysteresis import HELD, Held, Previous, held_reason, settle_all
 from stethoscope.diagnosis.model import ModelUse
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.diagnosis.unknown import Fleet
+from stethoscope.remediation.ledger import Ledger
 from stethoscope.remediation.lock import ExecutorLock, Heartbeat, lock_path
+from stethoscope.remediation.stream_cap import cap_stream_only, stream_only_metrics
 from stethoscope.store.client import Store
+from stethoscope.telemetry.metric_set import load_sets
 
 
-def run_cycle(
-    rules: list[Rule],
-    catalog: Catalog,
-    at_ms: int,
-    *,
-    dsn: str | None,
-    database: str | None,
-    as_json: bool,
-    execute_with: Any = None,
-    heartbeat: Heartbeat | None = None,
-    nodes: Sequence[str] | None = None,
-    fleet: Fleet | None = None,
-    model: ModelUse | None = None,
-) -> list[dict[str, Any]]:
-    """`nodes`: the inventory's hosts, the only ones evaluated (and so acted on); None for all.
-    `model`: the learned model's findings join the rules' (None: rules only, --no-model).
-    Raises LockHeld when another run holds this database's executor lock (nothing done)."""
-    executing = execute_with is not None
-    standby = ""
-    named = Store(dsn, database)  # the DSN and database as resolved (the lock is per database)
-    context = execute_with(named.dsn, named.database) if executing else None
-    lock = ExecutorLock(lock_path(context.spool_dir.parent, named.dsn, named.database)) if context else None
-    one_shot = heartbeat is None
-    if lock is not None:
-        lock.acquire()
-    try:
-        with Store(dsn, database) as store:
-            if context is not None:
-                heartbeat = heartbeat or Heartbeat(float(context.setting("stethoscope_executor_beat", 60)))
-                standby = heartbeat.beat(store)
-            findings = diagnose(store, rules, at_ms, catalog, nodes, fleet, model)
-        if context is not None and not standby:
-            from stethoscope.remediation.executor import Executor
+@dataclass
+class CycleResult:
+    at_ms: int
+    findings: list[dict[str, Any]]  # matched, and held open though they did not match; worst first
+    rules: int
+    executing: bool  # --execute was given
+    standby: str = ""  # why an executing run did not act: another host's executor does
+    seconds: float = 0.0
+    model: ModelUse | None = None
 
-            evaluated = model.evaluated if model is not None and model.ran else None
-            findings = Executor(context).run(findings, rules, at_ms, model_nodes=evaluated)
-        if context is not None and one_shot and heartbeat is not None:
-            with Store(dsn, database) as store:
-                heartbeat.retire(store)
-    finally:
-        if lock is not None:
-            lock.release()
-    if standby:
-        print(f"stethoscope: {standby}; this run does not act", file=sys.stderr)
-    extra = ("txn_id", "outcome") if executing and not standby else ()
+    @property
+    def acted(self) -> bool:
+        return self.executing and not self.standby
+
+
+@dataclass
+class Cycles:
+    """The cycles of one command. Long-running commands keep it from one cycle to the next: its lock,
+    heartbeat, and in a dry-run the findings it saw open (there is no ledger to hold them)."""
+
+    dsn: str | None
+    database: str | None
+    catalog: Catalog
+    execute_with: Any = None  # (dsn, database) -> remediation.executor.Context; None: dry-run
+    nodes: Sequence[str] | None = None
+    fleet: Fleet | None = None
+    model: ModelUse | None = None
+    long_running: bool = False
+    beat_seconds: float | None = None  # heartbeat period (default the inventory's, else 60)
+    stream_names: set[str] | None = None
+    _lock: ExecutorLock | None = field(default=None, repr=False)
+    _heartbeat: Heartbeat | None = field(default=None, repr=False)
+    _seen: dict[str, Previous] = field(default_factory=dict, repr=False)  # a dry-run's open findings
+
+    def run(self, rules: list[Rule], at_ms: int, store: Store | None = None) -> CycleResult:
+        """One cycle at `at_ms`. `store`: a handle the caller holds open (serve), else one is opened
+        for the evaluation and closed before anything acts. Raises LockHeld when another run holds
+        this database's executor lock (nothing done)."""
+        started = time.monotonic()
+        executing = self.execute_with is not None
+        named = store or Store(self.dsn, self.database)  # the DSN and database as resolved
+        context = self.execute_with(named.dsn, named.database) if executing else None
+        self.claim()
+        standby = ""
+        try:
+            with _handle(store, self.dsn, self.database) as handle:
+                cadence = Cadence.learn(handle, at_ms)
+                fitted = cadence.fit_all(rules)
+                if context is not None:
+                    if self._heartbeat is None:
+                        beat = self.beat_seconds or float(context.setting("stethoscope_executor_beat", 60))
+                        self._heartbeat = Heartbeat(beat)
+                    standby = self._heartbeat.beat(handle)
+                findings = diagnose(
+                    handle, rules, at_ms, self.catalog, self.nodes, self.fleet, self.model, cadence
+                )
+                if context is None or standby:
+                    findings += self._held(handle, findings, fitted, at_ms)
+            if context is None or not context.setting("stethoscope_stream_isolation", False):
+                cap_stream_only(findings, fitted, self._stream_names())
+            if context is not None and not standby:
+                from stethoscope.remediation.executor import Executor
+
+                evaluated = self.model.evaluated if self.model is not None and self.model.ran else None
+                findings = Executor(context).run(findings, fitted, at_ms, model_nodes=evaluated)
+        finally:
+            if not self.long_running:
+                self.close()
+        findings.sort(key=lambda f: (-SEVERITY_ORDER[f["severity"]], f["node_id"], f["rule_id"], f["device"]))
+        return CycleResult(
+            at_ms, findings, len(rules), executing, standby, time.monotonic() - started, self.model
+        )
+
+    def claim(self) -> None:
+        """Take this database's executor lock, if this command executes and does not hold it yet: a
+        long-running one calls it at its start, so that it refuses to start beside another."""
+        if self.execute_with is None or self._lock is not None:
+            return
+        named = Store(self.dsn, self.database)  # the DSN and database as resolved
+        self._lock = ExecutorLock(lock_path(named.dsn, named.database)).acquire()
+
+    def close(self) -> None:
+        """Retire the heartbeat (another host may take over at once) and release the lock."""
+        try:
+            if self._heartbeat is not None:
+                with Store(self.dsn, self.database) as store:
+                    self._heartbeat.retire(store)
+        finally:
+            self._heartbeat = None
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    def _stream_names(self) -> set[str]:
+        if self.stream_names is None:
+            sets = load_sets(catalog=self.catalog)
+            self.stream_names = stream_only_metrics({s.id: s for s in sets.values()}, self.catalog)
+        return self.stream_names
+
+    def _held(
+        self, store: Store, findings: list[dict[str, Any]], rules: list[Rule], at_ms: int
+    ) -> list[dict[str, Any]]:
+        """A dry-run's view of the hysteresis: the open findings of the ledger (an executor's, read
+        only) and of this command's earlier cycles that did not match now and are not yet clear."""
+        matched = {f["finding_id"] for f in findings}
+        hosts = None if self.nodes is None else set(self.nodes)
+        known = {
+            k.finding_id: k.previous()
+            for k in Ledger(store).known_findings().values()
+            if k.status != "resolved" and (hosts is None or k.node_id in hosts)
+        }
+        previous = {**known, **self._seen}
+        rule_ids = {rule.rule_id for rule in rules}
+        silent = [p for p in previous.values() if p.finding_id not in matched and p.rule_id in rule_ids]
+        verdicts = settle_all(store, rules, silent, at_ms)
+        held = [Held(p, held_reason(p, rules)) for p in silent if verdicts.get(p.finding_id) == HELD]
+        if self.long_running and self.execute_with is None:
+            self._seen = {p.finding_id: p for p in (h.previous for h in held)}
+            for f in findings:
+                first = previous[f["finding_id"]].first_seen_ms if f["finding_id"] in previous else at_ms
+                self._seen[f["finding_id"]] = _remembered(f, first, at_ms)
+        return [held_finding(h, rules) for h in held]
+
+
+def _remembered(finding: dict[str, Any], first_seen_ms: int, at_ms: int) -> Previous:
+    return Previous(
+        finding["finding_id"],
+        finding["rule_id"],
+        finding["node_id"],
+        finding["device"],
+        finding["severity"],
+        "open",
+        first_seen_ms,
+        at_ms,
+        "",
+        finding["level"],
+        float(finding["confidence"]),
+        finding["message"],
+        finding["evidence"],
+    )
+
+
+class _handle:
+    """The caller's open store (left open), or one opened now and closed at the end of the block."""
+
+    def __init__(self, store: Store | None, dsn: str | None, database: str | None):
+        self.given, self.dsn, self.database = store, dsn, database
+        self.opened: Store | None = None
+
+    def __enter__(self) -> Store:
+        if self.given is not None:
+            return self.given
+        self.opened = Store(self.dsn, self.database).open()
+        return self.opened
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.opened is not None:
+            self.opened.close()
+
+
+def render_result(result: CycleResult, as_json: bool) -> str:
+    """What `diagnose` and `watch` print for a cycle: JSON findings, or one line per alarm."""
+    extra = ("txn_id", "outcome") if result.acted else ("outcome",)
     if as_json:
-        print(json.dumps([printable(f, extra) for f in findings], indent=1))
-    else:
-        name = model.describe() if model is not None else ""
-        print(render(findings, len(rules), executed=executing and not standby, model=name))
-    sys.stdout.flush()
-    return findings
+        return json.dumps([printable(f, extra) for f in result.findings], indent=1)
+    name = result.model.describe() if result.model is not None else ""
+    return render(result.findings, result.rules, executed=result.acted, model=name)
 
 
 def worst(findings: list[dict[str, Any]]) -> int:

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stethoscope.diagnosis.diagnose import action_label, printable, template_context
+from stethoscope.diagnosis.diagnose import action_label, held_finding, printable, template_context
 from stethoscope.diagnosis.rules import Action, Rule, parse_duration
 from stethoscope.inventory import Inventory
-from stethoscope.paths import default_spool_dir, project_root
+from stethoscope.paths import default_spool_dir
+from stethoscope.paths import state_dir as default_state_dir
 from stethoscope.remediation.actions.http import send
 from stethoscope.remediation.actions.playbook import run_playbook
 from stethoscope.remediation.breaker import CircuitBreaker
@@ -42,7 +43,7 @@ class Context:
     database: str | None
     inventory: Inventory
     overrides: dict[str, Any] = field(default_factory=dict)
-    state_dir: Path = field(default_factory=lambda: project_root() / ".stethoscope")
+    state_dir: Path = field(default_factory=default_state_dir)
     spool_dir: Path = field(default_factory=default_spool_dir)
 
     def setting(self, name: str, default: Any = None) -> Any:
@@ -83,20 +84,21 @@ class Executor:
         at_ms: int,
         model_nodes: Collection[str] | None = None,
     ) -> list[dict[str, Any]]:
-        """`model_nodes`: the nodes the model evaluated this cycle (None: it did not run)."""
+        """The findings with what each did, and the findings held open though they did not match
+        (diagnosis.hysteresis). `rules` as fitted to the cadence; `model_nodes`: the nodes the model
+        evaluated this cycle (None: it did not run)."""
         with self._store() as store:
             self._replay_spool(store)
             ledger = Ledger(store)
-            decisions, rows, changes = decide(
-                store, findings, rules, at_ms, self.ctx.inventory.hosts, model_nodes=model_nodes
-            )
-            ledger.write_findings(rows)
-            for finding_id, status, version in changes:
+            plan = decide(store, findings, rules, at_ms, self.ctx.inventory.hosts, model_nodes=model_nodes)
+            ledger.write_findings(plan.rows)
+            for finding_id, status, version in plan.changes:
                 ledger.set_status(finding_id, status, version)
-            if any(action_label(a) == DRAIN for d in decisions for a in d.actions):
+            if any(action_label(a) == DRAIN for d in plan.decisions for a in d.actions):
                 self._arm_breaker(ledger)
         with ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="finding") as pool:
-            list(pool.map(self._act_all, decisions))
+            list(pool.map(self._act_all, plan.decisions))
+        findings = [*findings, *(held_finding(held, rules) for held in plan.held)]
         if self.spooled:  # the store is free again: record now what had to wait
             try:
                 with self._store() as store:
@@ -294,6 +296,10 @@ class Executor:
                 )
                 return "refused", node, {"reason": why, "alert": alert[0]}
         extravars = {
+            # the roles' default sits beside the playbooks, which an installed package holds read-only
+            "stethoscope_evidence_dir": str(
+                self.ctx.setting("stethoscope_evidence_dir", self.ctx.state_dir / "evidence")
+            ),
             **{k: v for k, v in extra.items()},
             **self.ctx.overrides,
             "stethoscope_txn_id": finding["txn_id"],

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from stethoscope.diagnosis.hysteresis import Previous
 from stethoscope.store.client import Store
 
 DRAIN = "playbook:remediate/drain.yml"
@@ -32,6 +33,27 @@ class KnownFinding:
     severity: str
     status: str  # open | stale | resolved
     nodes: tuple[str, ...] = ()  # its node, and for a switch or rack finding the nodes behind it
+    level: str = ""
+    confidence: float = 1.0
+    message: str = ""
+    evidence: str = "{}"
+
+    def previous(self) -> Previous:
+        return Previous(
+            self.finding_id,
+            self.rule_id,
+            self.node_id,
+            self.device,
+            self.severity,
+            self.status,
+            self.first_seen_ms,
+            self.last_seen_ms,
+            self.txn_id,
+            self.level,
+            self.confidence,
+            self.message,
+            self.evidence,
+        )
 
 
 @dataclass
@@ -55,14 +77,19 @@ class Ledger:
             "toUnixTimestamp64Milli(argMax(first_seen, version)), "
             "toUnixTimestamp64Milli(argMax(last_seen, version)), max(version), argMax(rule_id, version), "
             "argMax(node_id, version), argMax(device, version), argMax(severity, version), "
-            "argMax(status, version), JSONExtract(argMax(evidence, version), 'nodes', 'Array(String)') "
-            f"FROM {self.db}.findings GROUP BY finding_id"
+            "argMax(status, version), JSONExtract(argMax(evidence, version), 'nodes', 'Array(String)'), "
+            "argMax(level, version), argMax(confidence, version), argMax(message, version), "
+            f"argMax(evidence, version) FROM {self.db}.findings GROUP BY finding_id"
         )
         return {
             row[0]: KnownFinding(
                 *(row[0], row[1], int(row[2]), int(row[3]), int(row[4])),
                 *(row[5], row[6], row[7], row[8], row[9]),
                 nodes=(row[6], *row[10]),
+                level=row[11],
+                confidence=float(row[12]),
+                message=row[13],
+                evidence=row[14],
             )
             for row in rows
         }

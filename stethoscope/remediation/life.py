@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stethoscope.diagnosis.diagnose import SEVERITY_ORDER, action_label
-from stethoscope.diagnosis.freshness import fresh_nodes
+from stethoscope.diagnosis.hysteresis import HELD, Held, held_reason, settle_all
 from stethoscope.diagnosis.rules import Action, Rule
 from stethoscope.remediation.ledger import KnownFinding, Ledger
 from stethoscope.store.client import Store
@@ -53,6 +53,14 @@ def _version(known: KnownFinding | None) -> int:
     return max(now_ms(), known.version + 1 if known else 0)
 
 
+@dataclass
+class Plan:
+    decisions: list[Decision]  # what acts now
+    rows: list[tuple[dict[str, Any], str, int, int]]  # findings rows to write
+    changes: list[tuple[str, str, int]]  # (finding_id, status, version) of the findings that did not match
+    held: list[Held]  # of those, the ones still open: reported with this cycle's findings
+
+
 def decide(
     store: Store,
     findings: list[dict[str, Any]],
@@ -60,10 +68,11 @@ def decide(
     at_ms: int,
     hosts: Collection[str] | None = None,
     model_nodes: Collection[str] | None = None,
-) -> tuple[list[Decision], list[tuple[dict[str, Any], str, int, int]], list[tuple[str, str, int]]]:
-    """-> (what acts now, findings rows to write, (finding_id, status, version) of the others).
-    `hosts`: the inventory evaluated; another inventory's findings in the same database are left as
-    they are. `model_nodes`: the nodes the model saw data of this cycle (None: it did not run)."""
+) -> Plan:
+    """What the matched findings do, and what becomes of the others. `rules` as fitted to the
+    cadence (diagnosis.cadence). `hosts`: the inventory evaluated; another inventory's findings in
+    the same database are left as they are. `model_nodes`: the nodes the model saw data of this
+    cycle (None: it did not run)."""
     ledger = Ledger(store)
     known = ledger.known_findings()
     family_of = {rule.rule_id: rule.family for rule in rules}
@@ -118,8 +127,8 @@ def decide(
                 families[key] = _FamilyTxn(finding["txn_id"], at_ms, finding["severity"])
         finding["first_seen"] = iso(finding["first_seen_ms"])
         rows.append((finding, "open", _version(k), at_ms))
-    others = _the_others(store, ledger, known, findings, rules, at_ms, hosts, model_nodes)
-    return decisions, rows, others
+    changes, held = _the_others(store, ledger, known, findings, rules, at_ms, hosts, model_nodes)
+    return Plan(decisions, rows, changes, held)
 
 
 def _keep(finding: dict[str, Any], txn_id: str, first_seen_ms: int, why: str) -> None:
@@ -135,9 +144,10 @@ def _the_others(
     at_ms: int,
     hosts: Collection[str] | None,
     model_nodes: Collection[str] | None = None,
-) -> list[tuple[str, str, int]]:
+) -> tuple[list[tuple[str, str, int]], list[Held]]:
+    """(finding_id, status, version) of the known findings that did not match and change status,
+    and those held open (hysteresis.settle; a drained node's until verify resumes it)."""
     seen = {f["finding_id"] for f in findings}
-    by_rule = {rule.rule_id: rule for rule in rules}
     silent = [
         k
         for k in known.values()
@@ -146,26 +156,33 @@ def _the_others(
         and (hosts is None or any(node in hosts for node in k.nodes))
     ]
     if not silent:
-        return []
+        return [], []
     drained = ledger.drained_txns()
     changes: list[tuple[str, str, int]] = []
-    pending: dict[str, list[KnownFinding]] = {}
+    held: list[Held] = []
+    pending: list[KnownFinding] = []
     for k in silent:
-        if k.txn_id in drained:
-            continue  # its node stays drained until verify resumes it, whatever the data does
-        if k.rule_id.startswith("unknown."):
+        if k.txn_id in drained:  # its node stays drained until verify resumes it, whatever the data does
+            held.append(
+                Held(k.previous(), f"drained under txn {k.txn_id}: open until verify resumes the node")
+            )
+        elif k.rule_id.startswith("unknown."):
             changes.append((k.finding_id, "resolved", _version(k)))  # the data came back
         elif k.rule_id.startswith("model."):
             if model_nodes is not None:
                 status = "resolved" if k.node_id in model_nodes else "stale"
                 if status != k.status:
                     changes.append((k.finding_id, status, _version(k)))
-        elif k.rule_id in by_rule:
-            pending.setdefault(k.rule_id, []).append(k)
-    for rule_id, silenced in pending.items():
-        fresh = fresh_nodes(store, by_rule[rule_id], {k.node_id for k in silenced}, at_ms)
-        for k in silenced:
-            status = "resolved" if k.node_id in fresh else "stale"
-            if status != k.status:
-                changes.append((k.finding_id, status, _version(k)))
-    return changes
+        else:
+            pending.append(k)
+    verdicts = settle_all(store, rules, [k.previous() for k in pending], at_ms)
+    for k in pending:
+        verdict = verdicts.get(k.finding_id)
+        if verdict is None:
+            continue  # a rule no longer loaded: left as it is
+        status = "open" if verdict == HELD else verdict
+        if status != k.status:
+            changes.append((k.finding_id, status, _version(k)))
+        if verdict == HELD:
+            held.append(Held(k.previous(), held_reason(k.previous(), rules)))
+    return changes, held

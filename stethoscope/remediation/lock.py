@@ -1,16 +1,20 @@
 """One executor at a time per database (docs/design.md "Remediation safety").
 
-On one controller host a flock on a file beside the spool, named after the database, is held across
-a whole evaluate -> act -> record cycle. Across hosts (a server DSN) each executor writes a heartbeat
-row into `executors` every cycle; only the oldest live one (started_at, then host name) acts, and a
-holder that missed 3 beats is no longer live."""
+On one controller host a flock on a file named after the DSN (password stripped) and the database, in
+one folder for the whole host ($STETHOSCOPE_LOCK_DIR, else stethoscope-locks in the system's temp
+folder: not beside a spool or state folder, which two runs may set apart), is held across a whole
+evaluate -> act -> record cycle (a long-running executor: its whole life). Across hosts (a server
+DSN) each executor writes a heartbeat row into `executors` every cycle; only the oldest live one
+(started_at, then host name) acts, and a holder that missed 3 beats is no longer live."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
 import socket
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,9 +29,25 @@ class LockHeld(RuntimeError):
     """Another run holds the executor lock of this database."""
 
 
-def lock_path(state_dir: Path, dsn: str, database: str) -> Path:
+def lock_dir() -> Path:
+    return Path(os.environ.get("STETHOSCOPE_LOCK_DIR") or Path(tempfile.gettempdir()) / "stethoscope-locks")
+
+
+def lock_path(dsn: str, database: str) -> Path:
     key = hashlib.sha256(f"{redact(dsn)}|{database}".encode()).hexdigest()[:12]
-    return state_dir / f"executor-{key}.lock"
+    return lock_dir() / f"executor-{key}.lock"
+
+
+def _who(pid: str) -> str:
+    """`pid N (its command line)` where /proc tells it."""
+    try:
+        argv = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return f"pid {pid}"
+    words = [Path(argv[0].decode(errors="replace")).name] + [
+        a.decode(errors="replace") for a in argv[1:] if a
+    ]
+    return f"pid {pid}: {' '.join(words)[:200]}"
 
 
 class ExecutorLock:
@@ -37,13 +57,17 @@ class ExecutorLock:
 
     def acquire(self) -> ExecutorLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        with contextlib.suppress(OSError):  # one folder for every user of the host
+            os.chmod(self.path.parent, 0o1777)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise LockHeld(f"the executor lock {self.path} is held by another run (pid {holder})") from None
+            raise LockHeld(
+                f"the executor lock {self.path} of this database is held by another run ({_who(holder)})"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd

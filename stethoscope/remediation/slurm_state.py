@@ -4,6 +4,9 @@ asked (no scontrol, no controller): the breaker then counts what the actions tab
 
 from __future__ import annotations
 
+import importlib
+import importlib.machinery
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -11,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from stethoscope.paths import project_root
+from stethoscope.paths import COLLECTION, collections_path
 
 
 @dataclass(frozen=True)
@@ -21,13 +24,20 @@ class SlurmNode:
     reason: str
 
 
+PARSER = ".".join((*COLLECTION, "plugins", "module_utils", "slurm"))
+
+
 def _parser() -> Any:
-    try:
-        from ansible_collections.aicluster.stethoscope.plugins.module_utils import slurm
-    except ImportError:  # the collection as the playbooks see it (ANSIBLE_COLLECTIONS_PATH)
-        sys.path.append(str(project_root() / ".collections"))
-        from ansible_collections.aicluster.stethoscope.plugins.module_utils import slurm
-    return slurm
+    """The collection's own parser (plugins/module_utils/slurm.py, one parser for the module and the
+    controller), imported under its name from the collection the package ships. sys.path is left
+    alone: where no `ansible_collections` is imported yet, that namespace is created with only the
+    shipped collections folder on its path; one already imported (ansible's loader, a test's) is
+    used as it is."""
+    if COLLECTION[0] not in sys.modules:
+        spec = importlib.machinery.ModuleSpec(COLLECTION[0], None, is_package=True)
+        spec.submodule_search_locations = [str(collections_path() / COLLECTION[0])]
+        sys.modules[COLLECTION[0]] = importlib.util.module_from_spec(spec)
+    return importlib.import_module(PARSER)
 
 
 def read_nodes(

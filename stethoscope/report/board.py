@@ -25,7 +25,7 @@ from stethoscope.diagnosis.engine import _metrics
 from stethoscope.diagnosis.layers import CLASS_LAYERS
 from stethoscope.diagnosis.model import ModelUse, agrees
 from stethoscope.diagnosis.rules import Rule, load_rules
-from stethoscope.paths import project_root
+from stethoscope.paths import rules_dir
 from stethoscope.report.layers import LAYERS, layer_of
 from stethoscope.report.smart import Trend, smart_trends
 from stethoscope.store.client import Store
@@ -163,7 +163,7 @@ def collect(
     """`model`: today's evaluation runs it too; `today`: today's findings already evaluated (serve's
     cycle), not evaluated again."""
     if rules is None:
-        rules = load_rules(project_root() / "rules", catalog).rules
+        rules = load_rules(rules_dir(), catalog).rules
     layers = rule_layers(rules, catalog)
     day_list = _days(days, now_ms)
     labels = [d.isoformat() for d in day_list]

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from stethoscope.catalog import Catalog, default_catalog
-from stethoscope.paths import project_root
+from stethoscope.paths import rules_dir
 from stethoscope.telemetry import wire
 
 PARTS = ("node", "gpu", "job")
@@ -67,7 +67,7 @@ class MetricSet:
 
 
 def default_path() -> Path:
-    return project_root() / "rules" / "telemetry.yml"
+    return rules_dir() / "telemetry.yml"
 
 
 def load_sets(path: str | Path | None = None, catalog: Catalog | None = None) -> dict[str, MetricSet]:

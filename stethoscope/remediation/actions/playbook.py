@@ -1,6 +1,8 @@
 """Remediation playbooks through ansible-runner: `--limit` to one validated inventory name, the finding
-and its transaction id as extra vars, the project's ansible.cfg and collections through envvars
-(ansible-runner does not read them from its own working dir), and its structured events recorded."""
+and its transaction id as extra vars, the ansible.cfg and the collection the package ships (or the
+checkout's ansible.cfg, run from one) through envvars (ansible-runner does not read them from its own
+working dir), and its structured events recorded. The playbook runs in the current directory, so its
+callback finds the same state folder as this process (stethoscope.paths)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stethoscope.paths import project_root
+from stethoscope.paths import ansible_cfg, collections_path, playbooks_dir
 
 RECORDED_EVENTS = ("runner_on_ok", "runner_on_failed", "runner_on_unreachable", "runner_on_skipped")
 MAX_EVENTS = 200
@@ -27,20 +29,20 @@ class PlaybookResult:
 
 
 def playbook_path(name: str) -> Path:
-    return project_root() / "playbooks" / name
+    return playbooks_dir() / name
 
 
 def run_playbook(
     name: str,
     inventory: Path,
-    limit: str,
+    limit: str | None,
     extravars: dict[str, Any],
     envvars: dict[str, str],
     timeout: int = 1800,
 ) -> PlaybookResult:
     import ansible_runner
 
-    top = project_root()
+    top = Path.cwd()
     events: list[dict[str, Any]] = []
 
     stats: dict[str, Any] = {}
@@ -64,8 +66,8 @@ def run_playbook(
         return True
 
     env = {
-        "ANSIBLE_CONFIG": str(top / "ansible.cfg"),
-        "ANSIBLE_COLLECTIONS_PATH": str(top / ".collections"),
+        "ANSIBLE_CONFIG": str(ansible_cfg()),
+        "ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
         "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
         # ansible-playbook of this environment, also when the venv is not activated
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),

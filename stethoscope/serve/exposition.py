@@ -1,0 +1,134 @@
+"""serve's /metrics in Prometheus' text format, so an existing Prometheus and Alertmanager can alert on
+stethoscope: open findings and incidents per node, the cycle's and the sweeps' durations and
+outcomes, rows stored per second, and the collector's counters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from stethoscope.diagnosis.diagnose import SEVERITY_ORDER
+
+DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+class Exposition:
+    """A registry of its own per server: the durations as histograms (observed as they happen), the
+    rest read from the server's state at each scrape."""
+
+    def __init__(self, server: Any):
+        self.server = server
+        self.registry = CollectorRegistry()
+        self.cycle_seconds = Histogram(
+            "stethoscope_cycle_duration_seconds",
+            "seconds a diagnosis cycle took (evaluate, act, record, board)",
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.sweep_seconds = Histogram(
+            "stethoscope_sweep_duration_seconds",
+            "seconds a sweep (collect.yml) took",
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_State(server))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _State:
+    def __init__(self, server: Any):
+        self.server = server
+
+    def collect(self):
+        state = self.server.state
+        yield from _findings(state.findings)
+        cycles = CounterMetricFamily("stethoscope_cycles", "diagnosis cycles", labels=["outcome"])
+        cycles.add_metric(["ok"], state.cycles)
+        cycles.add_metric(["failed"], state.failures)
+        yield cycles
+        rate = GaugeMetricFamily(
+            "stethoscope_store_rows_per_second", "rows the collector stored per second since the last cycle"
+        )
+        rate.add_metric([], state.rows_per_second)
+        yield rate
+        if self.server.sweeper is not None:
+            yield from _sweeps(self.server.sweeper.stats)
+        if self.server.collector is not None:
+            yield from _collector(self.server.collector)
+
+
+def _findings(findings: list[dict[str, Any]]):
+    open_findings = GaugeMetricFamily(
+        "stethoscope_findings_open",
+        "open findings at the last cycle (held open ones included)",
+        labels=["node", "rule_id", "severity"],
+    )
+    counts: dict[tuple[str, str, str], int] = {}
+    incidents: dict[tuple[str, str], str] = {}  # (node, incident) -> its worst severity
+    for finding in findings:
+        key = (finding["node_id"], finding["rule_id"], finding["severity"])
+        counts[key] = counts.get(key, 0) + 1
+        incident = (finding["node_id"], finding.get("txn_id") or finding["finding_id"])
+        worst = incidents.get(incident)
+        if worst is None or SEVERITY_ORDER[finding["severity"]] > SEVERITY_ORDER[worst]:
+            incidents[incident] = finding["severity"]
+    for (node, rule_id, severity), count in sorted(counts.items()):
+        open_findings.add_metric([node, rule_id, severity], count)
+    yield open_findings
+    per_node: dict[tuple[str, str], int] = {}
+    for (node, _incident), severity in incidents.items():
+        per_node[(node, severity)] = per_node.get((node, severity), 0) + 1
+    open_incidents = GaugeMetricFamily(
+        "stethoscope_incidents_open",
+        "open incidents (one transaction each: its findings, one ticket, one drain) by worst severity",
+        labels=["node", "severity"],
+    )
+    for (node, severity), count in sorted(per_node.items()):
+        open_incidents.add_metric([node, severity], count)
+    yield open_incidents
+
+
+def _sweeps(stats: Any):
+    sweeps = CounterMetricFamily("stethoscope_sweeps", "sweeps serve ran", labels=["outcome"])
+    sweeps.add_metric(["ok"], stats.ok)
+    sweeps.add_metric(["failed"], stats.failed)
+    sweeps.add_metric(["skipped"], stats.skipped)  # due while the last one still ran
+    yield sweeps
+    hosts = GaugeMetricFamily("stethoscope_sweep_hosts", "hosts of the last sweep", labels=["state"])
+    for state, count in sorted(stats.last_hosts.items()):
+        hosts.add_metric([state], count)
+    yield hosts
+    running = GaugeMetricFamily("stethoscope_sweep_running", "1 while a sweep runs")
+    running.add_metric([], 1 if stats.running else 0)
+    yield running
+    if stats.last_finished is not None:
+        last = GaugeMetricFamily("stethoscope_sweep_last_finished_seconds", "unix time the last sweep ended")
+        last.add_metric([], stats.last_finished)
+        yield last
+
+
+def _collector(collector: Any):
+    stats = collector.stats
+    datagrams = CounterMetricFamily("stethoscope_telemetry_datagrams", "datagrams received")
+    datagrams.add_metric([], stats.datagrams)
+    yield datagrams
+    duplicates = CounterMetricFamily("stethoscope_telemetry_duplicates", "resent copies already kept")
+    duplicates.add_metric([], stats.duplicates)
+    yield duplicates
+    rejected = CounterMetricFamily(
+        "stethoscope_telemetry_packets_rejected", "datagrams dropped", labels=["reason"]
+    )
+    for reason, count in sorted(stats.rejected.items()):
+        rejected.add_metric([reason], count)
+    yield rejected
+    lost = CounterMetricFamily("stethoscope_telemetry_packets_lost", "samples no resend recovered")
+    lost.add_metric([], sum(collector.guard.lost.values()))
+    yield lost
+    rows = CounterMetricFamily("stethoscope_telemetry_rows", "rows handed to the store", labels=["outcome"])
+    rows.add_metric(["stored"], stats.stored)
+    rows.add_metric(["spooled"], stats.spooled)
+    yield rows

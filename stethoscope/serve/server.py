@@ -1,0 +1,256 @@
+"""`stethoscope serve`: the one long-running controller (docs/design.md "Telemetry"): the stream's
+collector, the sweeps (serve.sweeps), the diagnosis cycle every interval (remediation.cycle, the
+same cycle `diagnose` and `watch` run: acting only with --execute) with the board it writes, and an
+HTTP endpoint on loopback (/healthz, /metrics, /report). Each cycle writes one log line (text, or
+JSON with --log-format json).
+
+With the embedded default, serve is the database's only owner while it runs: it holds one handle
+open from start to stop (another process's open is refused, so the callback, `ingest` and playbook
+runs, its own sweeps included, spool) and the collector's writer replays the spool with each batch.
+chdb runs queries from several threads of one process at once (benchmarks/chdb_threads.py), so the
+cycle reads through that handle while the collector's writing thread inserts through its own.
+
+SIGTERM and SIGINT stop it gracefully: the collector stops receiving, takes what the socket still
+holds, and writes (or spools) everything before the handle closes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from stethoscope.catalog import Catalog
+from stethoscope.diagnosis.rules import Rule
+from stethoscope.remediation.cycle import CycleResult, Cycles
+from stethoscope.report import board
+from stethoscope.serve.exposition import Exposition
+from stethoscope.serve.http import bind, handler
+from stethoscope.serve.sweeps import Sweeper
+from stethoscope.store.client import Store
+from stethoscope.store.dsn import redact
+from stethoscope.store.writer import Writer
+from stethoscope.telemetry.collector import WRITE_TIMEOUT, Collector
+from stethoscope.telemetry.keyring import Keyring
+from stethoscope.telemetry.metric_set import MetricSet
+from stethoscope.timeutil import iso
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CycleState:
+    cycles: int = 0
+    failures: int = 0
+    last_at: float | None = None
+    last_error: str | None = None
+    last: CycleResult | None = None
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    report: Path | None = None  # the board's index.html, written by the last cycle
+    durations: list[float] = field(default_factory=list)  # seconds of every cycle, for its p99
+    rows_per_second: float = 0.0  # rows the collector stored between the last two cycles
+
+
+class Server:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        spool_dir: Path,
+        keyring: Keyring,
+        sets: dict[int, MetricSet],
+        listen: tuple[str, int],
+        http: tuple[str, int] | None,
+        interval: float,
+        rules: Callable[[], list[Rule]],
+        catalog: Catalog,
+        cycles: Cycles,
+        sweeper: Sweeper | None = None,
+        flush_interval: float = 1.0,
+        log_format: str = "text",
+    ):
+        self.store = store  # opened by start(), held until stop()
+        self.spool_dir = spool_dir
+        self.report_dir = spool_dir.parent / "report"  # beside the spool: .stethoscope/report
+        self.keyring, self.sets, self.listen, self.http_address = keyring, sets, listen, http
+        self.interval, self.rules, self.catalog = interval, rules, catalog
+        self.cycles = cycles
+        self.sweeper = sweeper
+        self.flush_interval = flush_interval
+        self.log_format = log_format
+        self.state = CycleState()
+        self.stop_event = threading.Event()
+        self.collector: Collector | None = None
+        self.httpd: ThreadingHTTPServer | None = None
+        self.started = time.time()
+        self._stored_at_last: tuple[int, float] = (0, time.monotonic())
+        self.exposition = Exposition(self)
+        if sweeper is not None:
+            sweeper.on_done = lambda seconds: self.exposition.sweep_seconds.observe(seconds)
+
+    # life -------------------------------------------------------------------------------------
+    def start(self) -> Server:
+        if self.http_address is not None:  # first: a busy address refuses the start, nothing held
+            self.httpd = bind(self.http_address, handler(self))
+        self.store.open()  # held until stop: the embedded database's only owner
+        self.store.ensure_schema()
+        writer = Writer(self.store.dsn, self.spool_dir, timeout=WRITE_TIMEOUT)
+        self.collector = Collector(
+            self.keyring, self.sets, writer.write, listen=self.listen, flush_interval=self.flush_interval
+        ).start()
+        if self.httpd is not None:
+            threading.Thread(target=self.httpd.serve_forever, name="stethoscope-http", daemon=True).start()
+        if self.sweeper is not None:
+            self.sweeper.start()
+        return self
+
+    def run(self, cycles: int = 0) -> None:
+        """Diagnose every interval until stopped (or `cycles` have run)."""
+        while not self.stop_event.is_set():
+            self.cycle()
+            if cycles and self.state.cycles + self.state.failures >= cycles:
+                break
+            self.stop_event.wait(self.interval)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.sweeper is not None:
+            self.sweeper.stop()
+        if self.httpd is not None:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+        if self.collector is not None:
+            self.collector.stop()  # drains the socket, writes or spools everything
+        try:
+            self.cycles.close()
+        except Exception as exc:  # the heartbeat's last row: the store may be why serve stops
+            log.warning("serve: on stop: %s", redact(str(exc)))
+        self.store.close()
+
+    # the cycle --------------------------------------------------------------------------------
+    def cycle(self) -> None:
+        at_ms = int(time.time() * 1000)
+        started = time.monotonic()
+        rules = self.rules()
+        try:
+            result = self.cycles.run(rules, at_ms, store=self.store)
+            today = board.collect(self.store, self.catalog, 7, at_ms, rules, today=result.findings)
+            written = board.write(today, self.report_dir)
+        except Exception as exc:  # the store may come back, a rule be fixed: the next cycle tries again
+            self.state.failures += 1
+            self.state.last_error = f"{type(exc).__name__}: {redact(str(exc))}"
+            self._log_cycle(at_ms, time.monotonic() - started, None)
+            return
+        self.state.cycles += 1
+        self.state.last_at = time.time()
+        self.state.last_error = None
+        self.state.last = result
+        self.state.findings = result.findings
+        self.state.report = written
+        self._log_cycle(at_ms, time.monotonic() - started, result)
+
+    def _log_cycle(self, at_ms: int, seconds: float, result: CycleResult | None) -> None:
+        """One line per cycle: what it found and did, how long it took, what the store took since."""
+        self.state.durations.append(seconds)
+        del self.state.durations[:-10_000]
+        self.exposition.cycle_seconds.observe(seconds)
+        stored = self.collector.stats.stored if self.collector else 0
+        before, since = self._stored_at_last
+        self._stored_at_last = (stored, time.monotonic())
+        self.state.rows_per_second = (stored - before) / max(time.monotonic() - since, 1e-6)
+        record: dict[str, Any] = {
+            "event": "cycle",
+            "at": iso(at_ms),
+            "cycle": self.state.cycles + self.state.failures,
+            "seconds": round(seconds, 3),
+            "ok": result is not None,
+            "error": self.state.last_error,
+            "rows_stored_per_second": round(self.state.rows_per_second, 1),
+        }
+        if result is not None:
+            severities: dict[str, int] = {}
+            for finding in result.findings:
+                severities[finding["severity"]] = severities.get(finding["severity"], 0) + 1
+            record.update(
+                rules=result.rules,
+                findings=len(result.findings),
+                by_severity=dict(sorted(severities.items())),
+                nodes=len({f["node_id"] for f in result.findings}),
+                held=sum(1 for f in result.findings if f.get("held")),
+                executing=result.executing,
+                standby=result.standby or None,
+            )
+        if self.sweeper is not None:
+            stats = self.sweeper.stats
+            record["sweeps"] = {"ok": stats.ok, "failed": stats.failed, "skipped": stats.skipped}
+        print(_line(record) if self.log_format == "text" else json.dumps(record), flush=True)
+        if self.state.last_error:
+            print(f"stethoscope: serve: cycle failed: {self.state.last_error}", file=sys.stderr, flush=True)
+
+    # HTTP -------------------------------------------------------------------------------------
+    def page(self, name: str) -> bytes | None:
+        """The last board's index.html or one of its node pages (`name` matched by NODE_PAGE)."""
+        if self.state.report is None:
+            return None
+        path = self.report_dir / name
+        return path.read_bytes() if path.is_file() else None
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        fresh = self.state.last_at is not None and time.time() - self.state.last_at <= 3 * self.interval + 30
+        starting = self.state.last_at is None and time.time() - self.started <= 3 * self.interval + 30
+        ok = (fresh or starting) and self.state.last_error is None
+        stats = self.collector.stats if self.collector else None
+        body: dict[str, Any] = {
+            "status": "ok" if ok else "failing",
+            "cycles": self.state.cycles,
+            "cycle_failures": self.state.failures,
+            "last_cycle": self.state.last_at,
+            "last_error": self.state.last_error,
+            "collector": {
+                "datagrams": stats.datagrams if stats else 0,
+                "stored_rows": stats.stored if stats else 0,
+                "spooled_rows": stats.spooled if stats else 0,
+                "last_write_error": stats.last_error if stats else None,
+            },
+        }
+        if self.sweeper is not None:
+            sweeps = self.sweeper.stats
+            body["sweeps"] = {
+                "ok": sweeps.ok,
+                "failed": sweeps.failed,
+                "skipped": sweeps.skipped,
+                "running": sweeps.running,
+                "last_seconds": sweeps.last_seconds,
+                "last_hosts": sweeps.last_hosts,
+                "last_error": sweeps.last_error,
+            }
+        return (200 if ok else 503), body
+
+    def metrics(self) -> bytes:
+        return self.exposition.render()
+
+
+def _line(record: dict[str, Any]) -> str:
+    """The cycle's log line as text: `serve: cycle N at T: 0.8 s, ...`."""
+    head = f"serve: cycle {record['cycle']} at {record['at']}: {record['seconds']:.2f} s"
+    if not record["ok"]:
+        return f"{head}, FAILED: {record['error']}"
+    worst = ", ".join(f"{n} {s}" for s, n in record["by_severity"].items())
+    parts = [
+        f"{record['rules']} rules",
+        f"{record['findings']} findings" + (f" ({worst})" if worst else "") + f" on {record['nodes']} nodes",
+        f"{record['held']} held open",
+        "acting" if record["executing"] and not record["standby"] else "dry-run",
+        f"{record['rows_stored_per_second']:.0f} rows/s stored",
+    ]
+    if "sweeps" in record:
+        sweeps = record["sweeps"]
+        parts.append(f"sweeps {sweeps['ok']} ok, {sweeps['failed']} failed, {sweeps['skipped']} skipped")
+    return f"{head}, " + ", ".join(parts)
