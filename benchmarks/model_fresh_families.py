@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The shipped model (rules/models/core12*) on fresh families (stethoscope/model/fresh.py): variants
+"""The shipped model (rules/models/core12*) on fresh families (stethoscope_training/fresh.py): variants
 of each fault class and of healthy nodes written before the model was trained (set 1: after it was
 trained and chosen), so a clean hold-out (the test split's HELD_OUT families were seen while the
 architecture was chosen). Once scored, a set becomes training data for the next model; each
 earlier scoring stays under `history` (which model, by its graphs' fingerprint; which set; when).
-Scored as `stethoscope model evaluate` scores (stethoscope/model/evaluate.py): per-class precision,
+Scored as `stethoscope model evaluate` scores (stethoscope_training/evaluate.py): per-class precision,
 recall, F1, macro-F1, confusion, healthy false findings; and per family: the share found (the
 classifier names the class, or the outlier detector fires on a feature of its layer), the
 classifier's share alone, and what the classifier called its episodes. A control runs the same
@@ -14,7 +14,7 @@ there).
     .venv/bin/python benchmarks/model_fresh_families.py [--seed 2026] [--per-family 200] [--set N]
         [--json OUT] [--note TEXT]
 
---set N scores an earlier set kept apart as stethoscope/model/families_setN.py (not one that is
+--set N scores an earlier set kept apart as stethoscope_training/families_setN.py (not one that is
 training data now), checking that it regenerates the data its earlier scoring had.
 """
 
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from stethoscope.model import episodes, evaluate, fresh
 from stethoscope.model.metadata import CLASSES, load, metadata_path
 from stethoscope.paths import project_root
+from stethoscope_training import episodes, evaluate, fresh
 
 RESULT = project_root() / "benchmarks" / "results" / "model_fresh_families.json"
 
@@ -175,7 +175,7 @@ def main() -> None:
         "--set",
         type=int,
         default=fresh.SET,
-        help=f"an earlier set kept as stethoscope/model/families_setN.py (default: the current, {fresh.SET})",
+        help=f"an earlier set kept as stethoscope_training/families_setN.py (default: current, {fresh.SET})",
     )
     parser.add_argument(
         "--json", type=Path, help=f"default {RESULT} (another set: model_fresh_setN.json beside it)"

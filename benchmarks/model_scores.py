@@ -19,10 +19,10 @@ import numpy as np
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.rules import load_rules
-from stethoscope.diagnosis.rules_on_episodes import rules_scores, sample
-from stethoscope.model import dataset, evaluate
 from stethoscope.model.metadata import load, metadata_path
 from stethoscope.paths import project_root
+from stethoscope_training import dataset, evaluate
+from stethoscope_training.rules_alone import rules_scores, sample
 
 
 def main() -> None:

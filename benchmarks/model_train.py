@@ -21,8 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from stethoscope.model import dataset, episodes, evaluate, finetune, metadata
-from stethoscope.model.train import TrainConfig, train
+from stethoscope.model import metadata
+from stethoscope_training import dataset, episodes, evaluate, finetune
+from stethoscope_training.train import TrainConfig, train
 
 
 def main() -> None:

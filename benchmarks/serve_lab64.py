@@ -136,8 +136,9 @@ def main() -> None:
         records = [json.loads(line) for line in lines if line.startswith("{")]
         with Store(dsn) as store:
             per_node = store.query(
+                # every sweep stores each node's fingerprint count (collect.yml's first task)
                 f"SELECT node_id, uniqExact(timestamp) FROM {store.database}.metrics "
-                "WHERE metric_name = 'cpu_governor_performance' GROUP BY node_id"
+                "WHERE metric_name = 'node_fingerprint_changes_total' GROUP BY node_id"
             )
     cycles = [r["seconds"] for r in records if r.get("ok")]
     sweeps = health.get("sweeps", {})

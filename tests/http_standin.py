@@ -30,6 +30,7 @@ class StandIn:
     requests: list[Request] = field(default_factory=list)
     issues: dict[str, dict] = field(default_factory=dict)  # the Jira stand-in's issues by key
     server: ThreadingHTTPServer | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)  # requests arrive in parallel
 
     @property
     def url(self) -> str:
@@ -67,8 +68,9 @@ class StandIn:
                 request = Request(
                     self.command, self.path, dict(self.headers.items()), self.rfile.read(length)
                 )
-                standin.requests.append(request)
-                status, body = standin.answer(request)
+                with standin.lock:
+                    standin.requests.append(request)
+                    status, body = standin.answer(request)
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 if status == 503 and standin.retry_after is not None:

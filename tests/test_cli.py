@@ -309,8 +309,8 @@ def test_ingest_rejects_future_timestamps_and_warns_about_rows_past_the_ttl(tmp_
 
 
 def bad_spool(spool_dir, dsn):
-    """A spool file for `dsn` that no replay can store (a row without its device column), as written
-    on disk: a header naming the target, then the rows."""
+    """A spool file for `dsn` whose one row no replay can store (it lacks its device column), as
+    written on disk: a header naming the target, then the rows."""
     row = json.loads(metric_row())
     del row["device"]
     row["timestamp"] = int(row["timestamp"] * 1000)
@@ -322,15 +322,26 @@ def bad_spool(spool_dir, dsn):
 
 
 def test_spool_status_lists_target_rows_attempts_and_quarantine(tmp_path):
+    """A file the store refuses as a whole (here: its table was dropped) is retried, then quarantined;
+    `spool status` shows both stages."""
+    from stethoscope.store.client import Store
+
     dsn, spool = f"chdb://{tmp_path / 'db'}", str(tmp_path / "spool")
-    bad = bad_spool(tmp_path / "spool", dsn)
     assert cli("--dsn", dsn, "--spool-dir", spool, "db", "init").returncode == 0
+    with Store(dsn) as store:
+        store.command("DROP TABLE stethoscope.nodes")
+    header = {"__spool__": {"dsn": dsn, "database": "stethoscope", "table": "nodes"}}
+    row = {"node_id": "n1", "slurm_name": "n1", "rack": "", "switch": "", "groups": [], "updated_at": 1}
+    bad = tmp_path / "spool" / f"nodes-{int(time.time() * 1000)}-{os.getpid()}-0.ndjson"
+    bad.write_text(json.dumps(header) + "\n" + json.dumps(row) + "\n")
     status = cli("--spool-dir", spool, "spool", "status")
-    assert status.stdout.startswith("1 rows waiting")
+    assert status.stdout.startswith("1 rows waiting") and f"{bad.name}  nodes  1 rows" in status.stdout
     assert (
-        f"{bad.name}  metrics  1 rows" in status.stdout and "1 failed attempts (row refused" in status.stdout
+        f"-> chdb://{tmp_path / 'db'} database stethoscope" in status.stdout and "0 attempts" in status.stdout
     )
-    assert f"-> chdb://{tmp_path / 'db'} database stethoscope" in status.stdout
+    assert cli("--dsn", dsn, "--spool-dir", spool, "spool", "replay").returncode == 0
+    status = cli("--spool-dir", spool, "spool", "status")
+    assert "1 failed attempts (" in status.stdout and "db init" in status.stdout
     for _ in range(2):
         assert cli("--dsn", dsn, "--spool-dir", spool, "spool", "replay").returncode == 0
     status = cli("--spool-dir", spool, "spool", "status")
@@ -376,7 +387,7 @@ def test_diagnose_execute_with_a_bad_spool_still_evaluates_and_acts(tmp_path):
         (finding,) = json.loads(result.stdout)
         assert finding["rule_id"] == "worn_ssd"
     assert (tmp_path / "findings.log").read_text().count("node03 worn") == 1  # acted once, then cooldown
-    assert len(list((tmp_path / "spool/quarantine").glob("*.ndjson"))) == 1
+    assert len(list((tmp_path / "spool/rejected").glob("*.ndjson"))) == 1  # the bad row, set aside alone
 
 
 def test_a_file_as_embedded_database_is_exit_2_saying_not_a_database(tmp_path):

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stethoscope.model import episodes, families
 from stethoscope.model.metadata import CLASSES, FEATURES, STEPS
+from stethoscope_training import episodes, families
 
 TOP = Path(__file__).resolve().parent.parent
 F = {f.metric: i for i, f in enumerate(FEATURES)}
@@ -173,7 +173,7 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
     firmware hang as healthy, a parallel file system's client eviction as healthy and a host CPU
     PROCHOT as communication or storage; once scored, a hold-out becomes training data and the next
     set is the hold-out."""
-    from stethoscope.model import (
+    from stethoscope_training import (
         families_healthy_variety,
         families_set1,
         families_set2,
@@ -263,7 +263,7 @@ def test_every_class_counts_a_harmless_aer_trickle_in_some_episodes(data):
 def test_composed_healthy_episodes_combine_two_to_four_benign_changes(monkeypatch):
     """Fresh sets found healthy work the model read as a fault whenever two benign changes came
     together; each composed episode takes two to four of them, each applied to its episodes only."""
-    from stethoscope.model import families_composed
+    from stethoscope_training import families_composed
 
     touched = np.zeros((40, len(families_composed.CHANGES)), dtype=int)
 

@@ -97,6 +97,8 @@ def test_a_long_running_executor_holds_the_lock_between_its_cycles(tmp_path, db,
     diagnose --execute between two of its cycles exits 3 and does nothing."""
     hook = http_standin()
     rule_dir, settings = alerting(tmp_path, db, hook)
+    with Store(db) as store:  # worn now: watch evaluates at the time it runs, not at test_execute's AT
+        worn(store, "node03", at=now_ms())
     base = [sys.executable, "-m", "stethoscope.cli", "--dsn", db]
     watch = subprocess.Popen(
         [*base, "watch", "--rules", str(rule_dir), "--interval", "30", "--cycles", "2", "--json", *settings],

@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from stethoscope.model import episodes
 from stethoscope.model.features import normalise, read_windows
 from stethoscope.model.metadata import FEATURES, STEPS, ModelMeta, Normalisation
 from stethoscope.store.batch import MetricColumns
 from stethoscope.store.client import Store
+from stethoscope_training import episodes
 
 F = {f.metric: i for i, f in enumerate(FEATURES)}
 END_MS = (int(time.time()) // 60) * 60_000 - 60_000

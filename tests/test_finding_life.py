@@ -34,11 +34,6 @@ def healthy(store, node, at):  # the SSD replaced: no reallocated sector, full l
     others_report(store, at, besides=node)
 
 
-def healthy_window(store, node, at):  # healthy for a whole window (5m at 60 s): what resolves a finding
-    for minutes in (4, 2, 0):
-        healthy(store, node, at - minutes * MINUTE)
-
-
 def sectors(store, node, value, at):
     batch = MetricColumns()
     batch.append(node, "smart_reallocated_sector_ct", "sda", {}, value, at)
@@ -203,16 +198,16 @@ def test_the_cooldown_holds_only_a_reopen_after_a_resolve(tmp_path, db, http_sta
     hook = http_standin()
     rule_dir = rule_file(tmp_path, worn_rule([ACTIONS["alert"]], cooldown="30m"))
     settings = execute_args(tmp_path, f"stethoscope_alert_webhook={hook.url}")
-    steps = [(T0, worn), (T0 + 10 * MINUTE, healthy_window), (T0 + 20 * MINUTE, worn)]  # flaps within 30m
-    steps += [
-        (T0 + 30 * MINUTE, healthy_window),
-        (T0 + 70 * MINUTE, worn),
-    ]  # back 50 min after its last match
-    txns = []
-    for at, state in steps:
+    # swept every minute; worn, healed for 10 minutes (resolved), worn again within the cooldown,
+    # healed, and worn again 50 minutes after its last match
+    worn_until = {0: worn, 10: healthy, 20: worn, 30: healthy, 65: healthy, 70: worn}
+    txns, swept = [], -3
+    for minute, state in worn_until.items():
         with Store(db) as store:
-            state(store, "node03", at)
-        found, _ = diagnose(tmp_path, db, rule_dir, *settings, at=at)
+            for sweep in range(swept + 1, minute + 1):
+                state(store, "node03", T0 + sweep * MINUTE)
+        swept = minute
+        found, _ = diagnose(tmp_path, db, rule_dir, *settings, at=T0 + minute * MINUTE)
         txns += [f["txn_id"] for f in found]
     assert txns[0] == txns[1] and txns[2] != txns[0]
     assert len(hook.requests) == 2 and status(db) == ("open", txns[2])

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from stethoscope.cli.main import main
-from stethoscope.model import episodes
 from stethoscope.model.metadata import load, metadata_path
+from stethoscope_training import episodes
 
 TOP = Path(__file__).resolve().parent.parent
 NO_TORCH = (
@@ -93,9 +93,14 @@ def test_damaged_episodes_exit_2(tmp_path, capsys):
 
 
 def test_evaluate_prints_per_class_scores_and_the_confusion_matrix(small_episodes, capsys):
-    assert main(["model", "evaluate", "--episodes", str(small_episodes), "--no-rules"]) == 0
+    argv = ["model", "evaluate", "--episodes", str(small_episodes), "--no-rules", "--job-scenes", "1"]
+    assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "precision" in printed and "confusion" in printed and "false findings on healthy" in printed
+    # the job scenes: the graphs, the job-relative detector and both, side by side
+    assert "job scenes (held-out set jobs-1" in printed
+    assert "graphs  detector  combined" in printed and "straggler culprit found" in printed
+    assert "peers with a finding of their own %" in printed
 
 
 @pytest.mark.parametrize("command", [["train"], ["finetune", "--class", "x", "--episodes", "."]])

@@ -1,4 +1,4 @@
-"""Fresh families (stethoscope.model.fresh, set 14): the clean hold-out of generator version 13,
+"""Fresh families (stethoscope_training.fresh, set 14): the clean hold-out of generator version 13,
 written before that model was trained. Format and determinism only: their scores are a benchmark
 (benchmarks/model_fresh_families.py), not a test."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stethoscope.model import episodes, fresh
 from stethoscope.model.metadata import CLASSES, FEATURES, STEPS
+from stethoscope_training import episodes, fresh
 
 TOP = Path(__file__).resolve().parent.parent
 
@@ -131,7 +131,7 @@ def test_stand_in_peers_run_the_episodes_own_workload():
     """Regression guard: set 1's small-batch and partial-node jobs were compared with peers running
     a standard training job, so the outlier detector fired on a third of them; a job's ranks run one
     workload, so a healthy workload family's stand-in peers come from that family."""
-    from stethoscope.model import evaluate
+    from stethoscope_training import evaluate
 
     eps = episodes.generate(seed=5, per_family=8)
     index = np.arange(len(eps))
@@ -149,7 +149,7 @@ def test_a_workload_no_other_episode_can_stand_in_for_gets_no_outlier_score():
     own step, are other episodes with other swings: their gaps raised the detector's threshold
     chosen on healthy validation episodes (3.9 -> 5.8) until a rank 1000x over its lockstep peers'
     xmit wait no longer stood out. Such episodes are now left unscored."""
-    from stethoscope.model import evaluate, families
+    from stethoscope_training import evaluate, families
 
     eps = episodes.generate(seed=5, per_family=8)
     groups = evaluate.peer_groups(eps, np.arange(len(eps)))
@@ -165,7 +165,7 @@ def test_a_workload_no_other_episode_can_stand_in_for_gets_no_outlier_score():
 
 def test_every_workload_tag_names_a_family_that_exists():
     """A misspelt name in families.WORKLOADS would fall back to "standard" without a word."""
-    from stethoscope.model import families
+    from stethoscope_training import families
 
     known = set(episodes.FAMILIES) | set(fresh.FRESH)
     assert set(families.WORKLOADS) <= known, set(families.WORKLOADS) - known
@@ -176,7 +176,7 @@ def test_rules_miss_recall_counts_jobs_that_send_their_timings_and_the_others_ap
     """Regression guard: with a share of jobs sending their step time alone, an AllReduce centre in
     such a job shows nothing a slow disk would not; its misses are reported apart, not hidden in the
     family's recall."""
-    from stethoscope.model import evaluate
+    from stethoscope_training import evaluate
 
     n = 4
     labels = np.full(n, CLASSES.index("communication"))
@@ -204,7 +204,7 @@ def test_rules_miss_recall_counts_jobs_that_send_their_timings_and_the_others_ap
 def test_detector_precision_is_unknown_where_no_healthy_episode_could_lower_it():
     """Fresh set 11's healthy families all run workloads no stand-in peer can run: the detector
     scored none of them, and its precision read 1.0 though no healthy window could have lowered it."""
-    from stethoscope.model import evaluate
+    from stethoscope_training import evaluate
 
     labels = np.array([0, 0, 1, 1])
     families = np.array(["healthy.a", "healthy.a", "communication.b", "communication.b"])

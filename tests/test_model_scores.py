@@ -1,10 +1,10 @@
-"""How stethoscope.model.evaluate turns labels and predictions into the figures it records."""
+"""How stethoscope_training.evaluate turns labels and predictions into the figures it records."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from stethoscope.model.evaluate import class_scores
+from stethoscope_training.evaluate import class_scores
 
 # 37 episodes whose per-class F1s, each rounded to 4 places, average to 0.7965; exact, 0.79656
 LABELS = [int(c) for c in "3221100003232232222313201320323003020"]

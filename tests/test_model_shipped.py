@@ -14,10 +14,10 @@ import pytest
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.rules import load_rules
-from stethoscope.diagnosis.rules_on_episodes import rules_predictions, rules_scores
-from stethoscope.model import dataset, evaluate
 from stethoscope.model.metadata import CLASSES, load, metadata_path
 from stethoscope.paths import project_root
+from stethoscope_training import dataset, evaluate
+from stethoscope_training.rules_alone import rules_predictions, rules_scores
 
 TOP = Path(__file__).resolve().parent.parent
 # the issue's targets on held-out test episodes
@@ -99,7 +99,7 @@ def test_inference_runs_with_torch_blocked(tmp_path):
         BLOCK_TORCH
         + """
 import json, numpy as np
-from stethoscope.model import episodes, evaluate
+from stethoscope_training import episodes, evaluate
 from stethoscope.model.metadata import load, metadata_path
 meta = load(metadata_path())
 eps = episodes.generate(seed=3, per_family=5)

@@ -1,4 +1,4 @@
-"""Training the learned diagnosis (stethoscope.model.train): export parity between torch and
+"""Training the learned diagnosis (stethoscope_training.train): export parity between torch and
 onnxruntime, reproducibility for a seed, and that a graph which disagrees with torch is refused."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 
 pytest.importorskip("torch", reason="training needs the train extra (pip install '.[train]')")
 
-from stethoscope.model import episodes, evaluate
 from stethoscope.model.features import normalise
 from stethoscope.model.metadata import ERROR_COUNTERS, ModelError, load
-from stethoscope.model.train import TrainConfig, parity, train
+from stethoscope_training import episodes, evaluate
+from stethoscope_training.train import TrainConfig, parity, train
 
 from conftest import TOP
 
@@ -142,7 +142,7 @@ def test_training_sets_torch_up_in_a_process_that_imported_ansible_first() -> No
     script = (
         "import sys, ansible.playbook\n"
         "assert type(sys.intern).__name__ == 'SysInternPatch'\n"
-        "from stethoscope.model.train import require_torch\n"
+        "from stethoscope_training.train import require_torch\n"
         "torch = require_torch()\n"
         "torch.manual_seed(1); torch.use_deterministic_algorithms(True)\n"
         "print(type(sys.intern).__name__)\n"

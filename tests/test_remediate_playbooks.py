@@ -72,15 +72,14 @@ def test_ticket_webhook_carries_the_finding_and_the_idempotency_key(tmp_path, tm
 
 
 def test_ticket_refuses_to_run_without_a_destination(tmp_path, tmp_dsn):
-    result = play(
-        ansible_env(tmp_path, tmp_dsn),
-        "remediate/ticket.yml",
-        "--limit",
-        "node07",
-        "-e",
-        finding_vars(tmp_path),
-    )
-    assert result.returncode != 0 and "ticket needs ticket_url" in result.stdout
+    ticket = ["remediate/ticket.yml", "--limit", "node07", "-e", finding_vars(tmp_path)]
+    # none configured: nothing to send to, said, and the host ends without failing (the executor
+    # records the ticket `skipped` with that reason); a destination that is no URL fails
+    unconfigured = play(ansible_env(tmp_path, tmp_dsn), *ticket)
+    assert unconfigured.returncode == 0, unconfigured.stdout[-3000:]
+    assert "node07: no ticket backend configured: stethoscope_ticket_url is empty" in unconfigured.stdout
+    wrong = play(ansible_env(tmp_path, tmp_dsn), *ticket, "-e", "stethoscope_ticket_url=jira.example")
+    assert wrong.returncode != 0 and "ticket needs ticket_url" in wrong.stdout
 
 
 def test_diagnose_playbook_prints_findings_and_fails_on_critical(tmp_path, tmp_dsn):

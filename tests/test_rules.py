@@ -25,9 +25,23 @@ def test_the_seed_rule_loads_unchanged():
         "all",
         (
             Condition(
-                "nvlink_error_rate_percent", ">", 0.001, 300, better="lower", written_window_seconds=300
+                "nvlink_error_rate_percent",
+                ">",
+                0.001,
+                300,
+                better="lower",
+                written_window_seconds=300,
+                cadence_seconds=60,
             ),
-            Condition("gpu_temperature_celsius", "<", 70.0, 300, better="lower", written_window_seconds=300),
+            Condition(
+                "gpu_temperature_celsius",
+                "<",
+                70.0,
+                300,
+                better="lower",
+                written_window_seconds=300,
+                cadence_seconds=60,
+            ),
         ),
     )
     assert [a.type for a in rule.actions] == ["alert", "api_call", "log"]

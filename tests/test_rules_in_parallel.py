@@ -1,7 +1,8 @@
 """The rules read by several connections at once (engine.evaluate_all): the same matches in the same
 order as one rule after another, on the lab as the real collect.yml stores it, every connection
-serving some; connections closed after on every path; a query that fails still fails with the
-store's message, without waiting for the other rules; STETHOSCOPE_READERS sets how many."""
+serving some; connections closed after on every path; a rule whose query fails while the store
+answers costs that rule only; a store that fails still fails with its message, without waiting for
+the other rules; STETHOSCOPE_READERS sets how many."""
 
 from __future__ import annotations
 
@@ -57,8 +58,10 @@ def test_two_readers_give_the_matches_of_one_rule_after_another_on_the_swept_lab
     with Store(tmp_dsn) as store:
         one_by_one = [engine.evaluate(store, rule, at) for rule in rules]
         together = engine.evaluate_all(store, rules, at, readers=2)
-        assert together == one_by_one
-        assert sum(map(bool, together)) >= 5  # the lab's faults: several rules have matches to compare
+        assert together.matches == one_by_one and together.failures == []
+        assert (
+            sum(map(bool, together.matches)) >= 5
+        )  # the lab's faults: several rules have matches to compare
         assert len(opened) == 1 and opened[0]._client is None  # the second handle, closed after
         assert opened[0].queries >= 5  # and it read its share of the rules
         assert store.query("SELECT 1") == [(1,)]  # the caller's own handle still open
@@ -91,8 +94,32 @@ def test_a_reader_that_cannot_open_closes_those_already_open_and_raises_the_stor
     assert len(opened) == 1 and opened[0]._client is None
 
 
-def test_the_first_failing_rule_stops_the_rules_not_started_yet(tmp_path, monkeypatch):
-    """Against a server whose queries time out, a cycle must not wait for every other rule first."""
+@pytest.mark.parametrize("readers", [1, 2])
+def test_a_rule_that_fails_while_the_store_answers_costs_that_rule_only(tmp_path, monkeypatch, readers):
+    from stethoscope.store.client import StoreError
+
+    rules = shipped_rules()
+    real_matches = engine._matches
+
+    def one_fails(store, rule, *args):
+        if rule is rules[3]:
+            raise StoreError(
+                f"embedded database x: {rule.rule_id}: Unexpected inf or nan to integer conversion"
+            )
+        return real_matches(store, rule, *args)
+
+    monkeypatch.setattr(engine, "_matches", one_fails)
+    with Store(f"chdb://{tmp_path / 'db'}") as store:
+        store.init_schema()
+        evaluation = engine.evaluate_all(store, rules, now_ms(), readers=readers)
+    assert len(evaluation.matches) == len(rules) and evaluation.matches[3] == []
+    (failure,) = evaluation.failures
+    assert failure.rule_id == rules[3].rule_id and "inf or nan" in failure.error
+    assert failure.where == f"{rules[3].file}:{rules[3].line}"
+
+
+def test_a_store_that_stops_answering_stops_the_rules_not_started_yet(tmp_path, monkeypatch):
+    """Against a server that is gone, a cycle must not wait for every other rule first."""
     from stethoscope.store.client import StoreError
 
     rules = shipped_rules()
@@ -106,6 +133,7 @@ def test_the_first_failing_rule_stops_the_rules_not_started_yet(tmp_path, monkey
         return []
 
     monkeypatch.setattr(engine, "_matches", slow_or_failing)
+    monkeypatch.setattr(Store, "answers", lambda self: False)  # the server is gone, not the rule wrong
     # the failing rule is the last in the rules' order and the first to be read (the costliest)
     monkeypatch.setattr(engine, "_reach", lambda item: int(item is rules[-1].when))
     with Store(f"chdb://{tmp_path / 'db'}") as store:

@@ -61,7 +61,10 @@ def test_torn_last_line_and_garbage_lines(tmp_path, tmp_dsn):
         store.init_schema()
         report = spool.replay(store)
     assert report.rows == 4 and report.torn_lines == 1 and report.rejected_lines == 1
-    assert (tmp_path / "spool/rejected" / path.name).read_text() == "this is not json\n"
+    (kept,) = (tmp_path / "spool/rejected").glob("*.ndjson")
+    assert json.loads(kept.read_text()) == {
+        "table": "metrics", "reason": "not JSON", "line": "this is not json", "from": path.name
+    }  # fmt: skip
     assert stored(tmp_dsn) == 4
 
 
@@ -92,12 +95,31 @@ def test_rows_spooled_for_another_database_are_not_replayed_into_this_one(tmp_pa
     assert stored(tmp_dsn, "other") == 4
 
 
-def test_spool_file_with_a_missing_column_is_quarantined_and_later_writes_go_on(tmp_path, tmp_dsn):
+def test_a_row_missing_a_column_is_set_aside_alone_and_later_writes_go_on(tmp_path, tmp_dsn):
     spool = Spool(tmp_path / "spool", tmp_dsn)
     broken = rows(3)
     del broken[1]["device"]
-    bad = spool.append("metrics", broken)
+    spool.append("metrics", broken)
     spool.append("metrics", rows(2, node="n2"))
+    writer = Writer(tmp_dsn, tmp_path / "spool")
+    reports = [writer.write(Batch(metrics=MetricColumns.from_rows(rows(1, node=f"w{i}")))) for i in range(4)]
+    assert all(report.error is None and report.stored == 1 for report in reports)
+    assert reports[0].replayed == 4  # both files at once: the broken row's two neighbours too
+    assert spool.pending() == [] and spool.quarantined() == []
+    assert spool.rejected() == (1, {"missing column 'device'": 1})
+    assert stored(tmp_dsn) == 4 + 4
+
+
+def test_a_file_the_store_refuses_as_a_whole_is_quarantined_and_later_writes_go_on(tmp_path, tmp_dsn):
+    """A file the store refuses whole (its table is gone) is not its rows' fault: it is retried, then
+    quarantined with the reason, while the other files replay and writes go on."""
+    spool = Spool(tmp_path / "spool", tmp_dsn)
+    bad = spool.append("nodes", [{"node_id": "n1", "slurm_name": "n1", "rack": "", "switch": "",
+                                  "groups": [], "updated_at": NOW}])  # fmt: skip
+    spool.append("metrics", rows(2, node="n2"))
+    with Store(tmp_dsn) as store:
+        store.init_schema()
+        store.command("DROP TABLE stethoscope.nodes")
     writer = Writer(tmp_dsn, tmp_path / "spool")
     reports = [writer.write(Batch(metrics=MetricColumns.from_rows(rows(1, node=f"w{i}")))) for i in range(4)]
     assert all(report.error is None and report.stored == 1 for report in reports)
@@ -106,7 +128,7 @@ def test_spool_file_with_a_missing_column_is_quarantined_and_later_writes_go_on(
     quarantined = tmp_path / "spool/quarantine" / bad.name
     assert (
         quarantined.exists()
-        and "KeyError 'device'" in (quarantined.parent / (bad.name + ".reason")).read_text()
+        and "failed 3 replays" in (quarantined.parent / (bad.name + ".reason")).read_text()
     )
     assert [path for path, _ in spool.quarantined()] == [quarantined]
     assert stored(tmp_dsn) == 2 + 4

@@ -113,9 +113,13 @@ def test_cluster_ddl_syntax_error_is_caught_by_the_parser(store):
 
 def test_default_dsn_is_made_absolute(monkeypatch, tmp_path):
     monkeypatch.delenv("STETHOSCOPE_DSN", raising=False)
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("STETHOSCOPE_HOME", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)  # not a checkout: the user's state folder, never the package's checkout
     assert resolve_dsn("chdb://rel/db").startswith(f"chdb://{tmp_path}/rel/db?database=stethoscope")
-    assert resolve_dsn().startswith("chdb:///") and "/.stethoscope/db?database=stethoscope" in resolve_dsn()
+    assert resolve_dsn() == f"chdb://{tmp_path}/state/stethoscope/db?database=stethoscope"
+    monkeypatch.setenv("STETHOSCOPE_HOME", str(tmp_path / "home"))
+    assert resolve_dsn() == f"chdb://{tmp_path}/home/.stethoscope/db?database=stethoscope"
     assert resolve_dsn("http://u:p@h:8123") == "http://u:p@h:8123/stethoscope"
 
 
@@ -139,7 +143,7 @@ def test_password_in_the_query_string_never_printed():
     dsn = "http://127.0.0.1:1/x?user=admin&password=s3cret"
     with pytest.raises(StoreError) as caught:
         Store(dsn, timeout=2).open().query("SELECT 1")
-    assert "s3cret" not in str(caught.value) and "password=***" in str(caught.value)
+    assert "s3cret" not in str(caught.value) and "admin:***@" in str(caught.value)  # moved into the address
     assert redact("https://h/x?pass=a1&pwd=b2") == "https://h/x?pass=***&pwd=***"
 
 

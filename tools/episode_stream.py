@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The last 10 minutes of the 5-second stream for lab nodes, and 4 more ahead that repeat the last
-one, from the learned diagnosis's episodes (stethoscope.model.episodes, calibrated on the real H200
+one, from the learned diagnosis's episodes (stethoscope_training.episodes, calibrated on the real H200
 capture), as NDJSON metric rows exactly as the stream collector stores them: for `make demo`, whose
 lab nodes are only swept (a minute of `stethoscope agent` fills 12 of the model's 120 steps, and no
 job runs in the lab).
@@ -19,8 +19,8 @@ import sys
 
 import numpy as np
 
-from stethoscope.model import episodes
 from stethoscope.timeutil import now_ms
+from stethoscope_training import episodes
 
 JOB = "4242"
 # the episode's 10 minutes end now; its last minute then repeats for 4 more (ingest accepts rows up

@@ -21,7 +21,7 @@ nodes grow, so rates and trends are real across several sweeps.
     python tools/lab.py build [--nodes N] [--inventory PATH]   # (re)build .lab at step 0
     python tools/lab.py advance                                # next step (builds first if needed)
     python tools/lab.py episodes --out DIR [--seed 7] [--per-family N] [--hw-class h200|shifted]
-                                   # the learned diagnosis's training data (stethoscope.model.episodes)
+                                   # the learned diagnosis's training data (stethoscope_training.episodes)
 """
 
 from __future__ import annotations
@@ -645,7 +645,7 @@ def advance() -> int:
 
 def write_episodes(out: Path, seed: int, per_family: int, hw_class: str) -> int:
     sys.path.insert(0, str(TOP))
-    from stethoscope.model import episodes
+    from stethoscope_training import episodes
 
     try:
         data = episodes.generate(seed, per_family, hw_class)

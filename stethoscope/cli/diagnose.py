@@ -15,7 +15,7 @@ from typing import Any
 
 from stethoscope.catalog import Catalog, CatalogError
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
-from stethoscope.diagnosis.diagnose import SEVERITY_ORDER
+from stethoscope.diagnosis.diagnose import RULE_FAILED, SEVERITY_ORDER
 from stethoscope.diagnosis.model import ModelUse, level_of
 from stethoscope.diagnosis.rules import LoadResult, load_rules
 from stethoscope.diagnosis.ruleset import RuleSet
@@ -172,6 +172,10 @@ def diagnose_command(args: argparse.Namespace) -> int:
         _say(f"diagnose: {exc}; nothing done")
         return EXIT_FAILED
     say_cycle(result, args.json)
+    if result.every_rule_failed:  # one rule failing is a finding; all of them, a failed run
+        first = next(f for f in result.findings if f["rule_id"] == RULE_FAILED)
+        _say(f"diagnose: every rule failed ({result.rules}); the first: {first['message']}")
+        return EXIT_FAILED
     if model is not None and model.error:  # the rules' findings are printed; the diagnosis is not whole
         _say(f"diagnose: model {model.meta.name}: {model.error}")
         return EXIT_FAILED

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from stethoscope.catalog import Catalog, CatalogError
 from stethoscope.cli import fault as fault_commands
+from stethoscope.cli import incidents as incident_commands
 from stethoscope.cli import model as model_commands
 from stethoscope.cli import report as report_commands
 from stethoscope.cli import telemetry
@@ -132,6 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     report_commands.register(commands)
     model_commands.register(commands)
     fault_commands.register(commands)
+    incident_commands.register(commands)
     _share_global_options(parser)
     return parser
 
@@ -240,6 +242,8 @@ def _run(args: argparse.Namespace) -> int:
         return model_commands.run(args)
     if args.command in fault_commands.COMMANDS:
         return fault_commands.run(args)
+    if args.command in incident_commands.COMMANDS:
+        return incident_commands.run(args)
     if args.spool_command == "status":
         return _spool_status(spool_dir)
     return _spool_replay(args, spool_dir)
@@ -286,6 +290,10 @@ def _spool_status(spool_dir: Path) -> int:
     for f in files:
         tried = f"{f.attempts} failed attempts ({f.last_error})" if f.attempts else "0 attempts"
         print(f"  {f.path.name}  {f.table}  {f.rows} rows  {f.age_seconds:.0f} s old  {tried}  -> {f.target}")
+    rejected, reasons = spool.rejected()
+    if rejected:
+        said = "; ".join(f"{reason}: {count}" for reason, count in reasons.most_common())
+        print(f"{rejected} rows rejected ({spool.rejected_dir}; not deleted by stethoscope): {said}")
     quarantined = spool.quarantined()
     if quarantined:
         print(f"{len(quarantined)} files in quarantine ({spool.quarantine_dir}; not deleted by stethoscope):")

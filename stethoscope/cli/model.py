@@ -1,6 +1,7 @@
 """`stethoscope model train|evaluate|finetune|info`: the learned diagnosis's model files
-(docs/design.md "Learned diagnosis (ONNX)"). Training needs the `train` extra (torch); evaluate and
-info need onnxruntime and numpy alone."""
+(docs/design.md "Learned diagnosis (ONNX)"). train, evaluate and finetune import the training
+package (`stethoscope_training`) lazily, and training needs the `train` extra (torch); info needs
+the runtime alone."""
 
 from __future__ import annotations
 
@@ -36,12 +37,34 @@ def register(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--split", default="test", help="which split to score (default test)")
     evaluate.add_argument("--no-rules", action="store_true", help="skip the rules-alone comparison")
     evaluate.add_argument("--json", action="store_true", help="print the scores as JSON")
+    evaluate.add_argument(
+        "--job-scenes",
+        type=int,
+        default=5,
+        help="scenes per family of synchronous jobs over a fleet (the held-out job set): the graphs, "
+        "the job-relative detector and both, side by side (default 5; 0 skips them)",
+    )
 
-    finetune = sub.add_parser("finetune", help="adapt the last two dense layers to a new hardware class")
+    finetune = sub.add_parser(
+        "finetune",
+        help="adapt the last two dense layers to a new hardware class, or to the store's own faults",
+    )
     _model_option(finetune)
-    finetune.add_argument("--class", dest="hw_class", required=True, help="the new hardware class")
-    finetune.add_argument("--episodes", type=Path, required=True, help="its episodes (tools/lab.py episodes)")
+    finetune.add_argument("--class", dest="hw_class", help="the new hardware class (with --episodes)")
+    finetune.add_argument("--episodes", type=Path, help="its episodes (tools/lab.py episodes)")
     finetune.add_argument("--faults", type=int, default=10, help="fault episodes to tune on (default 10)")
+    finetune.add_argument(
+        "--from-faults",
+        action="store_true",
+        help="the store instead: calibrate the GPU classes the model lacks on their healthy windows, "
+        "and tune on the windows of the recorded faults (`fault confirm`)",
+    )
+    finetune.add_argument(
+        "--days", type=float, default=1.0, help="with --from-faults: how far back healthy windows go (1)"
+    )
+    finetune.add_argument(
+        "--min-faults", type=int, default=10, help="with --from-faults: faults needed to tune the heads (10)"
+    )
     finetune.add_argument("--out", type=Path, help="write the tuned model here (default: in place)")
 
     info = sub.add_parser("info", help="features, classes, thresholds, scores, data and history")
@@ -55,6 +78,21 @@ def _model_option(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_NAME,
         help=f"a name in rules/models or a .json file (default {DEFAULT_NAME})",
     )
+
+
+def training(module: str) -> Any:
+    """A module of the training package, or a configuration error (exit 2) saying how to get it."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"stethoscope_training.{module}")
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("stethoscope_training"):
+            raise
+        raise ModelError(
+            "the training package (stethoscope_training) is not installed: install stethoscope from "
+            "a checkout with its `train` extra (pip install '.[train]')"
+        ) from None
 
 
 def model_meta(named: str) -> ModelMeta:
@@ -77,8 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _episodes(directory: Path | None, scratch: str, seed: int, per_family: int | None = None) -> Any:
-    from stethoscope.model import dataset
-
+    dataset = training("dataset")
     if directory is not None:
         if not directory.is_dir():
             raise ModelError(f"--episodes {directory}: no such folder")
@@ -88,14 +125,17 @@ def _episodes(directory: Path | None, scratch: str, seed: int, per_family: int |
 
 
 def _train(args: argparse.Namespace) -> int:
-    from stethoscope.model import evaluate
-    from stethoscope.model.train import TrainConfig, require_torch, train
-
-    require_torch()  # before minutes of generation
+    evaluate = training("evaluate")
+    trainer = training("train")
+    trainer.require_torch()  # before minutes of generation
     with tempfile.TemporaryDirectory(prefix="stethoscope-episodes-") as scratch:
         data = _episodes(args.episodes, scratch, args.seed, args.per_family)
-        result = train(
-            data.episodes, args.out or models_dir(), args.name, data.data_hash, TrainConfig(seed=args.seed)
+        result = trainer.train(
+            data.episodes,
+            args.out or models_dir(),
+            args.name,
+            data.data_hash,
+            trainer.TrainConfig(seed=args.seed),
         )
     counts = data.manifest.get("per_family") or {}
     if counts:  # so that `model evaluate` and the tests can generate the same episodes again
@@ -112,15 +152,12 @@ def _train(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from stethoscope.model import evaluate
-
+    evaluate = training("evaluate")
     meta = model_meta(args.model)
     with tempfile.TemporaryDirectory(prefix="stethoscope-episodes-") as scratch:
         if args.episodes is None:
-            from stethoscope.model.dataset import regenerate
-
             print(f"regenerating the model's episodes (seed {meta.seed}) into {scratch}", file=sys.stderr)
-            data = regenerate(meta, Path(scratch))
+            data = training("dataset").regenerate(meta, Path(scratch))
             if meta.data_hash and data.data_hash and data.data_hash != meta.data_hash:
                 print(
                     "stethoscope: model evaluate: warning: the regenerated episodes' hash differs from "
@@ -137,43 +174,75 @@ def _evaluate(args: argparse.Namespace) -> int:
                 miss = _rules_alone(episodes, evaluate.rules_miss_index(episodes, args.split), 100)
                 scores["rules"]["rules_miss"] = miss["rules_miss"]
                 scores["rules"]["rules_miss_split"] = "validation"
+    if args.job_scenes > 0:
+        scores["jobs"] = _job_scenes(meta, args.job_scenes)
     if args.json:
         print(json.dumps(scores, indent=2))
         return EXIT_OK
     print(evaluate.render(scores["model"], f"model {meta.name} on the {args.split} split"))
     if "rules" in scores:
         print(evaluate.render(scores["rules"], f"rules alone on {scores['rules']['episodes']} of them"))
+    if "jobs" in scores:
+        title = f"job scenes (held-out set {scores['jobs']['set']}, seed {meta.seed})"
+        print(training("job_evaluate").render(scores["jobs"], title))
     return EXIT_OK
+
+
+def _job_scenes(meta: ModelMeta, per_family: int) -> dict[str, Any]:
+    from stethoscope.model.inference import graphs_for
+
+    job_evaluate, job_fresh = training("job_evaluate"), training("job_fresh")
+    scenes = job_fresh.scenes(seed=meta.seed, per_family=per_family)
+    results = job_evaluate.evaluate_scenes(graphs_for(meta), scenes.scenes)
+    return {**job_evaluate.scores(results), "set": job_fresh.SET, "per_family": per_family}
 
 
 def _rules_alone(episodes: Any, index: Any, limit: int) -> dict[str, Any]:
     from stethoscope.catalog import Catalog
     from stethoscope.cli.diagnose import checked_rules
-    from stethoscope.diagnosis.rules_on_episodes import rules_scores, sample
 
+    alone = training("rules_alone")
     catalog = Catalog.load()
     rules = checked_rules(None, catalog, "model evaluate").rules
-    return rules_scores(episodes, sample(index, limit), rules, catalog)
+    return alone.rules_scores(episodes, alone.sample(index, limit), rules, catalog)
 
 
 def _finetune(args: argparse.Namespace) -> int:
-    from stethoscope.model import finetune
-    from stethoscope.model.dataset import load_dir, regenerate
-    from stethoscope.model.train import require_torch
-
-    require_torch()
+    if args.from_faults:
+        return _finetune_from_faults(args)
+    if not args.hw_class or args.episodes is None:
+        raise ModelError("finetune: give --class and --episodes, or --from-faults")
+    finetune = training("finetune")
+    dataset = training("dataset")
+    training("train").require_torch()
     if args.faults < 1:
         raise ModelError(f"--faults {args.faults}: must be 1 or more")
     meta = model_meta(args.model)
     if not args.episodes.is_dir():
         raise ModelError(f"--episodes {args.episodes}: no such folder")
-    new = load_dir(args.episodes)
+    new = dataset.load_dir(args.episodes)
     if args.hw_class not in set(new.episodes.hw_class.tolist()):
         raise ModelError(f"--episodes {args.episodes}: no episodes of hardware class {args.hw_class!r}")
     with tempfile.TemporaryDirectory(prefix="stethoscope-episodes-") as scratch:
-        old = regenerate(meta, Path(scratch))
+        old = dataset.regenerate(meta, Path(scratch))
         result = finetune.finetune(meta, args.hw_class, new.episodes, old.episodes, args.out, args.faults)
     print(finetune.render(result, args.hw_class))
+    return EXIT_OK
+
+
+def _finetune_from_faults(args: argparse.Namespace) -> int:
+    from stethoscope.store.client import Store
+
+    from_store = training("from_store")
+    if args.min_faults < 1 or args.days <= 0:
+        raise ModelError("finetune --from-faults: --min-faults must be 1 or more, --days above 0")
+    meta = model_meta(args.model)
+    with Store(args.dsn, args.database) as store:
+        store.ensure_schema()
+        if len(from_store.list_faults(store)) >= args.min_faults:
+            training("train").require_torch()  # tuning the heads will need it: say so before reading
+        result = from_store.finetune_from_faults(meta, store, args.out, args.days, args.min_faults)
+    print(from_store.render(result))
     return EXIT_OK
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from stethoscope.catalog import SWEEP_INTERVAL
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from stethoscope.inventory import Inventory, default_inventory
-from stethoscope.paths import default_spool_dir, rules_dir
+from stethoscope.paths import default_spool_dir, rules_dir, state_dir
 from stethoscope.store.client import Store, StoreError
 from stethoscope.store.dsn import ConfigError, is_embedded, redact
 from stethoscope.store.writer import Writer
@@ -177,6 +177,11 @@ def _agent(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
     return EXIT_OK
 
 
+def replay_dir() -> Path:
+    """Where the collector keeps its replay window across restarts (telemetry.replay_state)."""
+    return state_dir() / "telemetry"
+
+
 def _stop_on_signals(stop: Any) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop())
     signal.signal(signal.SIGINT, lambda *_: stop())
@@ -189,10 +194,13 @@ def _collector(args: argparse.Namespace, keyring: Keyring, sets: dict[int, Metri
 
     listen = _address(args.listen, "--listen")
     spool_dir = args.spool_dir or default_spool_dir()
-    holder = Store(args.dsn, args.database).open()  # the embedded database's owner while it runs
-    holder.ensure_schema()
+    holder = Store(args.dsn, args.database)
     writer = Writer(holder.dsn, spool_dir, timeout=WRITE_TIMEOUT)
-    collector = Collector(keyring, sets, writer.write, listen=listen).start()
+    # bound first: a busy address refuses the start before the database is held
+    collector = Collector(keyring, sets, writer.write, listen=listen, state_dir=replay_dir())
+    holder.open()  # the embedded database's owner while it runs
+    holder.ensure_schema()
+    collector.start()
     host, port = collector.address
     print(
         f"collector on udp {host}:{port} for {len(keyring.nodes)} nodes (rcvbuf {collector.rcvbuf})",
@@ -257,6 +265,7 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
         cycles=cycles,
         sweeper=None if args.no_sweep else _sweeper(args, inventory, store, spool_dir),
         log_format=args.log_format,
+        replay_dir=replay_dir(),
     )
     try:
         server.start()
@@ -295,7 +304,8 @@ def _sweeper(args: argparse.Namespace, inventory: Inventory, store: Store, spool
         raise ConfigError(f"sweep interval {interval!r}: a positive number of seconds")
     envvars = {"STETHOSCOPE_DSN": store.dsn, "STETHOSCOPE_SPOOL_DIR": str(spool_dir)}
     envvars["STETHOSCOPE_DATABASE"] = store.database
-    if is_embedded(store.dsn):
+    if is_embedded(store.dsn):  # serve holds it for its whole life: no waiting for it
         envvars["STETHOSCOPE_WRITE_TIMEOUT"] = "2"
+        envvars["STETHOSCOPE_OPEN_WAIT"] = "0"
     batch = str(inventory.settings.get("stethoscope_sweep_batch") or "100%")
     return Sweeper(inventory.path, interval, envvars, batch=batch)

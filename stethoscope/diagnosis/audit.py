@@ -57,7 +57,9 @@ def finding_layers(finding: dict[str, Any], catalog: Catalog) -> set[str]:
     rule_id = str(finding["rule_id"])
     if rule_id in MODEL_LAYERS:
         return set(MODEL_LAYERS[rule_id])
-    if rule_id == "model.outlier":  # the class its largest deviation's feature speaks for, as the model says
+    # model.outlier: the class its largest deviation's feature speaks for; model.job, model.switch:
+    # the class of what the culprit spends longer on, communication for a switch
+    if rule_id in ("model.outlier", "model.job", "model.switch"):
         return set(CLASS_LAYERS.get(str(finding.get("model_layer") or ""), ()))
     return set(finding.get("_layers", ()))
 

@@ -1,5 +1,7 @@
 """Findings from rule matches and from metrics that stopped arriving (what `stethoscope diagnose`
-prints), each with the actions it would take: the rule's own, or its level's defaults."""
+prints), each with the actions it would take: the rule's own, or its level's defaults. A rule whose
+evaluation failed is a `rule_failed` finding on the controller (device: the rule), beside the other
+rules' findings: one rule, or one node's data, never costs the cycle."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 from stethoscope import templating
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.cadence import Cadence, window_of
-from stethoscope.diagnosis.engine import Match, evaluate_all
+from stethoscope.diagnosis.engine import Match, RuleFailure, evaluate_all
 from stethoscope.diagnosis.hysteresis import Held
 from stethoscope.diagnosis.model import ModelUse, agrees, finding_dicts, pair
 from stethoscope.diagnosis.rules import Action, Group, Rule
@@ -32,6 +34,9 @@ from stethoscope.timeutil import iso
 log = logging.getLogger(__name__)
 SEVERITY_ORDER = {"info": 0, "warning": 1, "unknown": 1, "critical": 2}
 MESSAGE_CAP = 300  # characters of an UNKNOWN finding's message: one line, whatever fell silent
+RULE_FAILED = "rule_failed"  # the finding of a rule whose evaluation failed
+CONTROLLER = "controller"  # its node: where the rule ran, not where the data came from
+ERROR_CAP = 2000  # characters of the failure's error kept in the finding's evidence
 DEFAULT_LEVEL = {"info": "L1", "warning": "L2", "unknown": "L2", "critical": "L3"}
 _LOG, _ALERT = Action("log", ()), Action("alert", ())
 _EVIDENCE = Action("playbook", (("playbook", "remediate/evidence.yml"),))
@@ -214,6 +219,19 @@ def _unknown_findings(
     return findings
 
 
+def failure_finding(failure: RuleFailure, at_ms: int) -> dict[str, Any]:
+    """A rule that failed, as a warning on the controller: log and alert, no playbook."""
+    error = " ".join(failure.error.split())
+    # the message is rendered as a template, and an error may quote SQL: no template syntax in it
+    said = _capped(f"rule {failure.rule_id} ({failure.where}) failed: {error}").replace("{", "{ ")
+    actions = (Action("log", (("message", said),)), Action("alert", (("message", said),)))
+    rule = Rule(
+        RULE_FAILED, "a rule's evaluation failed", "warning", Group("all", ()), actions, "L2", message=said
+    )
+    evidence = {"rule_id": failure.rule_id, "where": failure.where, "error": _capped(error, ERROR_CAP)}
+    return _finding(rule, Match(CONTROLLER, failure.rule_id, 0.0), at_ms, evidence)
+
+
 def diagnose(
     store: Store,
     rules: list[Rule],
@@ -232,11 +250,15 @@ def diagnose(
     the rule finding of its layer on its node where there is one (diagnosis.model)."""
     cadence = cadence if cadence is not None else Cadence.learn(store, at_ms)
     ordered = sorted(cadence.fit_all(rules), key=lambda r: r.rule_id)
+    evaluation = evaluate_all(store, ordered, at_ms, nodes=nodes)
     findings = [
         _finding(rule, m, at_ms)
-        for rule, matches in zip(ordered, evaluate_all(store, ordered, at_ms, nodes=nodes), strict=True)
+        for rule, matches in zip(ordered, evaluation.matches, strict=True)
         for m in matches
     ]
+    for failure in evaluation.failures:
+        log.warning("rule %s (%s) failed; the other rules' findings stand", failure.rule_id, failure.where)
+        findings.append(failure_finding(failure, at_ms))
     if catalog is not None:
         findings += _unknown_findings(store, catalog, at_ms, fleet, nodes)
     if model is not None:

@@ -17,7 +17,8 @@ for sigma) or with the fleet's median, and its value is the
 deviation in the direction the catalog calls worse. A rule with `correlate` also returns, per match,
 how many matching nodes share its switch (or rack), so several nodes behind one switch become one
 finding about the switch. A cycle's rules are read by a few connections at once (`evaluate_all`,
-STETHOSCOPE_READERS), their matches returned in the rules' order.
+STETHOSCOPE_READERS), their matches returned in the rules' order; a rule whose query fails while the
+store answers costs that rule only (a RuleFailure beside the others' matches).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 from stethoscope.catalog import Catalog, default_catalog
 from stethoscope.diagnosis.rules import Condition, Group, Rule
 from stethoscope.diagnosis.spans import spans
-from stethoscope.store.client import Store
+from stethoscope.store.client import SchemaMissing, Store, StoreError
 from stethoscope.store.dsn import ConfigError
 
 _OPERATORS = {">": ">", ">=": ">=", "<": "<", "<=": "<=", "==": "=", "!=": "!="}
@@ -46,6 +47,21 @@ INCREASES = ("delta", "rate")
 # A fleet of identical recordings has a MAD of 0; the spread is floored at this fraction of the median.
 _MIN_RELATIVE_SPREAD = 0.001
 _MAD_TO_SIGMA = 1.4826
+
+
+@dataclass(frozen=True)
+class RuleFailure:
+    """A rule whose evaluation failed while the store answered: its own fault (or its data's)."""
+
+    rule_id: str
+    where: str  # the rule's file:line
+    error: str
+
+
+@dataclass
+class Evaluation:
+    matches: list[list[Match]]  # per rule, in the rules' order; [] for a rule that failed
+    failures: list[RuleFailure] = field(default_factory=list)  # in the rules' order
 
 
 @dataclass
@@ -317,8 +333,9 @@ class _Builder:
         return f"{end} - toIntervalSecond({self.param(condition.window_seconds, 'UInt32')})", end
 
     def comparison(self, condition: Condition) -> str:
-        if condition.operator == "has_bits":
-            return f"bitAnd(toUInt64(x), {self.param(int(condition.threshold), 'UInt64')}) != 0"
+        if condition.operator == "has_bits":  # a non-finite x (stored before entries refused it) has no bits
+            mask = self.param(int(condition.threshold), "UInt64")
+            return f"bitAnd(toUInt64(if(isFinite(x), x, 0)), {mask}) != 0"
         return f"x {_OPERATORS[condition.operator]} {self.param(condition.threshold, 'Float64')}"
 
     def measured(self, condition: Condition) -> str:
@@ -575,27 +592,30 @@ def evaluate_all(
     nodes: Sequence[str] | None = None,
     readers: int | None = None,
     via: str = "rollup",
-) -> list[list[Match]]:
+) -> Evaluation:
     """Every rule's matches, in the order of `rules`: the same answer as `evaluate` rule by rule,
     read by `readers` connections at once (default `readers_wanted()`), the caller's store and
     `readers - 1` more (`Store.reader`), the costliest rules first. On 2 cores 2 readers took about
-    a third less time than one (benchmarks/diagnosis_cycle.py). The first rule query to fail stops
-    the rest that have not started; its error is raised as `evaluate` would raise it (of several
-    failed by then, the first in `rules`' order)."""
+    a third less time than one (benchmarks/diagnosis_cycle.py).
+
+    A rule whose query fails while the store still answers is a RuleFailure and the others go on.
+    When the store itself fails (it does not answer, or the schema is missing), the rules not
+    started yet are not read and its error is raised as `evaluate` would raise it (of several failed
+    by then, the first in `rules`' order)."""
     if not rules:
-        return []
+        return Evaluation([])
     via = _via(store, via)
     catalog = default_catalog()  # loaded here once, not by the threads together
     count = min(readers if readers is not None else readers_wanted(), len(rules))
     if count <= 1:
-        return [_matches(store, rule, at_ms, RAW_TTL_SECONDS, catalog, nodes, via) for rule in rules]
+        return _gathered([_guarded(store, rule, at_ms, catalog, nodes, via) for rule in rules])
     idle: queue.SimpleQueue[Store] = queue.SimpleQueue()
     opened: list[Store] = []
 
-    def one(rule: Rule) -> list[Match]:
+    def one(rule: Rule) -> list[Match] | RuleFailure:
         handle = idle.get()
         try:
-            return _matches(handle, rule, at_ms, RAW_TTL_SECONDS, catalog, nodes, via)
+            return _guarded(handle, rule, at_ms, catalog, nodes, via)
         finally:
             idle.put(handle)
 
@@ -616,7 +636,33 @@ def evaluate_all(
                 assert error is not None
                 raise error
             results = {futures[f]: f.result() for f in done}
-            return [results[i] for i in range(len(rules))]
+            return _gathered([results[i] for i in range(len(rules))])
     finally:
         for handle in opened:
             handle.close()
+
+
+def _guarded(
+    store: Store, rule: Rule, at_ms: int, catalog: Catalog, nodes: Sequence[str] | None, via: str
+) -> list[Match] | RuleFailure:
+    """The rule's matches, or its failure when the store still answers (else the store's error)."""
+    try:
+        return _matches(store, rule, at_ms, RAW_TTL_SECONDS, catalog, nodes, via)
+    except SchemaMissing:
+        raise
+    except Exception as exc:
+        if isinstance(exc, StoreError) and not store.answers():
+            raise
+        error = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+        return RuleFailure(rule.rule_id, f"{rule.file}:{rule.line}", error)
+
+
+def _gathered(results: list[list[Match] | RuleFailure]) -> Evaluation:
+    evaluation = Evaluation([])
+    for result in results:
+        if isinstance(result, RuleFailure):
+            evaluation.failures.append(result)
+            evaluation.matches.append([])
+        else:
+            evaluation.matches.append(result)
+    return evaluation

@@ -22,12 +22,14 @@ from stethoscope.diagnosis.layers import CLASS_LAYERS, layer_of
 from stethoscope.diagnosis.rules import Action, Rule
 from stethoscope.model.findings import STOPPED, SWEPT, UNKNOWN_CLASS, ModelFinding, run_model
 from stethoscope.model.metadata import FEATURES, ModelMeta
+from stethoscope.model.relative import SWITCH_RULE
 from stethoscope.store.client import Store
 from stethoscope.timeutil import iso
 
 LEVELS = ("L1", "L2", "L3", "L4")
 COOLDOWN_SECONDS = 3600  # as a rule's default: a flapping model finding re-opens without acting
 SHOWN = 3  # metrics named in a message
+SWITCH_LEVEL = "L2"
 NAMED = 6  # nodes named in the line on the ones not classified
 # what makes each kind of unclassified node classified
 STREAM_HINT = "playbooks/agent.yml starts their 5-second stream"
@@ -78,13 +80,18 @@ def explained(explanation: dict[str, float], shown: int = SHOWN) -> str:
 
 
 def _message(f: ModelFinding) -> str:
+    calibrated = f" ({f.calibration} class)" if f.calibration else ""
+    if f.detail:  # model.job, model.switch: the job-relative detector says it in its own words
+        agree = f"; the graphs agree ({', '.join(f.agrees)})" if f.agrees else ""
+        waiting = f"; {len(f.folded)} findings on nodes that only wait folded in" if f.folded else ""
+        return f"{f.node_id}: model {f.model}{calibrated}: {f.detail}{agree}{waiting}"
     what = (
         f"stands out from its peers (score {f.value:.2f}, {f.layer})"
         if f.rule_id == "model.outlier"
         else f"sees a {f.layer} fault, probability {f.value:.2f}"
     )
     where = f"; path {f.path}" if f.path and f.path != f.node_id else ""
-    return f"{f.node_id}: model {f.model} {what}: {explained(f.explanation)}{where}"
+    return f"{f.node_id}: model {f.model}{calibrated} {what}: {explained(f.explanation)}{where}"
 
 
 def finding_dicts(
@@ -94,9 +101,12 @@ def finding_dicts(
 
     run = run_model(store, at_ms, nodes, use.meta)
     use.evaluated, use.ran, use.unjudged, use.error = set(run.evaluated), True, dict(run.unjudged), ""
-    plan = LEVEL_ACTIONS[use.level]
+    use.evaluated |= set(run.switches)  # model.switch findings are the switch's: they resolve too
     out = []
     for f in run.findings:
+        # a switch is no host: its finding alerts (L2) at most, whatever the inventory raises models to
+        level = min(use.level, SWITCH_LEVEL) if f.rule_id == SWITCH_RULE else use.level
+        plan = LEVEL_ACTIONS[level]
         out.append(
             {
                 "finding_id": finding_id(f.rule_id, f.node_id, ""),
@@ -105,7 +115,7 @@ def finding_dicts(
                 "device": "",
                 "severity": "warning",
                 "confidence": round(f.confidence, 4),
-                "level": use.level,
+                "level": level,
                 "first_seen": iso(at_ms),
                 "message": _message(f),
                 "evidence": json.dumps(f.evidence(), sort_keys=True),
@@ -116,7 +126,7 @@ def finding_dicts(
                 "model_layer": f.layer,
                 "value": f.value,
                 "values": {f.rule_id: f.value},
-                "nodes": [],
+                "nodes": list(f.nodes),  # model.switch: the nodes behind it that wait
                 "plan": plan,
                 "cooldown_seconds": COOLDOWN_SECONDS,
                 "rule_message": "",

@@ -20,6 +20,7 @@ import numpy as np
 
 from stethoscope.catalog import default_catalog
 from stethoscope.model.metadata import FEATURES, STEP_SECONDS, STEPS, Feature, ModelMeta
+from stethoscope.model.ranks import Ranks, rank_windows
 from stethoscope.store.client import Store
 
 STREAM_HOLD_MS = 15_000
@@ -39,6 +40,7 @@ class Windows:
     streamed: list[bool] = field(default_factory=list)  # a node part in the window (else only swept)
     # a node-part sample in the last STREAM_CURRENT_MS: its agent still sends (else the stream stopped)
     current: list[bool] = field(default_factory=list)
+    ranks: Ranks = field(default_factory=Ranks.empty)  # each rank's own times (ranks.py)
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,19 @@ def read_windows(
     current[rows.node[(rows.part == NODE) & (rows.ts > int(at_ms) - STREAM_CURRENT_MS)]] = True
     hw = _hw_classes(store, node_ids, nodes is not None)
     n = len(node_ids)
-    return Windows(node_ids, x, mask, hw, job, streamed[:n].tolist(), current[:n].tolist())
+    on_job = rows.part == JOB
+    ranks = rank_windows(
+        rows.node[on_job],
+        rows.metric[on_job],
+        rows.series[on_job],
+        rows.value[on_job],
+        rows.ts[on_job],
+        metric_names,
+        series_names,
+        int(at_ms),
+        STREAM_HOLD_MS,
+    )
+    return Windows(node_ids, x, mask, hw, job, streamed[:n].tolist(), current[:n].tolist(), ranks)
 
 
 @dataclass

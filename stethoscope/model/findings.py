@@ -15,40 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from stethoscope.model.evaluate import decide
+from stethoscope.model.decide import decide
 from stethoscope.model.explain import explain_classes, explain_outlier
+from stethoscope.model.finding import ModelFinding
 from stethoscope.model.inference import Graphs, graphs_for
 from stethoscope.model.metadata import ModelMeta, load, metadata_path
 from stethoscope.model.path import Place, fault_paths
+from stethoscope.model.relative import SWITCH_RULE, relative_findings
 from stethoscope.store.client import Store
 
 PREFIX = "model."
-
-
-@dataclass
-class ModelFinding:
-    rule_id: str  # model.communication | model.storage | model.compute | model.outlier
-    node_id: str
-    layer: str  # the fault class it speaks for: communication, storage, compute
-    confidence: float
-    value: float  # the class's probability, or the outlier score
-    threshold: float
-    explanation: dict[str, float]  # metric -> percent, largest first, summing to 100
-    path: str = ""
-    model: str = ""
-    model_version: str = ""
-
-    def evidence(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "model_version": self.model_version,
-            "layer": self.layer,
-            "confidence": round(self.confidence, 4),
-            "value": round(self.value, 4),
-            "threshold": self.threshold,
-            "explanation": self.explanation,
-            "path": self.path,
-        }
 
 
 SWEPT = "only swept (no stream)"
@@ -65,6 +41,9 @@ class ModelRun:
     # why nodes were not classified (only swept, or a GPU class it has no normalisation for: a healthy
     # A100 read with an H200's statistics looks faulty, until `model finetune --class`) -> the nodes
     unjudged: dict[str, list[str]] = field(default_factory=dict)
+    # the switches judged for congestion (MIN_NODES busy nodes behind them): a congested switch's
+    # finding resolves once it is judged and clear
+    switches: list[str] = field(default_factory=list)
 
 
 def model_findings(
@@ -88,8 +67,10 @@ def run_model(
     return from_windows(graphs, windows, read_topology(store, windows.node_ids))
 
 
-def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place]) -> ModelRun:
-    """The findings of windows already read (features.Windows)."""
+def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place], relative: bool = True) -> ModelRun:
+    """The findings of windows already read (features.Windows). `relative`: with the job-relative
+    detector and the congested switches, which fold the graphs' findings on nodes that only wait
+    (relative.py); without it, the graphs' node findings alone (evaluation compares the two)."""
     from stethoscope.model.features import normalise
 
     meta = graphs.meta
@@ -129,24 +110,18 @@ def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place]) -> Mo
     # the decision the held-out scores were measured with: the most probable class, if a fault class
     # whose probability reaches its threshold (never two classes for one node)
     decided = decide(probs, meta.thresholds, meta.classes)
-    targets = [(row, int(decided[row])) for row in range(len(rows)) if judged[row] and decided[row]]
+    targets = {}  # each class finding -> (row, class index), explained once it is known to be shown
     found: list[ModelFinding] = []
-    for (row, index), explanation in zip(
-        targets, explain_classes(graphs, x, mask, targets, probs, names), strict=True
-    ):
-        name = meta.classes[index]
-        probability = float(probs[row, index])
-        found.append(
-            ModelFinding(
-                PREFIX + name,
-                node_ids[row],
-                name,
-                probability,
-                probability,
-                meta.thresholds[name],
-                explanation,
+    for row in range(len(rows)):
+        if judged[row] and decided[row]:
+            index = int(decided[row])
+            name = meta.classes[index]
+            probability = float(probs[row, index])
+            f = ModelFinding(
+                PREFIX + name, node_ids[row], name, probability, probability, meta.thresholds[name], {}
             )
-        )
+            targets[id(f)] = (row, index)
+            found.append(f)
     limit = meta.thresholds["outlier"]
     gone = set(run.unjudged.get(STOPPED, ()))  # their agents stopped: no outlier on old samples either
     stopped = np.array([node in gone for node in node_ids], dtype=bool)
@@ -168,8 +143,24 @@ def from_windows(graphs: Graphs, windows: Any, topology: dict[str, Place]) -> Mo
         paths = fault_paths(scores, topology)
         for f in same:
             f.path = paths[f.node_id]
+    shown = [f for f in found if id(f) in targets]
+    if relative:
+        judged_rows = np.array([r for r in range(len(rows)) if judged[r]], dtype=int)
+        view = relative_findings(
+            meta, windows, rows[judged_rows], x[judged_rows], mask[judged_rows], found, topology
+        )
+        found = view.findings
+        run.switches = view.switches
+        shown = [f for f in view.explain if id(f) in targets]
+    # occlusion for the class findings shown only (a folded peer's finding is not explained)
+    wanted = [targets[id(f)] for f in shown]
+    for f, explanation in zip(shown, explain_classes(graphs, x, mask, wanted, probs, names), strict=True):
+        f.explanation.update(explanation)
+    class_of = {windows.node_ids[i]: windows.hw_class[i] for i in rows}
     for f in found:
         f.model, f.model_version = meta.name, graphs.version
+        if f.rule_id != SWITCH_RULE:
+            f.calibration = meta.calibrated(class_of.get(f.node_id, ""))
     run.findings = sorted(found, key=lambda f: (f.node_id, f.rule_id))
     return run
 

@@ -87,7 +87,14 @@ class ModelMeta:
     graphs: dict[str, str] = field(default_factory=dict)  # classifier, detector: file names beside it
     scores: dict[str, Any] = field(default_factory=dict)  # held-out scores, written by training
     history: list[dict[str, Any]] = field(default_factory=list)  # trainings and fine-tunings
+    # classes whose normalisation was learned from their own healthy windows in the store (`model
+    # finetune --from-faults`) -> {"source": "self-calibrated", windows, nodes, at}
+    calibration: dict[str, dict[str, Any]] = field(default_factory=dict)
     path: Path | None = None  # where it was read from (not written)
+
+    def calibrated(self, hw_class: str) -> str:
+        """'self-calibrated' for a class whose normalisation the store's windows gave, else ''."""
+        return str(self.calibration.get(hw_class, {}).get("source", ""))
 
     def norm_for(self, hw_class: str) -> Normalisation:
         return self.normalisation.get(hw_class) or self.normalisation["default"]
@@ -100,6 +107,8 @@ class ModelMeta:
     def to_json(self) -> str:
         data = asdict(self)
         data.pop("path")
+        if not data["calibration"]:  # a model without self-calibrated classes reads as it always did
+            data.pop("calibration")
         return json.dumps(data, indent=2, sort_keys=False) + "\n"
 
     def save(self, path: Path) -> None:
@@ -160,6 +169,7 @@ def load(path: Path) -> ModelMeta:
         graphs=dict(_require(data, "graphs", dict, path)),
         scores=dict(data.get("scores", {})),
         history=list(data.get("history", [])),
+        calibration=dict(data.get("calibration", {})),
         path=path,
     )
     _check(meta, path)

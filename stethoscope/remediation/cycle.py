@@ -18,7 +18,14 @@ from typing import Any
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.cadence import Cadence
-from stethoscope.diagnosis.diagnose import SEVERITY_ORDER, diagnose, held_finding, printable, render
+from stethoscope.diagnosis.diagnose import (
+    RULE_FAILED,
+    SEVERITY_ORDER,
+    diagnose,
+    held_finding,
+    printable,
+    render,
+)
 from stethoscope.diagnosis.hysteresis import HELD, Held, Previous, held_reason, settle_all
 from stethoscope.diagnosis.model import ModelUse
 from stethoscope.diagnosis.rules import Rule
@@ -39,10 +46,16 @@ class CycleResult:
     standby: str = ""  # why an executing run did not act: another host's executor does
     seconds: float = 0.0
     model: ModelUse | None = None
+    failed_rules: list[str] = field(default_factory=list)  # the rules whose evaluation failed
 
     @property
     def acted(self) -> bool:
         return self.executing and not self.standby
+
+    @property
+    def every_rule_failed(self) -> bool:
+        """Nothing of the rules was read: the cycle as a whole failed (the other case costs those rules)."""
+        return self.rules > 0 and len(set(self.failed_rules)) >= self.rules
 
 
 @dataclass
@@ -99,8 +112,9 @@ class Cycles:
             if not self.long_running:
                 self.close()
         findings.sort(key=lambda f: (-SEVERITY_ORDER[f["severity"]], f["node_id"], f["rule_id"], f["device"]))
+        failed = [f["device"] for f in findings if f["rule_id"] == RULE_FAILED and not f.get("held")]
         return CycleResult(
-            at_ms, findings, len(rules), executing, standby, time.monotonic() - started, self.model
+            at_ms, findings, len(rules), executing, standby, time.monotonic() - started, self.model, failed
         )
 
     def claim(self) -> None:

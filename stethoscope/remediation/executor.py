@@ -1,9 +1,11 @@
-"""`diagnose --execute`: findings become transactions and their actions run, each recorded.
+"""`diagnose --execute`: findings become incidents (transactions) and their actions run, each recorded.
 
-What acts is decided by the finding's life (remediation/life.py): a new finding gets a transaction
-id and runs its actions, one that stays open acts no more. Each action's intent is recorded
-(`in_flight`) before it starts and its outcome, from ansible-runner's events, after. Independent
-findings act in parallel (`stethoscope_executor_parallel`, default 4), one finding's steps in order.
+What acts is decided by the finding's life (remediation/life.py): a new finding opens an incident or
+joins an open one and runs what the incident has not done yet, one that stays open acts no more,
+and the failed actions of open incidents are retried after their backoff (remediation/retries.py);
+past the last retry the incident needs a person: recorded and alerted once. Each action's intent is
+recorded (`in_flight`) before it starts and its outcome, from ansible-runner's events, after.
+Incidents act in parallel (`stethoscope_executor_parallel`, default 4), one incident's steps in order.
 """
 
 from __future__ import annotations
@@ -25,13 +27,30 @@ from stethoscope.paths import state_dir as default_state_dir
 from stethoscope.remediation.actions.http import send
 from stethoscope.remediation.actions.playbook import run_playbook
 from stethoscope.remediation.breaker import CircuitBreaker
-from stethoscope.remediation.ledger import DRAIN, Drain, Ledger, action_row
-from stethoscope.remediation.life import Decision, decide, new_txn_id
+from stethoscope.remediation.incident_view import notes
+from stethoscope.remediation.ledger import (
+    DRAIN,
+    ESCALATE,
+    NEEDS_PERSON,
+    ActionState,
+    Drain,
+    Ledger,
+    action_row,
+)
+from stethoscope.remediation.life import Decision, Plan, Retry, decide, new_txn_id
+from stethoscope.remediation.retries import (
+    RETRIED,
+    Backoff,
+    attempt_detail,
+    attempt_of,
+    duration_setting,
+    reason_of,
+)
 from stethoscope.remediation.slurm_state import read_nodes
 from stethoscope.store.client import Store, StoreError
-from stethoscope.store.dsn import redact
+from stethoscope.store.dsn import ConfigError, redact
 from stethoscope.store.spool import Spool
-from stethoscope.templating import TemplateFailure, render
+from stethoscope.templating import TemplateFailure, Undefined, render
 from stethoscope.timeutil import iso, now_ms
 
 __all__ = ["Context", "Executor", "new_txn_id"]
@@ -58,6 +77,42 @@ class Context:
         }
 
 
+@dataclass
+class Outcome:
+    label: str
+    status: str
+    attempt: int
+    detail: dict[str, Any]
+
+
+@dataclass
+class _Work:
+    """One incident's part of a cycle, run in order: its retries, then its new findings' actions."""
+
+    txn_id: str
+    retries: list[Retry] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    # past their last retry before this cycle, with their findings
+    exhausted: list[tuple[dict[str, Any], ActionState]] = field(default_factory=list)
+    asked: bool = False  # the incident is already marked as needing a person
+
+
+def _work(plan: Plan) -> list[_Work]:
+    works: dict[str, _Work] = {}
+    for retry in plan.retries:
+        works.setdefault(retry.earlier.txn_id, _Work(retry.earlier.txn_id)).retries.append(retry)
+    for decision in plan.decisions:
+        txn = decision.finding["txn_id"]
+        works.setdefault(txn, _Work(txn)).decisions.append(decision)
+    asked = {s.txn_id for s in plan.states if s.action == NEEDS_PERSON}
+    for txn, states in plan.exhausted.items():
+        if txn not in asked:
+            works.setdefault(txn, _Work(txn)).exhausted = states
+    for work in works.values():
+        work.asked = work.txn_id in asked
+    return list(works.values())
+
+
 class Executor:
     def __init__(self, context: Context):
         self.ctx = context
@@ -71,8 +126,17 @@ class Executor:
         self.playbook_timeout = int(context.setting("stethoscope_playbook_timeout", 1800))
         self.parallel = max(1, int(context.setting("stethoscope_executor_parallel", 4)))
         self.log_path = Path(context.setting("stethoscope_diagnose_log", context.state_dir / "findings.log"))
+        self.backoff = Backoff.from_settings(context.setting)
+        window = context.setting("stethoscope_incident_window", "1h")
+        seconds = duration_setting(window)
+        if seconds is None:
+            raise ConfigError(f"stethoscope_incident_window: {window!r} is not a duration such as 1h")
+        self.window_ms = seconds * 1000
+        self.at_ms = now_ms()  # the cycle's clock (its evaluation time): retries are due by it
         self.spooled = False
         self._records = threading.Lock()  # one store handle at a time in this process (embedded)
+        self._attempted: set[tuple[str, str, str]] = set()  # (txn, finding, action) tried this cycle
+        self._retried: dict[str, list[str]] = {}  # txn -> what its retries did this cycle
 
     def _store(self) -> Store:
         return Store(self.ctx.dsn, self.ctx.database)
@@ -87,25 +151,51 @@ class Executor:
         """The findings with what each did, and the findings held open though they did not match
         (diagnosis.hysteresis). `rules` as fitted to the cadence; `model_nodes`: the nodes the model
         evaluated this cycle (None: it did not run)."""
+        self.at_ms = at_ms
         with self._store() as store:
             self._replay_spool(store)
             ledger = Ledger(store)
-            plan = decide(store, findings, rules, at_ms, self.ctx.inventory.hosts, model_nodes=model_nodes)
+            plan = decide(
+                store,
+                findings,
+                rules,
+                at_ms,
+                self.ctx.inventory.hosts,
+                model_nodes=model_nodes,
+                window_ms=self.window_ms,
+                backoff=self.backoff,
+            )
             ledger.write_findings(plan.rows)
             for finding_id, status, version in plan.changes:
                 ledger.set_status(finding_id, status, version)
-            if any(action_label(a) == DRAIN for d in plan.decisions for a in d.actions):
+            acting = [a for d in plan.decisions for a in d.actions] + [r.action for r in plan.retries]
+            if any(action_label(a) == DRAIN for a in acting):
                 self._arm_breaker(ledger)
-        with ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="finding") as pool:
-            list(pool.map(self._act_all, plan.decisions))
+        with ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="incident") as pool:
+            list(pool.map(self._incident, _work(plan)))
         findings = [*findings, *(held_finding(held, rules) for held in plan.held)]
-        if self.spooled:  # the store is free again: record now what had to wait
-            try:
-                with self._store() as store:
-                    self._replay_spool(store)
-            except StoreError:
-                pass  # the next run replays it
+        self._tell(findings, plan.open_txns)
         return findings
+
+    def _tell(self, findings: list[dict[str, Any]], open_txns: set[str]) -> None:
+        """Each finding's outcome line also says what its incident waits for: a retry and when, a
+        person; the spool replayed first if actions had to wait for the store."""
+        try:
+            with self._store() as store:
+                if self.spooled:
+                    self._replay_spool(store)
+                states = Ledger(store).action_states(open_txns) if open_txns else []
+        except StoreError:
+            return  # the next run replays the spool; the outcome lines say what was done
+        said = notes(states, self.backoff, self._attempted)
+        for txn, done in self._retried.items():
+            said[txn] = [*done, *said.get(txn, [])]
+        for finding in findings:
+            extra = said.get(finding.get("txn_id") or "")
+            if extra:
+                finding["outcome"] = "; ".join(
+                    [finding["outcome"], *extra] if finding.get("outcome") else extra
+                )
 
     def _replay_spool(self, store: Store) -> None:
         """Actions a previous run could not record; a spool that cannot be replayed never stops acting."""
@@ -179,7 +269,57 @@ class Executor:
                     print(f"stethoscope: actions spooled, the store is unavailable: {exc}", file=sys.stderr)
                 self.spooled = True
 
-    def _act_all(self, decision: Decision) -> None:
+    def _incident(self, work: _Work) -> None:
+        """One incident's retries and new actions, in order; past its last retry, a person is asked."""
+        failed: list[tuple[dict[str, Any], Outcome]] = []
+        for retry in work.retries:
+            done = self._act(retry.finding, retry.action, retry.earlier)
+            self._retried.setdefault(work.txn_id, []).append(
+                f"retried {done.label} {done.status} (attempt {done.attempt} of {self.backoff.attempts})"
+            )
+            failed.append((retry.finding, done))
+        for decision in work.decisions:
+            failed += [(decision.finding, done) for done in self._act_all(decision)]
+        before = [(f, Outcome(s.action, s.status, attempt_of(s.detail), s.detail)) for f, s in work.exhausted]
+        last = [
+            (f, done)
+            for f, done in failed
+            if done.status in RETRIED and done.attempt >= self.backoff.attempts
+        ]
+        if (before or last) and not work.asked:
+            self._ask_a_person(work.txn_id, [*before, *last])
+
+    def _ask_a_person(self, txn_id: str, failures: list[tuple[dict[str, Any], Outcome]]) -> None:
+        """Mark the incident as needing a person (an actions row) and alert it, once."""
+        finding = {**failures[0][0], "txn_id": txn_id}
+        what = "; ".join(
+            f"{done.label} {done.status} {done.attempt} times ({reason_of(done.detail) or 'no reason given'})"
+            for _, done in failures
+        )
+        node = finding["node_id"]
+        message = f"stethoscope: incident {txn_id} on {node} needs a person: {what}"
+        context = template_context(finding, txn_id, self.ctx.variables)
+        alert = self._alert(finding, {}, context, message)
+        now = now_ms()
+        self._record(
+            {
+                "txn_id": txn_id,
+                "finding_id": "",
+                "action": NEEDS_PERSON,
+                "target": node,
+                "status": "ok",
+                "detail": {
+                    "reason": what,
+                    "actions": [done.label for _, done in failures],
+                    "alert": alert[0],
+                    "tried_at": iso(self.at_ms),
+                },
+                "started_at": now,
+                "finished_at": now,
+            }
+        )
+
+    def _act_all(self, decision: Decision) -> list[Outcome]:
         finding = decision.finding
         results = []
         if decision.escalation is not None:
@@ -189,7 +329,7 @@ class Executor:
                 {
                     "txn_id": finding["txn_id"],
                     "finding_id": finding["finding_id"],
-                    "action": "escalate",
+                    "action": ESCALATE,
                     "target": finding["node_id"],
                     "status": "ok",
                     "detail": {**escalation, "runs": [action_label(a) for a in decision.actions]},
@@ -200,42 +340,60 @@ class Executor:
             results.append(
                 f"escalated {escalation['from']} -> {escalation['to']} under txn {finding['txn_id']}"
             )
-        results += [" ".join(self._act(finding, action)) for action in decision.actions]
-        finding["outcome"] = ", ".join(results)
+        elif decision.joined:
+            results.append(f"joined incident {finding['txn_id']} ({decision.joined})")
+        done = [self._act(finding, action) for action in decision.actions]
+        parts = [f"{d.label} {d.status}" for d in done]
+        if decision.joined and not decision.escalation:
+            finding["outcome"] = f"{results[0]}: {', '.join(parts)}"
+        else:
+            finding["outcome"] = ", ".join(results + parts)
+        return done
 
-    def _act(self, finding: dict[str, Any], action: Action) -> tuple[str, str]:
+    def _act(self, finding: dict[str, Any], action: Action, earlier: ActionState | None = None) -> Outcome:
+        """One attempt of an action: the first, or the next after `earlier` (a retry), recorded with
+        the attempts before it."""
         label = action_label(action)
+        attempt = 1
+        if earlier is not None:  # under the transaction and on the node of the action's own row
+            attempt = attempt_of(earlier.detail) + 1
+            finding = {**finding, "txn_id": earlier.txn_id, "node_id": earlier.target or finding["node_id"]}
         row = {
             "txn_id": finding["txn_id"],
             "finding_id": finding["finding_id"],
             "action": label,
             "target": finding["node_id"],
             "status": "in_flight",
-            "detail": "",
+            "detail": attempt_detail(None, "in_flight", attempt, self.at_ms, self.backoff, earlier),
             "started_at": now_ms(),
             "finished_at": None,
         }
+        self._attempted.add((row["txn_id"], row["finding_id"], label))
         self._record(row)  # the intent is on record before the action starts
         try:
-            status, target, detail = self._dispatch(finding, action)
+            status, target, detail = self._dispatch(finding, action, retried=earlier is not None)
         except TemplateFailure as exc:
             status, target, detail = "failed", row["target"], {"error": str(exc)}
-        except Exception as exc:  # one action's failure is recorded; the finding's other actions still run
+        except Exception as exc:  # one action's failure is recorded; the incident's other actions still run
             status, target, detail = "failed", row["target"], {"error": f"{type(exc).__name__}: {exc}"}
-        if target != row["target"]:  # the row's key stays the node; where the action went is detail
+        if target and target != row["target"]:  # the row's key stays the node; where it went is detail
             detail = {
                 **(detail if isinstance(detail, dict) else {"detail": detail}),
                 "endpoint": redact(target),
             }
+        detail = attempt_detail(detail, status, attempt, self.at_ms, self.backoff, earlier)
         row.update(status=status, detail=detail, finished_at=now_ms())
         self._record(row)
-        return label, status
+        return Outcome(label, status, attempt, detail)
 
-    def _dispatch(self, finding: dict[str, Any], action: Action) -> tuple[str, str, Any]:
+    def _dispatch(
+        self, finding: dict[str, Any], action: Action, retried: bool = False
+    ) -> tuple[str, str, Any]:
         params = dict(action.params)
         context = template_context(finding, finding["txn_id"], self.ctx.variables)
         if action.type == "playbook":
-            return self._playbook(finding, params["playbook"], params.get("extra_vars") or {})
+            extra = params.get("extra_vars") or {}
+            return self._playbook(finding, params["playbook"], extra, alert_refusal=not retried)
         if action.type == "api_call":
             return self._api_call(finding, params, context)
         message = render(params.get("message") or finding.get("rule_message") or finding["message"], context)
@@ -248,7 +406,10 @@ class Executor:
         return "ok", str(self.log_path), {"message": message}
 
     def _api_call(self, finding: dict[str, Any], params: dict[str, Any], context: dict[str, Any]):
-        endpoint = render(params["endpoint"], context)
+        try:
+            endpoint = render(params["endpoint"], context)
+        except Undefined as exc:  # its endpoint names a setting not configured: nothing to call
+            return "skipped", "", {"reason": f"endpoint not configured: {exc}"}
         payload = render(params["payload"], context) if "payload" in params else None
         headers = {k: render(str(v), context) for k, v in (params.get("headers") or {}).items()}
         result = send(
@@ -281,9 +442,13 @@ class Executor:
             retries=int(self.ctx.setting("stethoscope_http_retries", 3)),
         )
         detail = {"message": message, "http_status": result.status, "attempts": result.attempts}
+        if not result.ok:
+            detail["response"] = result.detail
         return ("ok" if result.ok else "failed"), endpoint, detail
 
-    def _playbook(self, finding: dict[str, Any], name: str, extra: dict[str, Any]) -> tuple[str, str, Any]:
+    def _playbook(
+        self, finding: dict[str, Any], name: str, extra: dict[str, Any], alert_refusal: bool = True
+    ) -> tuple[str, str, Any]:
         node = finding["node_id"]
         host = self.ctx.inventory.host(node)
         if host is None:
@@ -291,6 +456,8 @@ class Executor:
         if f"playbook:{name}" == DRAIN:
             allowed, why = self.breaker.permit(node)
             if not allowed:
+                if not alert_refusal:  # a retry refused again: its first refusal was alerted
+                    return "refused", node, {"reason": why, "alert": "alerted at the first refusal"}
                 alert = self._alert(
                     finding, {}, template_context(finding, finding["txn_id"], self.ctx.variables), why
                 )
@@ -319,7 +486,9 @@ class Executor:
             if draining:
                 self.breaker.release(node)
             raise
-        if draining and not result.ok:
+        if draining and (not result.ok or result.skipped):
             self.breaker.release(node)
         detail = {"rc": result.rc, "runner_status": result.status, "events": result.events}
+        if result.skipped:  # the playbook had nothing to act with (its backend not configured)
+            return "skipped", node, {"reason": result.skipped, **detail}
         return ("ok" if result.ok else "failed"), node, detail

@@ -6,6 +6,7 @@ state is exact before ClickHouse merges."""
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,11 @@ DRAIN = "playbook:remediate/drain.yml"
 
 
 RESUME = "resume"  # verify resumed the node: the drain of that txn ends, its findings resolve
+# bookkeeping rows of an incident (finding_id empty, target the node), never retried
+NEEDS_PERSON = "needs_person"  # an action failed past its last retry: alerted once
+ACK = "ack"  # a person took the incident (`stethoscope incidents ack`)
+ESCALATE = "escalate"  # a more severe finding joined the incident
+BOOKKEEPING = (RESUME, NEEDS_PERSON, ACK, ESCALATE)
 HELD = ("ok", "in_flight")  # a drain in place, or one that may be
 STATUSES = ("open", "stale", "resolved")
 
@@ -63,6 +69,21 @@ class Drain:
     finding_id: str
     status: str  # ok | in_flight
     started_ms: int
+
+
+@dataclass
+class ActionState:
+    """An action's latest row: its current status, and in `detail` its attempts (remediation.retries)."""
+
+    txn_id: str
+    finding_id: str
+    action: str
+    target: str
+    status: str
+    detail: dict[str, Any]
+    started_ms: int
+    finished_ms: int | None
+    version: int
 
 
 class Ledger:
@@ -147,21 +168,49 @@ class Ledger:
     def write_action(self, row: dict[str, Any], version: int) -> None:
         self.store.insert_rows("actions", [action_row(row, version)])
 
-    def actions_of_txn(self, txn_id: str) -> set[str]:
-        """The actions taken (or under way) in a transaction: an escalation runs only the others."""
+    def action_states(
+        self,
+        txn_ids: Collection[str] | None = None,
+        status: str | None = None,
+        since_ms: int | None = None,
+    ) -> list[ActionState]:
+        """The latest row of every action (of these transactions, in this status, started since),
+        oldest first."""
+        having = ["1"]
+        params: dict[str, Any] = {}
+        where = "1"
+        if txn_ids is not None:
+            where, params["txns"] = "txn_id IN {txns:Array(String)}", sorted(set(txn_ids))
+        if status is not None:
+            having.append("status = {status:String}")
+            params["status"] = status
+        if since_ms is not None:
+            having.append("started >= fromUnixTimestamp64Milli({since:Int64}, 'UTC')")
+            params["since"] = since_ms
         rows = self.store.query(
-            "SELECT action FROM (SELECT action, argMax(status, version) AS status "
-            f"FROM {self.db}.actions WHERE txn_id = {{txn:String}} GROUP BY finding_id, action, target) "
-            "WHERE status IN ('ok', 'in_flight', 'running')",
-            {"txn": txn_id},
+            "SELECT txn_id, finding_id, action, target, argMax(status, version) AS status, "
+            "argMax(detail, version), toUnixTimestamp64Milli(argMax(started_at, version) AS started), "
+            "toUnixTimestamp64Milli(tupleElement(argMax(tuple(finished_at), version), 1)), max(version) "
+            f"FROM {self.db}.actions WHERE {where} GROUP BY txn_id, finding_id, action, target "
+            f"HAVING {' AND '.join(having)} ORDER BY started, txn_id, action",
+            params,
         )
-        return {row[0] for row in rows}
+        return [
+            ActionState(
+                *(row[0], row[1], row[2], row[3], row[4], _detail(row[5])),
+                int(row[6]),
+                None if row[7] is None else int(row[7]),
+                int(row[8]),
+            )
+            for row in rows
+        ]
 
     def drains(self, where: str = "1", params: dict[str, Any] | None = None) -> list[Drain]:
         """Drains in place or under way (latest status ok or in_flight) and not resumed since."""
         rows = self.store.query(
             "SELECT target, txn_id, finding_id, status, toUnixTimestamp64Milli(started) FROM (SELECT "
-            "target, txn_id, finding_id, argMax(status, version) AS status, min(started_at) AS started "
+            "target, txn_id, finding_id, argMax(status, version) AS status, "
+            "argMax(started_at, version) AS started "
             f"FROM {self.db}.actions WHERE action = {{drain:String}} "
             "GROUP BY txn_id, finding_id, action, target) "
             "WHERE status IN {held:Array(String)} AND (txn_id, target) NOT IN (SELECT txn_id, target FROM "
@@ -174,7 +223,7 @@ class Ledger:
         """Nodes stethoscope drained (or began to) since `since_ms`, resumed or not."""
         rows = self.store.query(
             "SELECT DISTINCT target FROM (SELECT target, argMax(status, version) AS status, "
-            f"min(started_at) AS started FROM {self.db}.actions WHERE action = {{drain:String}} "
+            f"argMax(started_at, version) AS started FROM {self.db}.actions WHERE action = {{drain:String}} "
             "GROUP BY txn_id, finding_id, action, target) WHERE status IN {held:Array(String)} "
             "AND started >= fromUnixTimestamp64Milli({since:Int64}, 'UTC')",
             {"drain": DRAIN, "held": list(HELD), "since": since_ms},
@@ -189,7 +238,7 @@ class Ledger:
         """When stethoscope drained `node_id` under `txn_id` (ms); None if the actions hold no such drain."""
         rows = self.store.query(
             "SELECT toUnixTimestamp64Milli(started) FROM (SELECT argMax(status, version) AS status, "
-            f"min(started_at) AS started FROM {self.db}.actions WHERE action = {{drain:String}} "
+            f"argMax(started_at, version) AS started FROM {self.db}.actions WHERE action = {{drain:String}} "
             "AND target = {node:String} AND txn_id = {txn:String} GROUP BY finding_id) "
             "WHERE status = 'ok' ORDER BY started LIMIT 1",
             {"drain": DRAIN, "node": node_id, "txn": txn_id},
@@ -206,6 +255,14 @@ class Ledger:
             {"txn": txn_id, "drain": DRAIN},
         )
         return rows[0][0] if rows else ""
+
+
+def _detail(text: str) -> dict[str, Any]:
+    try:
+        detail = json.loads(text) if text else {}
+    except ValueError:
+        return {"detail": text}
+    return detail if isinstance(detail, dict) else {"detail": detail}
 
 
 def action_row(row: dict[str, Any], version: int) -> dict[str, Any]:

@@ -2,8 +2,13 @@
 keep their finding open, and what becomes of the findings that stopped matching.
 
 - `open` while the rule matches; matching again acts no more (one transaction, ticket, drain).
-- A family's findings on one (node, device) share a transaction; a more severe member escalates it
-  and runs only the actions the transaction has not taken yet.
+- A transaction is an incident (remediation/incidents.py): a new finding on the node and device of
+  an open incident, or of its rule's family, joins it and runs only the actions of its plan the
+  incident has not taken yet (by label; `log` for every finding); one more severe than the
+  incident escalates it, and the ticket and api_call run again under the same txn (their
+  idempotency key), updating the one ticket.
+- Failed, refused or expired actions of open incidents are retried after a backoff
+  (remediation/retries.py); past the last retry the incident needs a person.
 - The cooldown holds only a finding resolved and matching again (flapping): it re-opens under its
   old transaction and does not act.
 - A finding that stops matching is `resolved` when fresh data says so, `stale` when the data
@@ -14,21 +19,26 @@ keep their finding open, and what becomes of the findings that stopped matching.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from stethoscope.diagnosis.diagnose import SEVERITY_ORDER, action_label
+from stethoscope.catalog import Catalog, default_catalog
+from stethoscope.diagnosis.diagnose import RULE_FAILED, SEVERITY_ORDER, action_label, held_finding
 from stethoscope.diagnosis.hysteresis import HELD, Held, held_reason, settle_all
 from stethoscope.diagnosis.rules import Action, Rule
-from stethoscope.remediation.ledger import KnownFinding, Ledger
+from stethoscope.remediation.incidents import DEFAULT_WINDOW_SECONDS, Incident, OpenIncidents
+from stethoscope.remediation.ledger import ActionState, KnownFinding, Ledger
+from stethoscope.remediation.retries import Backoff, due, exhausted
 from stethoscope.store.client import Store
 from stethoscope.timeutil import iso, now_ms
 
-# run again when a family escalates: under the same txn (their idempotency key) they update the one
-# ticket instead of opening another
+# run again when an incident escalates: under the same txn (their idempotency key) they update the
+# one ticket instead of opening another
 UPDATES = ("playbook:remediate/ticket.yml", "api_call")
+PER_FINDING = ("log",)  # runs for every finding that joins an incident
 
 
 def new_txn_id() -> str:
@@ -39,14 +49,17 @@ def new_txn_id() -> str:
 class Decision:
     finding: dict[str, Any]
     actions: tuple[Action, ...]
-    escalation: dict[str, Any] | None = None  # from, to, rule: a family member raised the severity
+    escalation: dict[str, Any] | None = None  # from, to, rule: a more severe finding joined the incident
+    joined: str = ""  # why it joined an open incident ("family F", "same device gpu2"); "" it opened one
 
 
 @dataclass
-class _FamilyTxn:
-    txn_id: str
-    first_seen_ms: int
-    severity: str
+class Retry:
+    """The next attempt of an action of an open incident (remediation/retries.py)."""
+
+    finding: dict[str, Any]
+    action: Action
+    earlier: ActionState
 
 
 def _version(known: KnownFinding | None) -> int:
@@ -59,6 +72,22 @@ class Plan:
     rows: list[tuple[dict[str, Any], str, int, int]]  # findings rows to write
     changes: list[tuple[str, str, int]]  # (finding_id, status, version) of the findings that did not match
     held: list[Held]  # of those, the ones still open: reported with this cycle's findings
+    retries: list[Retry] = field(default_factory=list)  # actions of open incidents due again
+    # txn -> the actions past their last retry, with their findings (as matched now, else as stored)
+    exhausted: dict[str, list[tuple[dict[str, Any], ActionState]]] = field(default_factory=dict)
+    states: list[ActionState] = field(default_factory=list)  # the open incidents' actions, before this cycle
+    open_txns: set[str] = field(default_factory=set)  # the open incidents after this cycle
+
+
+def _order(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Device findings before node-level ones (which join them), then the most severe first, and of
+    equal severity the higher level: of an incident new at once, its worst finding opens it."""
+
+    def level(finding: dict[str, Any]) -> int:
+        text = str(finding.get("level") or "")
+        return int(text[1:]) if text[1:].isdigit() else 0
+
+    return sorted(findings, key=lambda f: (not f["device"], -SEVERITY_ORDER[f["severity"]], -level(f)))
 
 
 def decide(
@@ -68,30 +97,40 @@ def decide(
     at_ms: int,
     hosts: Collection[str] | None = None,
     model_nodes: Collection[str] | None = None,
+    *,
+    window_ms: int = DEFAULT_WINDOW_SECONDS * 1000,
+    backoff: Backoff | None = None,
+    catalog: Catalog | None = None,
 ) -> Plan:
     """What the matched findings do, and what becomes of the others. `rules` as fitted to the
     cadence (diagnosis.cadence). `hosts`: the inventory evaluated; another inventory's findings in
     the same database are left as they are. `model_nodes`: the nodes the model saw data of this
-    cycle (None: it did not run)."""
+    cycle (None: it did not run). `window_ms`: how long after its latest finding an incident is
+    joined by new ones; `backoff`: the retries of failed actions."""
     ledger = Ledger(store)
     known = ledger.known_findings()
-    family_of = {rule.rule_id: rule.family for rule in rules}
-    families: dict[tuple[str, str, str], _FamilyTxn] = {}
+    family_of = {rule.rule_id: rule.family or "" for rule in rules}
+    incidents = OpenIncidents(catalog or default_catalog(), window_ms)
     for member in sorted(known.values(), key=lambda m: m.first_seen_ms):
-        family = family_of.get(member.rule_id)
-        if family and member.status != "resolved":
-            entry = families.setdefault(
-                (family, member.node_id, member.device),
-                _FamilyTxn(member.txn_id, member.first_seen_ms, member.severity),
+        if member.status != "resolved":
+            incidents.add(
+                member.txn_id,
+                member.rule_id,
+                member.node_id,
+                member.device,
+                member.severity,
+                member.last_seen_ms,
+                family_of.get(member.rule_id, ""),
             )
-            if SEVERITY_ORDER[member.severity] > SEVERITY_ORDER[entry.severity]:
-                entry.severity = member.severity
+    states = ledger.action_states(incidents.by_txn) if incidents.by_txn else []
+    taken: dict[str, set[str]] = {}
+    for state in states:
+        taken.setdefault(state.txn_id, set()).add(state.action)
     decisions: list[Decision] = []
     rows: list[tuple[dict[str, Any], str, int, int]] = []
-    for finding in findings:  # most severe first: of a family new at once, the worst one acts
+    for finding in _order(findings):
         k = known.get(finding["finding_id"])
-        family = family_of.get(finding["rule_id"])
-        key = (family, finding["node_id"], finding["device"]) if family else None
+        family = family_of.get(finding["rule_id"], "")
         if k is not None and k.status != "resolved":
             _keep(
                 finding, k.txn_id, k.first_seen_ms, f"open since {iso(k.first_seen_ms)} under txn {k.txn_id}"
@@ -103,32 +142,108 @@ def decide(
                 k.first_seen_ms,
                 f"cooldown: re-opened under txn {k.txn_id}, resolved after {iso(k.last_seen_ms)}",
             )
-        elif key is not None and key in families:
-            entry = families[key]
-            finding.update(txn_id=entry.txn_id, first_seen_ms=entry.first_seen_ms, outcome="")
-            if SEVERITY_ORDER[finding["severity"]] > SEVERITY_ORDER[entry.severity]:
-                taken = ledger.actions_of_txn(entry.txn_id)
-                new = tuple(
-                    a for a in finding["plan"] if action_label(a) not in taken or action_label(a) in UPDATES
-                )
-                escalation = {
-                    "from": entry.severity,
-                    "to": finding["severity"],
-                    "rule_id": finding["rule_id"],
-                }
-                decisions.append(Decision(finding, new, escalation))
-                entry.severity = finding["severity"]
-            else:
-                finding["outcome"] = f"family {family}: joins txn {entry.txn_id}, no new action"
         else:
-            finding.update(txn_id=new_txn_id(), first_seen_ms=at_ms, outcome="")
-            decisions.append(Decision(finding, tuple(finding["plan"])))
-            if key is not None:
-                families[key] = _FamilyTxn(finding["txn_id"], at_ms, finding["severity"])
+            found = incidents.find(finding["rule_id"], finding["node_id"], finding["device"], family, at_ms)
+            finding.update(first_seen_ms=at_ms, outcome="")
+            if found is None:
+                finding["txn_id"] = new_txn_id()
+                decisions.append(Decision(finding, tuple(finding["plan"])))
+                taken[finding["txn_id"]] = {action_label(a) for a in finding["plan"]}
+            else:
+                incident, why = found
+                decision = _join(finding, incident, taken.setdefault(incident.txn_id, set()), why)
+                if decision.actions or decision.escalation:
+                    decisions.append(decision)
+                else:
+                    finding["outcome"] = f"joins incident {incident.txn_id} ({why}): no new action"
+        incidents.add(
+            finding["txn_id"],
+            finding["rule_id"],
+            finding["node_id"],
+            finding["device"],
+            finding["severity"],
+            at_ms,
+            family,
+        )
         finding["first_seen"] = iso(finding["first_seen_ms"])
         rows.append((finding, "open", _version(k), at_ms))
     changes, held = _the_others(store, ledger, known, findings, rules, at_ms, hosts, model_nodes)
-    return Plan(decisions, rows, changes, held)
+    resolved = {finding_id for finding_id, status, _ in changes if status == "resolved"}
+    open_txns = {f["txn_id"] for f in findings} | {
+        k.txn_id
+        for k in known.values()
+        if k.status != "resolved"
+        and k.finding_id not in resolved
+        and (hosts is None or any(node in hosts for node in k.nodes))
+    }
+    plan = Plan(decisions, rows, changes, held, states=states, open_txns=open_txns)
+    _retries(plan, findings, known, rules, at_ms, backoff or Backoff())
+    return plan
+
+
+def _join(finding: dict[str, Any], incident: Incident, taken: set[str], why: str) -> Decision:
+    """A new finding joins an open incident: only what the incident has not done yet runs, `log`
+    for each finding, and the ticket and api_call again when it raises the incident's severity."""
+    finding["txn_id"] = incident.txn_id
+    rises = incident.worse(finding["severity"])
+    actions = tuple(
+        a
+        for a in finding["plan"]
+        if action_label(a) in PER_FINDING
+        or action_label(a) not in taken
+        or (rises and action_label(a) in UPDATES)
+    )
+    taken.update(action_label(a) for a in actions)
+    escalation = None
+    if rises:
+        escalation = {"from": incident.severity, "to": finding["severity"], "rule_id": finding["rule_id"]}
+        incident.severity = finding["severity"]
+    return Decision(finding, actions, escalation, joined=why)
+
+
+def _retries(
+    plan: Plan,
+    findings: list[dict[str, Any]],
+    known: dict[str, KnownFinding],
+    rules: list[Rule],
+    at_ms: int,
+    backoff: Backoff,
+) -> None:
+    """The actions of open incidents due for their next attempt, each with its finding (as matched
+    now, else as stored) and its action from the finding's plan; and those past their last retry."""
+    states = [s for s in plan.states if s.txn_id in plan.open_txns]
+    matched = {f["finding_id"]: f for f in findings}
+    for state in due(states, at_ms, backoff):
+        finding = matched.get(state.finding_id) or _stored(known.get(state.finding_id), rules)
+        action = (
+            next((a for a in finding["plan"] if action_label(a) == state.action), None) if finding else None
+        )
+        if finding is not None and action is not None:
+            plan.retries.append(Retry(finding, action, state))
+    for state in states:
+        if exhausted(state, backoff):
+            finding = matched.get(state.finding_id) or _stored(known.get(state.finding_id), rules)
+            if finding is not None:
+                plan.exhausted.setdefault(state.txn_id, []).append((finding, state))
+
+
+def _stored(known: KnownFinding | None, rules: list[Rule]) -> dict[str, Any] | None:
+    """A finding that did not match this cycle, shaped for its actions (its rule's plan, or its
+    level's when the rule is gone), its values from its evidence."""
+    if known is None:
+        return None
+    finding = held_finding(Held(known.previous(), ""), rules)
+    try:
+        evidence = json.loads(known.evidence)
+    except ValueError:
+        evidence = {}
+    values = (
+        {k: v for k, v in evidence.items() if isinstance(v, int | float)}
+        if isinstance(evidence, dict)
+        else {}
+    )
+    finding.update(values=values, value=next(iter(values.values()), 0.0))
+    return finding
 
 
 def _keep(finding: dict[str, Any], txn_id: str, first_seen_ms: int, why: str) -> None:
@@ -153,7 +268,7 @@ def _the_others(
         for k in known.values()
         if k.status != "resolved"
         and k.finding_id not in seen
-        and (hosts is None or any(node in hosts for node in k.nodes))
+        and (hosts is None or k.rule_id == RULE_FAILED or any(node in hosts for node in k.nodes))
     ]
     if not silent:
         return [], []
@@ -166,8 +281,8 @@ def _the_others(
             held.append(
                 Held(k.previous(), f"drained under txn {k.txn_id}: open until verify resumes the node")
             )
-        elif k.rule_id.startswith("unknown."):
-            changes.append((k.finding_id, "resolved", _version(k)))  # the data came back
+        elif k.rule_id.startswith("unknown.") or k.rule_id == RULE_FAILED:
+            changes.append((k.finding_id, "resolved", _version(k)))  # the data came back, the rule ran
         elif k.rule_id.startswith("model."):
             if model_nodes is not None:
                 status = "resolved" if k.node_id in model_nodes else "stale"

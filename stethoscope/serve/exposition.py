@@ -50,6 +50,14 @@ class _State:
         cycles.add_metric(["ok"], state.cycles)
         cycles.add_metric(["failed"], state.failures)
         yield cycles
+        failures = CounterMetricFamily(
+            "stethoscope_rule_failures",
+            "cycles in which a rule's evaluation failed (the other rules went on)",
+            labels=["rule_id"],
+        )
+        for rule_id, count in sorted(state.rule_failures.items()):
+            failures.add_metric([rule_id], count)
+        yield failures
         rate = GaugeMetricFamily(
             "stethoscope_store_rows_per_second", "rows the collector stored per second since the last cycle"
         )
@@ -125,6 +133,14 @@ def _collector(collector: Any):
     for reason, count in sorted(stats.rejected.items()):
         rejected.add_metric([reason], count)
     yield rejected
+    values = CounterMetricFamily(
+        "stethoscope_telemetry_values_rejected",
+        "values of kept datagrams dropped alone (not a finite number)",
+        labels=["reason"],
+    )
+    for reason, count in sorted(stats.values_rejected.items()):
+        values.add_metric([reason], count)
+    yield values
     lost = CounterMetricFamily("stethoscope_telemetry_packets_lost", "samples no resend recovered")
     lost.add_metric([], sum(collector.guard.lost.values()))
     yield lost

@@ -21,6 +21,7 @@ import logging
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from stethoscope.catalog import Catalog
+from stethoscope.diagnosis.diagnose import RULE_FAILED
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.remediation.cycle import CycleResult, Cycles
 from stethoscope.report import board
@@ -56,6 +58,7 @@ class CycleState:
     report: Path | None = None  # the board's index.html, written by the last cycle
     durations: list[float] = field(default_factory=list)  # seconds of every cycle, for its p99
     rows_per_second: float = 0.0  # rows the collector stored between the last two cycles
+    rule_failures: Counter = field(default_factory=Counter)  # rule_id -> cycles its evaluation failed
 
 
 class Server:
@@ -75,6 +78,7 @@ class Server:
         sweeper: Sweeper | None = None,
         flush_interval: float = 1.0,
         log_format: str = "text",
+        replay_dir: Path | None = None,
     ):
         self.store = store  # opened by start(), held until stop()
         self.spool_dir = spool_dir
@@ -85,6 +89,7 @@ class Server:
         self.sweeper = sweeper
         self.flush_interval = flush_interval
         self.log_format = log_format
+        self.replay_dir = replay_dir  # the collector's replay window across restarts
         self.state = CycleState()
         self.stop_event = threading.Event()
         self.collector: Collector | None = None
@@ -99,12 +104,23 @@ class Server:
     def start(self) -> Server:
         if self.http_address is not None:  # first: a busy address refuses the start, nothing held
             self.httpd = bind(self.http_address, handler(self))
+        writer = Writer(self.store.dsn, self.spool_dir, timeout=WRITE_TIMEOUT)
+        try:
+            self.collector = Collector(
+                self.keyring,
+                self.sets,
+                writer.write,
+                listen=self.listen,
+                flush_interval=self.flush_interval,
+                state_dir=self.replay_dir,
+            )
+        except BaseException:
+            if self.httpd is not None:
+                self.httpd.server_close()
+            raise
         self.store.open()  # held until stop: the embedded database's only owner
         self.store.ensure_schema()
-        writer = Writer(self.store.dsn, self.spool_dir, timeout=WRITE_TIMEOUT)
-        self.collector = Collector(
-            self.keyring, self.sets, writer.write, listen=self.listen, flush_interval=self.flush_interval
-        ).start()
+        self.collector.start()
         if self.httpd is not None:
             threading.Thread(target=self.httpd.serve_forever, name="stethoscope-http", daemon=True).start()
         if self.sweeper is not None:
@@ -141,6 +157,10 @@ class Server:
         rules = self.rules()
         try:
             result = self.cycles.run(rules, at_ms, store=self.store)
+            self.state.rule_failures.update(result.failed_rules)
+            if result.every_rule_failed:  # nothing diagnosed: the cycle failed, whatever else it did
+                first = next(f for f in result.findings if f["rule_id"] == RULE_FAILED)
+                raise RuntimeError(f"every rule failed; the first: {first['message']}")
             today = board.collect(self.store, self.catalog, 7, at_ms, rules, today=result.findings)
             written = board.write(today, self.report_dir)
         except Exception as exc:  # the store may come back, a rule be fixed: the next cycle tries again

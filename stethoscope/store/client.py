@@ -116,14 +116,20 @@ def _config_problem(exc: Exception) -> str | None:
     if isinstance(exc, TypeError) and "unexpected keyword argument" in text:
         option = text.rsplit("argument", 1)[-1].strip(" '\"")
         return f"DSN option {option!r} is not a clickhouse-connect option"
+    if isinstance(exc, TypeError) and "got multiple values for" in text:
+        option = text.rsplit("argument", 1)[-1].strip(" '\"")
+        return f"DSN gives {option!r} twice (in its address and as an option)"
     if type(exc).__name__ == "ProgrammingError" and text.startswith("Invalid value"):
         return f"DSN: {text}"
     return None
 
 
-def open_wait_seconds() -> float:
-    """How long an open waits for another process to release an embedded database."""
-    raw = os.environ.get("STETHOSCOPE_OPEN_WAIT", "30")
+def open_wait_seconds(default: float = 30.0) -> float:
+    """How long an open waits for another process to release an embedded database:
+    STETHOSCOPE_OPEN_WAIT where it is set, else `default`."""
+    raw = os.environ.get("STETHOSCOPE_OPEN_WAIT", "").strip()
+    if not raw:
+        return default
     try:
         seconds = float(raw)
     except ValueError:
@@ -246,6 +252,14 @@ class Store:
         if self._client is None:
             self.open()
         return self._client
+
+    def answers(self) -> bool:
+        """Whether the store answers at all: what tells a failed statement from a failed store."""
+        try:
+            self.query("SELECT 1")
+        except StoreError:
+            return False
+        return True
 
     # schema -----------------------------------------------------------------------------------
     def ensure_schema(self) -> None:

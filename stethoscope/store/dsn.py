@@ -1,10 +1,16 @@
-"""clickhouse-connect DSNs: the embedded default made absolute, and passwords kept out of messages."""
+"""clickhouse-connect DSNs: the embedded default made absolute, credentials given as options moved into
+the address, and passwords kept out of messages.
+
+A password may hold any character: percent-encoded (`%40` for `@`, `%2F` for `/`), or raw except
+`/`, `?` and `#`, which end the address's host part; a raw `@` is fine, as the last `@` before the
+host ends the user info (as browsers and urllib read it).
+"""
 
 from __future__ import annotations
 
 import os
 import re
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from stethoscope.paths import default_db_path
 
@@ -33,9 +39,41 @@ def resolve_dsn(dsn: str | None = None, database: str | None = None) -> str:
         path = os.path.abspath(os.path.expanduser(path))
         query.setdefault("database", database)
         return f"chdb://{path}?{urlencode(query)}"
+    parts = _credentials_in_address(parts, query, dsn)
     if not parts.path.strip("/") and "database" not in query:
         parts = parts._replace(path=f"/{database}")
     return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+_USER_OPTIONS = ("user", "username", "user_name")
+
+
+def _credentials_in_address(parts: SplitResult, query: dict[str, str], dsn: str) -> SplitResult:
+    """A user or password given as an option (`?password=`) moves into the address, where
+    clickhouse-connect reads it: as an option it reached the client twice. Given in both places
+    (which one counts?) it is a ConfigError, as is an address whose port is not a number (a password
+    with a raw `/`, `?` or `#` cut it there)."""
+    try:
+        _port = parts.port  # urllib checks it only when asked
+    except ValueError:
+        raise ConfigError(
+            f"DSN {redact(dsn)}: the host:port is not valid (a password holding '/', '?' or '#' "
+            "must be percent-encoded: %2F, %3F, %23)"
+        ) from None
+    users = [name for name in _USER_OPTIONS if name in query]
+    if "password" not in query and not users:
+        return parts
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    if len(users) > 1 or (users and user):
+        raise ConfigError(f"DSN {redact(dsn)}: the user is given twice (in the address and as an option)")
+    if "password" in query and colon:
+        raise ConfigError(f"DSN {redact(dsn)}: the password is given twice (in the address and as an option)")
+    if users:
+        user = quote(query.pop(users[0]), safe="")
+    if "password" in query:
+        password, colon = quote(query.pop("password"), safe=""), ":"
+    return parts._replace(netloc=f"{user or 'default'}{colon}{password}@{host}")
 
 
 def database_of(dsn: str) -> str:
@@ -54,7 +92,9 @@ def embedded_path(dsn: str) -> str:
     return dsn[len("chdb://") :].split("?", 1)[0]
 
 
-_USERINFO_SECRET = re.compile(r"(://[^:/@\s]*:)[^@/\s]+@")
+# user:secret@host where the secret may hold anything up to the last `@` of the address (the user too
+# may hold an `@`): rather a host masked with it than a password's tail printed
+_USERINFO_SECRET = re.compile(r"(://[^:/\s'\"]*:)[^\s'\"]*@")
 # a secret passed as a DSN option or any key=value pair: ?password=x, &pass=x, pwd=x, access_token=x
 _KEY_SECRET = re.compile(
     r"((?:^|[?&;,\s\"'])(?:password|passwd|pass|pwd|secret|access_token|token)\s*[=:]\s*)([^&\s\"',;]+)",

@@ -2,7 +2,8 @@
 
 ClickHouse allows one process per embedded path and says only "Cannot lock file". The holder file
 (`<db>.holder`: pid, command, since) lets a second process say who it waits for; one left by a
-process that died is ignored.
+process that died is ignored. One process may open a path several times (serve's cycle and its
+collector's writer): the file stays until the last of its handles closes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,11 +50,19 @@ def unusable_path(path: str) -> str | None:
     return None
 
 
+_handles: dict[Path, int] = {}  # holder file -> this process's handles open on its database
+_handles_lock = threading.Lock()
+
+
 class HolderFile:
     def __init__(self, db_path: str):
         self.path = Path(f"{db_path.rstrip('/')}.holder")
 
     def claim(self) -> None:
+        with _handles_lock:
+            _handles[self.path] = _handles.get(self.path, 0) + 1
+            if _handles[self.path] > 1 and self.live_holder() == os.getpid():
+                return  # this process's first handle wrote it; it stays until the last one closes
         record = {"pid": os.getpid(), "command": _program(), "since": now_ms()}
         part = self.path.with_name(f"{self.path.name}.{os.getpid()}.part")
         try:
@@ -62,6 +72,12 @@ class HolderFile:
             pass
 
     def release(self) -> None:
+        with _handles_lock:
+            left = _handles.get(self.path, 1) - 1
+            if left > 0:
+                _handles[self.path] = left
+                return
+            _handles.pop(self.path, None)
         if self.live_holder() == os.getpid():
             with contextlib.suppress(OSError):
                 self.path.unlink()
@@ -99,7 +115,22 @@ class HolderFile:
 
 
 def _program() -> str:
-    """The program and its subcommand, never its arguments: a DSN or a webhook URL can carry a secret."""
-    words = [os.path.basename(sys.argv[0]) if sys.argv else "python"]
-    words += [arg for arg in sys.argv[1:3] if arg.isidentifier()][:1]
-    return " ".join(words)
+    """`stethoscope <subcommand>` for the CLI, else `stethoscope in <program>` (the callback in
+    ansible-playbook); never arguments: a DSN or a webhook URL can carry a secret."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    name = os.path.basename(argv0)
+    if name == "stethoscope" or argv0.endswith(os.path.join("stethoscope", "cli", "__main__.py")):
+        return f"stethoscope {_subcommand(sys.argv[1:])}".strip()
+    return f"stethoscope in {'python -c' if name in ('-c', '') else name}"
+
+
+def _subcommand(args: list[str]) -> str:
+    """The first word that is no option nor an option's value (the global options before it take one,
+    but --debug)."""
+    words = iter(args)
+    for arg in words:
+        if not arg.startswith("-"):
+            return arg if arg.isidentifier() else ""
+        if arg != "--debug" and "=" not in arg:
+            next(words, None)
+    return ""

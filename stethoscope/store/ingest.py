@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -13,7 +12,8 @@ from typing import TextIO
 
 from stethoscope.catalog import Catalog
 from stethoscope.store.batch import MetricColumns
-from stethoscope.timeutil import now_ms, to_ms
+from stethoscope.store.result_rows import INFINITE, NAN, value_problem
+from stethoscope.timeutil import TimeRangeError, now_ms, to_ms
 
 FUTURE_TOLERANCE_MS = 5 * 60_000  # clocks drift; beyond this a timestamp is wrong, not early
 DAY_MS = 86_400_000
@@ -65,11 +65,11 @@ def parse_ndjson(source: Path, catalog: Catalog, now: int | None = None) -> Pars
                 parsed.future.append(where)
                 continue
             parsed.metrics.append(
-                str(row["node_id"]),
+                row["node_id"],
                 row["metric_name"],
-                str(row.get("device") or ""),
-                {str(k): str(v) for k, v in (row.get("labels") or {}).items()},
-                float(row["value"]),
+                row.get("device") or "",
+                {k: str(v) for k, v in (row.get("labels") or {}).items()},
+                value_problem(row["value"])[0],
                 timestamp,
             )
     return parsed
@@ -82,22 +82,28 @@ def older_than(metrics: MetricColumns, days: int, now: int | None = None) -> int
 
 
 def _row_problem(row: dict, catalog: Catalog) -> str | None:
+    """Why a line's row cannot be stored, or None: each field of the shape the table holds."""
     for key in ("node_id", "metric_name", "value", "timestamp"):
         if key not in row:
             return f"missing field {key!r}"
-    if row["metric_name"] not in catalog:
+    if not isinstance(row["node_id"], str) or not row["node_id"]:
+        return f"node_id {row['node_id']!r} must be a non-empty text"
+    if not isinstance(row["metric_name"], str) or row["metric_name"] not in catalog:
         return f"unknown metric {row['metric_name']!r} (not in rules/metrics.yml)"
+    if row.get("device") is not None and not isinstance(row["device"], str):
+        return f"device {row['device']!r} must be a text"
     labels = row.get("labels") or {}
-    if not isinstance(labels, dict):
-        return "labels must be an object"
-    try:
-        value = float(row["value"])
-    except (TypeError, ValueError):
-        return f"value {row['value']!r} is not a number"
-    if math.isnan(value) or math.isinf(value):
+    if not isinstance(labels, dict) or not all(isinstance(v, str | int | float) for v in labels.values()):
+        return "labels must be an object of texts or numbers"
+    _value, problem = value_problem(row["value"])
+    if problem in (NAN, INFINITE):
         return f"value {row['value']!r} is not finite"
+    if problem:
+        return f"value {row['value']!r} is not a number"
     try:
         to_ms(row["timestamp"])
+    except TimeRangeError as exc:
+        return str(exc)
     except (TypeError, ValueError):
         return f"timestamp {row['timestamp']!r} is neither ISO-8601 nor epoch seconds"
     return None

@@ -6,10 +6,16 @@ a file still being written. A `.part` left by a writer that died (kill -9) is re
 torn last line tolerated: what was fsynced before the kill is never lost.
 
 Each file starts with a header naming the DSN (no password, no options) and database it was meant
-for, and replays only into that one unless moved on purpose (`spool replay --into`). A replay has two
-halves: inserting (reads files, writes only to ClickHouse: a thread that may hang) and settling
+for, and replays only into that one unless moved on purpose (`spool replay --into`); a file whose
+header is damaged can be replayed nowhere and is quarantined at once, with the reason. A replay has
+two halves: inserting (reads files, writes only to ClickHouse: a thread that may hang) and settling
 (removes what was stored, counts failed attempts, quarantines a file after MAX_ATTEMPTS: the caller's
 thread, under the spool lock). A file that keeps failing never blocks the others.
+
+Replays are row by row safe: each row is checked against its table (store.rows) and one the store
+refuses is found alone (store.salvage); such rows, and lines that are not JSON, go to `rejected/`
+with their reason, and the rest of their file is stored. Files are 0600 in 0700 folders: rows can
+carry what a node said about itself.
 """
 
 from __future__ import annotations
@@ -20,16 +26,19 @@ import json
 import os
 import shutil
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stethoscope.store.batch import Batch, MetricColumns
-from stethoscope.store.client import ROW_TABLES, Store, StoreError
+from stethoscope.store import rows as row_check
+from stethoscope.store.batch import Batch
+from stethoscope.store.client import ROW_TABLES, Store
 from stethoscope.store.dsn import database_of, redact, resolve_dsn, target_of
 from stethoscope.store.holder import pid_alive
+from stethoscope.store.salvage import RowsRefused, insert_salvaging
 
 TABLES = ("metrics", *ROW_TABLES)
 HEADER = "__spool__"
@@ -59,6 +68,7 @@ class FileOutcome:
     rows: int = 0
     error: str | None = None
     bad_lines: list[str] = field(default_factory=list)
+    refused: list[row_check.Refused] = field(default_factory=list)  # rows no table takes, with why
     torn_bytes: int = 0
 
 
@@ -91,6 +101,7 @@ class Spool:
         self.dir = Path(directory)
         self._dsn, self._database = dsn, database
         self._target: Target | None = None
+        self._headers_read: set[Path] = set()  # files whose header was found sound (files never change)
 
     @property
     def target(self) -> Target:
@@ -123,7 +134,8 @@ class Spool:
         return [path for path in written if path is not None]
 
     def reject(self, rejected: list[dict[str, Any]]) -> Path | None:
-        """Rows no table can take (a value that is not a finite number), each with its reason."""
+        """Rows no table can take (a value that is not a finite number), each a record {table,
+        reason, row} (or {table, reason, line} for text that was no row)."""
         if not rejected:
             return None
         name = f"rejected-{time.time_ns() // 1_000_000}-{os.getpid()}-{next(_seq)}.ndjson"
@@ -141,9 +153,10 @@ class Spool:
         return self.reject(rows + batch.rejected)
 
     def _write(self, folder: Path, name: str, lines: list[dict[str, Any]]) -> Path:
-        folder.mkdir(parents=True, exist_ok=True)
+        _private_dir(self.dir)
+        _private_dir(folder)
         part = folder / (name + ".part")
-        with open(part, "w", encoding="utf-8") as handle:
+        with _private_open(part) as handle:
             for line in lines:
                 handle.write(json.dumps(line, separators=(",", ":"), sort_keys=True, default=str))
                 handle.write("\n")
@@ -194,6 +207,24 @@ class Spool:
             )
         return listed
 
+    def rejected(self) -> tuple[int, Counter[str]]:
+        """How many rows are kept in rejected/, and how many for each kind of reason."""
+        kinds: Counter[str] = Counter()
+        if not self.rejected_dir.is_dir():
+            return 0, kinds
+        for path in sorted(self.rejected_dir.glob("*.ndjson")):
+            try:
+                lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                try:
+                    reason = str(json.loads(line).get("reason") or "?")
+                except (ValueError, AttributeError):
+                    reason = "?"
+                kinds[reason.split(" (", 1)[0]] += 1
+        return sum(kinds.values()), kinds
+
     def quarantined(self) -> list[tuple[Path, str]]:
         if not self.quarantine_dir.is_dir():
             return []
@@ -209,61 +240,88 @@ class Spool:
     def replay(self, store: Store, into: bool = False) -> ReplayReport:
         """Write this store's pending files (every file with `into`), then settle them."""
         here = Target.of(store.dsn, store.database)
+        report = ReplayReport()
+        self.quarantine_damaged(report)
         everything = self.pending()
         chosen = everything if into else [path for path in everything if file_target(path) == here]
-        report = ReplayReport(other_targets=len(everything) - len(chosen))
+        report.other_targets = len(everything) - len(chosen)
         self.settle(insert_files(store, chosen), str(here), report)
         return report
+
+    def quarantine_damaged(self, report: ReplayReport) -> None:
+        """Files whose header is damaged belong to no database: quarantined now, with the reason,
+        rather than waiting for a replay that can never choose them."""
+        damaged = []
+        pending = self.pending()
+        self._headers_read &= set(pending)
+        for path in pending:
+            if path not in self._headers_read:
+                problem = header_problem(path)
+                if problem is None:
+                    self._headers_read.add(path)
+                damaged.append((path, problem))
+        if not any(problem for _path, problem in damaged):
+            return
+        with self._locked():
+            for path, problem in damaged:
+                if problem is not None and path.exists():
+                    self._quarantine(path, f"damaged header: {problem}", report)
 
     def settle(self, outcomes: list[FileOutcome], where: str, report: ReplayReport) -> None:
         """Remove stored files, count failures, quarantine a file that failed MAX_ATTEMPTS times."""
         with self._locked():
             for outcome in outcomes:
                 path = outcome.path
-                if outcome.bad_lines:
-                    report.rejected_lines += len(outcome.bad_lines)
-                    report.problems.append(
-                        f"{path.name}: {len(outcome.bad_lines)} lines not JSON, in rejected/"
-                    )
-                    self.rejected_dir.mkdir(exist_ok=True)
-                    with open(
-                        self.rejected_dir / path.name.removesuffix(".part"), "a", encoding="utf-8"
-                    ) as out:
-                        out.write("\n".join(outcome.bad_lines) + "\n")
+                if outcome.error is not None:  # its bad rows stay in it, set aside when it replays
+                    self._failed(path, outcome.error, where, report)
+                    continue
+                if not path.exists():  # another replay stored it meanwhile
+                    continue
+                self._set_aside(outcome, report)
                 if outcome.torn_bytes:
                     report.torn_lines += 1
                     report.problems.append(
                         f"{path.name}: torn last line ({outcome.torn_bytes} bytes) skipped"
                     )
-                if outcome.error is None:
-                    report.rows += outcome.rows
-                    report.files += 1
-                    _unlink(path)
-                    _unlink(_attempts_path(path))
-                    continue
-                self._failed(path, outcome.error, where, report)
+                report.rows += outcome.rows
+                report.files += 1
+                _unlink(path)
+                _unlink(_attempts_path(path))
+
+    def _set_aside(self, outcome: FileOutcome, report: ReplayReport) -> None:
+        """A stored file's lines that were no row and rows no table took, kept in rejected/."""
+        if not outcome.bad_lines and not outcome.refused:
+            return
+        name, table = outcome.path.name.removesuffix(".part"), table_of(outcome.path)
+        records = [{"table": table, "reason": "not JSON", "line": line} for line in outcome.bad_lines]
+        records += [{"table": table, "reason": reason, "row": row} for row, reason in outcome.refused]
+        self._write(self.rejected_dir, f"rejected-{name}", [{**r, "from": name} for r in records])
+        report.rejected_lines += len(records)
+        reasons = Counter(str(record["reason"]).split(" (", 1)[0] for record in records)
+        said = ", ".join(f"{count} {reason}" for reason, count in reasons.most_common(3))
+        report.problems.append(f"{name}: {len(records)} rows set aside in rejected/ ({said})")
 
     def _failed(self, path: Path, error: str, where: str, report: ReplayReport) -> None:
         if not path.exists():  # another replay stored it meanwhile
             return
         attempts = self._attempts(path)[0] + 1
         if attempts < MAX_ATTEMPTS:
-            _attempts_path(path).write_text(
-                json.dumps({"attempts": attempts, "error": error}), encoding="utf-8"
-            )
+            _write_private(_attempts_path(path), json.dumps({"attempts": attempts, "error": error}))
             report.problems.append(
                 f"{path.name}: replay attempt {attempts} of {MAX_ATTEMPTS} failed: {error}"
             )
             return
-        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+        self._quarantine(path, f"failed {attempts} replays into {where}: {error}", report)
+
+    def _quarantine(self, path: Path, why: str, report: ReplayReport) -> None:
+        _private_dir(self.quarantine_dir)
         moved = self.quarantine_dir / path.name
-        reason = moved.with_name(moved.name + ".reason")
-        reason.write_text(f"failed {attempts} replays into {where}: {error}\n", encoding="utf-8")
+        _write_private(moved.with_name(moved.name + ".reason"), why + "\n")
         shutil.move(path, moved)
         _unlink(_attempts_path(path))
         _fsync_dir(self.quarantine_dir)
         report.quarantined.append(str(moved))
-        report.problems.append(f"{path.name}: failed {attempts} replays, moved to {moved} ({error})")
+        report.problems.append(f"{path.name}: moved to {moved} ({why})")
 
     def _attempts(self, path: Path) -> tuple[int, str]:
         try:
@@ -274,8 +332,8 @@ class Spool:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / ".lock", "w") as lock:
+        _private_dir(self.dir)
+        with _private_open(self.dir / ".lock") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -285,7 +343,8 @@ class Spool:
 
 # inserting: reads the spool, writes only to ClickHouse -------------------------------------------
 def insert_files(store: Store, paths: list[Path]) -> list[FileOutcome]:
-    """Insert each file; a file the store refuses gets its error, the others go on.
+    """Insert each file's rows, setting aside those no table takes; a file the store refuses as a
+    whole gets its error, the others go on.
 
     Raises StoreError when the store itself stops answering: then no file is at fault.
     """
@@ -296,34 +355,19 @@ def insert_files(store: Store, paths: list[Path]) -> list[FileOutcome]:
             rows = read_rows(path, outcome)
         except FileNotFoundError:  # stored and removed by another replay meanwhile
             continue
+        table = table_of(path)
+        if table not in TABLES:
+            outcome.error = f"unknown table {table!r} (from the file's name)"
+            outcomes.append(outcome)
+            continue
+        good, outcome.refused = row_check.split(table, rows)
         try:
-            _insert(store, table_of(path), rows)
-            outcome.rows = len(rows)
-        except (KeyError, TypeError, ValueError) as exc:  # a row without a column, a value of a wrong type
-            outcome.error = f"row refused: {type(exc).__name__} {exc}"
-        except StoreError as exc:
-            if not _answers(store):
-                raise
+            outcome.rows, refused = insert_salvaging(store, table, good)
+            outcome.refused += refused
+        except RowsRefused as exc:
             outcome.error = redact(exc)
         outcomes.append(outcome)
     return outcomes
-
-
-def _insert(store: Store, table: str, rows: list[dict[str, Any]]) -> None:
-    if table not in TABLES:
-        raise ValueError(f"unknown table {table!r}")
-    if table == "metrics":
-        store.insert_metrics(MetricColumns.from_rows(rows))
-    else:
-        store.insert_rows(table, rows)
-
-
-def _answers(store: Store) -> bool:
-    try:
-        store.query("SELECT 1")
-    except StoreError:
-        return False
-    return True
 
 
 def read_rows(path: Path, outcome: FileOutcome) -> list[dict[str, Any]]:
@@ -346,7 +390,8 @@ def read_rows(path: Path, outcome: FileOutcome) -> list[dict[str, Any]]:
 
 
 def file_target(path: Path) -> Target | None:
-    """The database a spool file was written for; None for a file from before headers."""
+    """The database a spool file was written for; None for a file from before headers, or one whose
+    header is damaged (header_problem says which)."""
     try:
         with open(path, "rb") as handle:
             first = json.loads(handle.readline())
@@ -354,6 +399,34 @@ def file_target(path: Path) -> Target | None:
         return Target(str(header["dsn"]), str(header["database"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def header_problem(path: Path) -> str | None:
+    """What is wrong with a spool file's header line, or None (a good header, or a file from before
+    headers, whose first line is a row)."""
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    if not first.strip():
+        return "the file is empty or starts with an empty line"
+    if not first.endswith(b"\n"):
+        return "its first line is cut before its end"
+    try:
+        line = json.loads(first)
+    except ValueError:
+        return "its first line is not JSON"
+    if not isinstance(line, dict):
+        return "its first line is not an object"
+    if HEADER not in line:  # a file from before headers starts with a row (all of those had a node)
+        return None if "node_id" in line else "its first line is neither a header nor a row"
+    header = line[HEADER]
+    if not isinstance(header, dict) or not all(isinstance(header.get(k), str) for k in ("dsn", "database")):
+        return "it names no DSN and database"
+    return None
 
 
 def table_of(path: Path) -> str:
@@ -376,6 +449,24 @@ def _attempts_path(path: Path) -> Path:
 def _unlink(path: Path) -> None:
     with suppress(FileNotFoundError):
         path.unlink()
+
+
+def _private_dir(folder: Path) -> None:
+    """Create `folder` readable by its owner only (0700); one that exists is left as its owner set it."""
+    if not folder.is_dir():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+
+
+def _private_open(path: Path) -> Any:
+    """A file opened for writing with mode 0600 (a new one; an existing one is truncated)."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8")
+
+
+def _write_private(path: Path, text: str) -> None:
+    with _private_open(path) as handle:
+        handle.write(text)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -3,6 +3,11 @@
 A write that may hang runs in a thread that talks only to ClickHouse; every spool change (append,
 remove, quarantine) is made by the caller's thread, so a thread left behind by a timeout holds no
 lock and changes nothing on disk. After a timeout, `spool_only` skips the wait for the rest of a run.
+
+Rows no table can hold (a value that is not a finite number, a time past DateTime64's range) are set
+aside in the spool's rejected/ folder before the write, each alone: the rest of the batch is written.
+An embedded database held by another process is waited for STETHOSCOPE_OPEN_WAIT seconds where that
+is set (0: spool at once), else half the write's timeout.
 """
 
 from __future__ import annotations
@@ -12,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stethoscope.paths import default_spool_dir
+from stethoscope.store import rows as row_check
 from stethoscope.store.batch import Batch
-from stethoscope.store.client import Store, StoreError
+from stethoscope.store.client import Store, StoreError, open_wait_seconds
 from stethoscope.store.dsn import ConfigError, redact, resolve_dsn
 from stethoscope.store.spool import FileOutcome, ReplayReport, Spool, insert_files
 
@@ -45,13 +51,18 @@ class Writer:
         self.dsn = resolve_dsn(dsn, database)  # ConfigError here, before anything is written
         self.spool = Spool(spool_dir or default_spool_dir(), self.dsn)
         self.timeout = timeout
+        self.open_wait = open_wait_seconds(default=timeout / 2)
 
     def write(self, batch: Batch, spool_only: bool = False) -> WriteReport:
         report = WriteReport()
+        _set_aside_unfit(batch)
         if batch.rejected:
             self.spool.reject(batch.rejected)
             report.rejected = len(batch.rejected)
             batch.rejected = []  # kept: whoever handles a failure of this write must not keep them again
+        damaged = ReplayReport()
+        self.spool.quarantine_damaged(damaged)
+        report.problems.extend(damaged.problems)
         # Benchmark results are few and expensive: on disk before anything else is tried.
         bench_files = [
             path
@@ -99,7 +110,7 @@ class Writer:
         def attempt() -> None:
             try:
                 # the open waits for a busy embedded database, but gives up before the join below does
-                with Store(self.dsn, timeout=self.timeout, open_wait=self.timeout / 2) as store:
+                with Store(self.dsn, timeout=self.timeout, open_wait=self.open_wait) as store:
                     store.ensure_schema()
                     files: list[FileOutcome] = insert_files(store, pending)
                     outcome["files"] = files
@@ -113,8 +124,21 @@ class Writer:
 
         worker = threading.Thread(target=attempt, name="stethoscope-write", daemon=True)
         worker.start()
-        worker.join(self.timeout)
+        limit = self.open_wait + self.timeout / 2  # unset, the open wait is half the timeout: the timeout
+        worker.join(limit)
         if worker.is_alive():
             # what the thread does from now on is not looked at: it holds no lock and writes no file
-            return {"error": f"write did not finish within {self.timeout:g} s", "timed_out": True}
+            return {"error": f"write did not finish within {limit:g} s", "timed_out": True}
         return outcome
+
+
+def _set_aside_unfit(batch: Batch) -> None:
+    """Move the rows no table can hold into `batch.rejected`, each with its reason."""
+    batch.metrics, refused = row_check.split_metrics(batch.metrics)
+    unfit = [("metrics", row, reason) for row, reason in refused]
+    for table in ("facts", "bench", "fingerprints", "nodes"):
+        name = "bench_results" if table == "bench" else table
+        kept, refused = row_check.split(name, getattr(batch, table))
+        setattr(batch, table, kept)
+        unfit += [(name, row, reason) for row, reason in refused]
+    batch.rejected += [{"table": table, "reason": reason, "row": row} for table, row, reason in unfit]

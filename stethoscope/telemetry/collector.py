@@ -4,7 +4,9 @@ The receiving thread checks each datagram (shape, version, set, node key, MAC, f
 keeps each (node, part, boot epoch, seq) once and turns it into metric rows labelled
 `source=stream`; the writing thread hands what arrived to the store's Writer once a second (which
 spools when the store cannot take it). Rejections are counted by reason, never per claimed node, so
-a forged key creates no series; the collector's own counters are stored as pipeline-health metrics.
+a forged key creates no series; a value that is not a finite number is dropped alone and counted
+(`telemetry_values_rejected_total`); the collector's own counters are stored as pipeline-health
+metrics. With a state folder, the replay window survives a restart (telemetry.replay_state).
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from stethoscope.store.batch import Batch, MetricColumns
+from stethoscope.store.dsn import ConfigError
 from stethoscope.store.writer import WriteReport
 from stethoscope.telemetry import wire
 from stethoscope.telemetry.keyring import Keyring
 from stethoscope.telemetry.metric_set import MetricSet
+from stethoscope.telemetry.replay_state import ReplayState
 
 log = logging.getLogger(__name__)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33 if sys.platform.startswith("linux") else None)
@@ -32,6 +37,8 @@ DUPLICATE = "duplicate"
 # A batch the embedded store is slow to take is better waited for than spooled: spooling and then
 # replaying it costs more than the insert, and a write that times out may land anyway (twice).
 WRITE_TIMEOUT = 30.0
+NONFINITE = "nonfinite"  # the reason a value is dropped alone: ±Inf (NaN is a missing reading)
+VALUE_REASONS = (NONFINITE,)
 
 
 @dataclass
@@ -39,6 +46,7 @@ class Stats:
     datagrams: int = 0
     duplicates: int = 0
     rejected: Counter = field(default_factory=Counter)  # reason -> datagrams
+    values_rejected: Counter = field(default_factory=Counter)  # reason -> values of kept datagrams
     received: Counter = field(default_factory=Counter)  # node_id -> samples kept
     rows: int = 0
     stored: int = 0
@@ -59,6 +67,7 @@ class Collector:
         rcvbuf: int = DEFAULT_RCVBUF,
         collector_id: str | None = None,
         clock: Callable[[], float] = time.time,
+        state_dir: Path | None = None,
     ):
         self.keyring = keyring
         self.sets = sets
@@ -78,8 +87,17 @@ class Collector:
         self._last_health = 0.0
         self.sock = socket.socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET, socket.SOCK_DGRAM)
         self.rcvbuf = _grow_rcvbuf(self.sock, rcvbuf)
-        self.sock.bind(listen)
+        try:
+            self.sock.bind(listen)
+        except OSError as exc:
+            self.sock.close()
+            raise ConfigError(
+                f"--listen {listen[0]}:{listen[1]}: cannot listen there: {exc.strerror}"
+            ) from None
         self.sock.settimeout(0.2)
+        self.replay_state = ReplayState.under(state_dir, self.address[1]) if state_dir else None
+        if self.replay_state is not None:
+            self.replay_state.load(self.guard, keyring.nodes, int(clock() * 1000))
 
     @property
     def address(self) -> tuple[str, int]:
@@ -149,6 +167,8 @@ class Collector:
             return self._reject(verdict)
         with self._lock:  # the writing thread reads the guard's and the stats' counts
             self.guard.accept(header)
+            if sample.nonfinite:
+                self.stats.values_rejected[NONFINITE] += sample.nonfinite
             self._rows(sample)
         return None
 
@@ -169,8 +189,8 @@ class Collector:
             device = f"gpu{header.part - 1}"
         self.stats.received[node] += 1
         values = sample.values[: len(names)]
-        if any(map(math.isnan, values)):  # NaN is a missing reading, never a zero
-            kept = [i for i, value in enumerate(values) if not math.isnan(value)]
+        if not all(map(math.isfinite, values)):  # NaN is a missing reading, never a zero
+            kept = [i for i, value in enumerate(values) if math.isfinite(value)]
             names = [names[i] for i in kept]
             labels = [labels[i] for i in kept]
             values = tuple(values[i] for i in kept)
@@ -208,14 +228,20 @@ class Collector:
     def flush(self, health: bool = False) -> WriteReport | None:
         with self._write_lock:
             now = self.clock()
+            window = None
             with self._lock:
                 metrics, self._pending = self._pending, MetricColumns()
+                if self.replay_state is not None and (health or self.replay_state.due()):
+                    # the window of exactly the samples handed to the sink below
+                    window = self.replay_state.snapshot(self.guard, self.keyring.nodes, int(now * 1000))
             if health or now - self._last_health >= self.health_interval:
                 self._last_health = now
                 metrics.extend(self.health_rows(int(now * 1000)))
             if not len(metrics):
+                self._save(window)
                 return None
             report = self.sink(Batch(metrics=metrics))
+            self._save(window)
             self.stats.stored += report.stored
             self.stats.spooled += report.spooled
             if report.error:
@@ -224,6 +250,12 @@ class Collector:
                     log.warning("collector: store: %s; %d rows spooled", report.error, report.spooled)
                 self.stats.last_error = report.error
             return report
+
+    def _save(self, window: list[dict] | None) -> None:
+        """After the sink took the samples (stored or spooled): a window saved before would refuse
+        the resends of samples that were never written."""
+        if window is not None and self.replay_state is not None:
+            self.replay_state.save(window)
 
     def health_rows(self, ts_ms: int) -> MetricColumns:
         rows = MetricColumns()
@@ -242,6 +274,15 @@ class Collector:
                 "collector",
                 {"reason": reason},
                 float(self.stats.rejected[reason]),
+                ts_ms,
+            )
+        for reason in VALUE_REASONS:
+            rows.append(
+                self.collector_id,
+                "telemetry_values_rejected_total",
+                "collector",
+                {"reason": reason},
+                float(self.stats.values_rejected[reason]),
                 ts_ms,
             )
         return rows

@@ -69,6 +69,7 @@ class Reporter:
         window: int = 100,
         sock: Any = None,
         torch_module: Any = None,
+        clock: Any = None,
     ):
         config = _agent_config() if None in (collector, node_key, key) else {}
         self.collector = collector or os.environ.get("STETHOSCOPE_COLLECTOR") or config.get("collector")
@@ -80,7 +81,8 @@ class Reporter:
         self.set_id = int(set_id or (config.get("set") or {}).get("id") or SET_ID)
         self.period = period
         self.torch = torch_module
-        self.boot_epoch = int(time.time())
+        self.clock = clock or time.time  # the samples' wall time (a replay gives its own)
+        self.boot_epoch = int(self.clock())
         self.seq = 0
         self.sent = self.dropped = self.errors = 0
         self._address = _address(self.collector) if self.collector else None
@@ -161,7 +163,7 @@ class Reporter:
             part=wire.JOB_PART,
             boot_epoch=self.boot_epoch,
             seq=self.seq,
-            ts_ms=int(time.time() * 1000),
+            ts_ms=int(self.clock() * 1000),
             values=[values[read] for read in READS],
             job=self.job,
             rank=self.rank,

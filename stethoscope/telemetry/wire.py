@@ -11,7 +11,9 @@ Layout, network byte order, at most 128 bytes:
 Part 0 is the node's core metrics, parts 1..N the GPUs (part k is gpu k-1), JOB_PART a training
 job's (job and rank set, flag JOB_NUMERIC when `job` is the job id itself rather than its CRC32).
 Each node signs with its own key, HMAC(cluster secret, node_id); the decoder returns a Sample or a
-Rejection with its reason and never raises, whatever bytes it is given.
+Rejection with its reason and never raises, whatever bytes it is given. A value that is ±Inf (a
+buggy reading, or a hostile node) is never handed on: it arrives as NaN (missing), and the Sample
+counts it (`nonfinite`), so that one bad value costs itself only, never its datagram's neighbours.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ class Header(NamedTuple):
 
 class Sample(NamedTuple):
     header: Header
-    values: tuple[float, ...]
+    values: tuple[float, ...]  # NaN: missing (sent so, or ±Inf refused)
+    nonfinite: int = 0  # values that were ±Inf, refused
 
     @property
     def stream(self) -> tuple[int, int, int, int]:
@@ -200,7 +203,11 @@ def authenticate(
         return Rejection(MAC)
     if abs(header.ts_ms - now_ms) > freshness_ms:
         return Rejection(STALE, "%+d ms" % (header.ts_ms - now_ms))
-    return Sample(header, values_of(data, header))
+    values = values_of(data, header)
+    infinite = sum(1 for value in values if math.isinf(value))
+    if infinite:
+        values = tuple(math.nan if math.isinf(value) else value for value in values)
+    return Sample(header, values, infinite)
 
 
 class SequenceGuard:
@@ -212,7 +219,8 @@ class SequenceGuard:
 
     def __init__(self, redundancy: int = REDUNDANCY):
         self.redundancy = redundancy
-        # stream -> [boot epoch, highest seq, lowest seq seen in this epoch, seqs seen in the horizon]
+        # stream -> [boot epoch, highest seq, lowest seq seen in this epoch, seqs seen in the horizon,
+        # newest timestamp in ms]
         self._state: dict[tuple[int, int, int, int], list] = {}
         self.lost: dict[int, int] = {}  # node key -> samples lost
 
@@ -221,7 +229,7 @@ class SequenceGuard:
         state = self._state.get((header.node_key, header.part, header.job, header.rank))
         if state is None:
             return None
-        epoch, high, _low, seen = state
+        epoch, high, _low, seen, _newest = state
         if header.boot_epoch != epoch:
             return REPLAYED if header.boot_epoch < epoch else None
         if header.seq in seen:
@@ -235,10 +243,11 @@ class SequenceGuard:
         stream = (header.node_key, header.part, header.job, header.rank)
         state = self._state.get(stream)
         if state is None or header.boot_epoch > state[0]:
-            self._state[stream] = [header.boot_epoch, header.seq, header.seq, {header.seq}]
+            self._state[stream] = [header.boot_epoch, header.seq, header.seq, {header.seq}, header.ts_ms]
             return
-        _epoch, high, low, seen = state
+        _epoch, high, low, seen, _newest = state
         seen.add(header.seq)
+        state[4] = max(state[4], header.ts_ms)
         if header.seq < low:
             state[2] = low = header.seq
         if header.seq > high:
@@ -250,3 +259,20 @@ class SequenceGuard:
             if lost:
                 self.lost[header.node_key] = self.lost.get(header.node_key, 0) + lost
             state[3] = {seq for seq in seen if seq >= horizon}
+
+    def export(self, since_ms: int) -> list[tuple]:
+        """The window of every stream heard from since `since_ms`: ((node key, part, job, rank),
+        boot epoch, highest seq, lowest seq, seqs seen in the horizon, newest timestamp)."""
+        return [
+            (stream, epoch, high, low, sorted(seen), newest)
+            for stream, (epoch, high, low, seen, newest) in self._state.items()
+            if newest >= since_ms
+        ]
+
+    def restore(self, entries: Sequence[tuple]) -> None:
+        """Take back windows `export` gave (after a restart), where this guard knows nothing newer."""
+        for stream, epoch, high, low, seen, newest in entries:
+            key = tuple(stream)
+            known = self._state.get(key)
+            if known is None or epoch > known[0]:
+                self._state[key] = [epoch, high, low, set(seen), newest]

@@ -2,7 +2,11 @@
 and its transaction id as extra vars, the ansible.cfg and the collection the package ships (or the
 checkout's ansible.cfg, run from one) through envvars (ansible-runner does not read them from its own
 working dir), and its structured events recorded. The playbook runs in the current directory, so its
-callback finds the same state folder as this process (stethoscope.paths)."""
+callback finds the same state folder as this process (stethoscope.paths).
+
+A shipped playbook with nothing to act with (its backend not configured) says so with `set_stats:
+{data: {stethoscope_skipped: REASON}}` and ends the host: the run is recorded `skipped`, with the
+reason, never `failed` (the stats reach the executor in the runner's playbook_on_stats event)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from stethoscope.paths import ansible_cfg, collections_path, playbooks_dir
 
 RECORDED_EVENTS = ("runner_on_ok", "runner_on_failed", "runner_on_unreachable", "runner_on_skipped")
 MAX_EVENTS = 200
+SKIPPED = "stethoscope_skipped"  # the set_stats key of a playbook that had nothing to act with
 
 
 @dataclass
@@ -26,6 +31,7 @@ class PlaybookResult:
     rc: int | None
     events: list[dict[str, Any]] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
+    skipped: str = ""  # why the playbook did not act (SKIPPED), when it said so
 
 
 def playbook_path(name: str) -> Path:
@@ -46,11 +52,15 @@ def run_playbook(
     events: list[dict[str, Any]] = []
 
     stats: dict[str, Any] = {}
+    skipped: list[str] = []
 
     def keep(event: dict[str, Any]) -> bool:
         if event.get("event") == "playbook_on_stats":
             data = event.get("event_data") or {}
             stats.update({k: data.get(k) or {} for k in ("ok", "changed", "failures", "skipped", "dark")})
+            reason = (data.get("artifact_data") or {}).get(SKIPPED)
+            if reason:
+                skipped.append(str(reason))
         if event.get("event") in RECORDED_EVENTS and len(events) < MAX_EVENTS:
             data = event.get("event_data") or {}
             result = data.get("res") or {}
@@ -86,6 +96,5 @@ def run_playbook(
             timeout=timeout,
             event_handler=keep,
         )
-    return PlaybookResult(
-        runner.status == "successful" and runner.rc == 0, runner.status, runner.rc, events, stats
-    )
+    ok = runner.status == "successful" and runner.rc == 0
+    return PlaybookResult(ok, runner.status, runner.rc, events, stats, "; ".join(skipped) if ok else "")

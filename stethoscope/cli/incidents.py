@@ -1,0 +1,198 @@
+"""`stethoscope incidents [show TXN | ack TXN]` and `stethoscope actions` (docs/design.md "CLI"): the
+incidents diagnose --execute opened (one transaction each), what was done for them, refused, failed
+or skipped, and why."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from typing import Any
+
+from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
+from stethoscope.diagnosis.rules import parse_duration
+from stethoscope.remediation.incident_view import Incident, acknowledge, incident, incidents
+from stethoscope.remediation.ledger import ActionState, Ledger
+from stethoscope.remediation.retries import RETRIED, attempt_of, reason_of
+from stethoscope.report.summary import initialised
+from stethoscope.store.client import Store
+from stethoscope.store.dsn import redact
+from stethoscope.timeutil import iso, now_ms, to_ms
+
+COMMANDS = ("incidents", "actions")
+STATUSES = ("failed", "refused", "skipped", "ok", "in_flight", "expired")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    listing = commands.add_parser(
+        "incidents", help="the incidents --execute opened: one transaction, ticket and drain each"
+    )
+    listing.add_argument("--all", action="store_true", help="resolved incidents too")
+    listing.add_argument("--node", help="only this node's incidents")
+    listing.add_argument("--json", action="store_true", help="print them as JSON")
+    sub = listing.add_subparsers(dest="incidents_command")
+    show = sub.add_parser("show", help="an incident's findings and every action, its attempts and why")
+    show.add_argument("txn", help="the incident's transaction id")
+    show.add_argument("--json", action="store_true", help="print it as JSON")
+    ack = sub.add_parser("ack", help="record that a person took the incident")
+    ack.add_argument("txn", help="the incident's transaction id")
+    ack.add_argument("--note", default="", help="free text")
+    ack.add_argument("--by", help="who (default: the user running the command)")
+
+    actions = commands.add_parser("actions", help="what was done, refused, failed or skipped, and why")
+    actions.add_argument("--txn", help="only this transaction's actions")
+    actions.add_argument("--status", choices=STATUSES, help="only actions whose latest status is this")
+    actions.add_argument("--since", help="started since: ISO-8601, epoch seconds, or a duration ago (2h)")
+    actions.add_argument("--json", action="store_true", help="print them as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    since = None
+    if args.command == "actions" and args.since:
+        since = _since(args.since)
+        if since is None:
+            return _usage(f"actions: --since {args.since!r}: neither ISO-8601, epoch seconds nor a duration")
+    with Store(args.dsn, args.database) as store:
+        if not initialised(store):
+            return _usage(
+                f"{args.command}: no schema in {redact(store.dsn)}: run `stethoscope db init` first"
+            )
+        if args.command == "actions":
+            return _actions(
+                Ledger(store).action_states([args.txn] if args.txn else None, args.status, since), args
+            )
+        if args.incidents_command is None:
+            return _list(incidents(store, args.all, args.node), args.json)
+        found = incident(store, args.txn)
+        if found is None:
+            return _usage(
+                f"incidents {args.incidents_command}: no incident {args.txn!r} "
+                "(`stethoscope incidents --all` lists them)"
+            )
+        if args.incidents_command == "show":
+            return _show(found, args.json)
+        by = args.by or _user()
+        acknowledge(store, found, by, args.note)
+    print(f"incident {found.txn_id} ({found.node_id} {found.device or '-'}) acknowledged by {by}")
+    return EXIT_OK
+
+
+def _usage(message: str) -> int:
+    print(f"stethoscope: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _since(text: str) -> int | None:
+    ago = parse_duration(text)
+    if ago is not None:
+        return now_ms() - ago * 1000
+    try:
+        return to_ms(text)
+    except (ValueError, OverflowError):
+        return None
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no login name in this environment (a container without a passwd entry)
+        return "unknown"
+
+
+def _list(found: list[Incident], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps([i.as_dict() for i in found], indent=1))
+        return EXIT_OK
+    if not found:
+        print("no open incidents")
+        return EXIT_OK
+    head = f"{'TXN':<13} {'NODE':<14} {'DEVICE':<10} {'SEVERITY':<9} {'STATUS':<15}"
+    print(f"{head} FIRST SEEN / LAST SEEN  RULES")
+    for i in found:
+        print(
+            f"{i.txn_id:<13} {i.node_id:<14} {i.device or '-':<10} {i.severity:<9} {i.status:<15} "
+            f"{iso(i.first_seen_ms)} / {iso(i.last_seen_ms)}  {', '.join(i.rules)}"
+        )
+    return EXIT_OK
+
+
+def _action(state: ActionState, rule_of: dict[str, str] | None = None) -> dict[str, Any]:
+    detail = state.detail
+    entry = {
+        "txn_id": state.txn_id,
+        "finding_id": state.finding_id,
+        "action": state.action,
+        "target": state.target,
+        "status": state.status,
+        "attempt": attempt_of(detail) if "attempt" in detail else None,
+        "of": detail.get("of"),
+        "why": reason_of(detail),
+        "started_at": iso(state.started_ms),
+        "next_retry_at": detail.get("next_retry_at"),
+        "history": detail.get("history", []),
+    }
+    if rule_of is not None:
+        entry["rule_id"] = rule_of.get(state.finding_id, "")
+    return entry
+
+
+def _line(entry: dict[str, Any]) -> str:
+    """action, status, the attempt (of a retried or failing action) and why."""
+    parts = [f"{entry['action']:<30}", f"{entry['status']:<9}"]
+    if entry["attempt"] and (entry["attempt"] > 1 or entry["status"] in RETRIED):
+        parts.append(f"attempt {entry['attempt']} of {entry['of']}")
+    if entry["next_retry_at"]:
+        parts.append(f"next at {entry['next_retry_at']}")
+    if entry["why"]:
+        parts.append(entry["why"])
+    return " ".join(parts).rstrip()
+
+
+def _actions(states: list[ActionState], args: argparse.Namespace) -> int:
+    entries = [_action(s) for s in states]
+    if args.json:
+        print(json.dumps(entries, indent=1))
+        return EXIT_OK
+    if not entries:
+        print("no actions recorded" + (" matching" if args.txn or args.status or args.since else ""))
+    for e in entries:
+        print(f"{e['started_at']}  {e['txn_id']:<13} {e['target']:<14} {_line(e)}")
+    return EXIT_OK
+
+
+def _show(found: Incident, as_json: bool) -> int:
+    rule_of = {f.finding_id: f.rule_id for f in found.findings}
+    entries = [_action(s, rule_of) for s in found.actions]
+    if as_json:
+        members = [
+            {
+                "finding_id": f.finding_id,
+                "rule_id": f.rule_id,
+                "device": f.device,
+                "severity": f.severity,
+                "status": f.status,
+                "first_seen": iso(f.first_seen_ms),
+                "last_seen": iso(f.last_seen_ms),
+                "message": f.message,
+            }
+            for f in found.findings
+        ]
+        print(json.dumps({**found.as_dict(), "findings": members, "actions": entries}, indent=1))
+        return EXIT_OK
+    print(
+        f"incident {found.txn_id}: {found.node_id} {found.device or '-'}, {found.severity}, {found.status}; "
+        f"first seen {iso(found.first_seen_ms)}, last seen {iso(found.last_seen_ms)}"
+    )
+    print("findings:")
+    for f in found.findings:
+        print(f"  {f.severity:<9} {f.rule_id:<32} {f.device or '-':<10} {f.status:<9} {f.message}")
+    print("actions:")
+    for e in entries:
+        for earlier in e["history"]:
+            print(
+                f"  {earlier.get('at', ''):<29} {e['action']:<30} {earlier.get('status', ''):<9} "
+                f"attempt {earlier.get('attempt')}  {earlier.get('why', '')}".rstrip()
+            )
+        print(f"  {e['started_at']:<29} {_line(e)}  ({e['rule_id'] or found.node_id})")
+    return EXIT_OK

@@ -1,0 +1,153 @@
+"""Diagnosis that understands synchronous jobs (issue 21): the job-relative detector names the rank
+that holds a job back and the switch that congests the jobs crossing it, and the graphs' findings on
+the peers that only wait are folded into that one finding. Scenes from stethoscope_training/jobs.py
+(ranks' times from how a synchronous step runs, node signals calibrated on the real H200 capture),
+read back from a real embedded store where the read is what is tested."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from stethoscope.model.features import read_windows
+from stethoscope.model.findings import from_windows, read_topology
+from stethoscope.model.inference import graphs_for
+from stethoscope.model.jobs import judge_jobs
+from stethoscope.model.metadata import STEPS, load, metadata_path
+from stethoscope.model.ranks import Ranks
+from stethoscope.store.batch import MetricColumns
+from stethoscope_training.episodes import hardware
+from stethoscope_training.jobs import Options, Scene, simulate
+
+END_MS = 1_798_761_600_000
+H200 = json.dumps({"gpu": {"models": ["NVIDIA H200"], "count": 8}})
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    return graphs_for(load(metadata_path()))
+
+
+def _scene(kind: str, seed: int, **options) -> Scene:
+    _, _, hw = hardware("h200", 1)
+    return simulate(np.random.default_rng(seed), hw, kind, f"test.{kind}", Options(**options))
+
+
+def _own_findings(scene: Scene, findings, nodes) -> list:
+    names = {scene.node_ids[n] for n in nodes}
+    return [f for f in findings if f.node_id in names and f.rule_id != "model.job"]
+
+
+@pytest.mark.parametrize("kind,layer", [("straggler", "compute"), ("input_stall", "storage")])
+def test_the_culprit_rank_is_named_and_its_waiting_peers_get_no_finding(graphs, kind, layer) -> None:
+    scene = _scene(kind, 3, severity=(0.3, 0.3), onset=(30, 31), sizes=(16,), size_weights=(1.0,))
+    truth = scene.truth
+    run = from_windows(graphs, scene.windows(), scene.topology)
+    named = [f for f in run.findings if f.rule_id == "model.job"]
+    assert [(f.job, f.rank, f.layer) for f in named] == [(truth["job"], truth["rank"], layer)]
+    culprit = scene.node_ids[truth["node"]]
+    assert named[0].node_id == culprit
+    assert named[0].detail.startswith(
+        f"job {truth['job']}: rank {truth['rank']} on {culprit} slows 15 ranks: {layer}"
+    )
+    assert _own_findings(scene, run.findings, truth["peers"]) == []
+    # the graphs alone read the waiting peers as faults: what issue 21 is about
+    alone = from_windows(graphs, scene.windows(), scene.topology, relative=False)
+    assert len(_own_findings(scene, alone.findings, truth["peers"])) >= 4
+
+
+def test_congestion_is_the_switch_s_naming_the_jobs_crossing_it(graphs) -> None:
+    scene = _scene("switch_congestion", 5, onset=(40, 41), ramp=(10, 11), waits=(20.0, 20.0))
+    truth = scene.truth
+    run = from_windows(graphs, scene.windows(), scene.topology)
+    switches = [f for f in run.findings if f.rule_id == "model.switch"]
+    assert [f.node_id for f in switches] == [truth["switch"]]
+    assert set(switches[0].jobs) == set(truth["crossing"])
+    assert switches[0].detail.startswith(f"switch {truth['switch']}: congestion: transmit waits x")
+    crossing = [n for n, job in enumerate(scene.job) if job in truth["crossing"]]
+    assert _own_findings(scene, run.findings, crossing) == []
+    assert truth["switch"] in run.switches  # its finding resolves once the switch is judged clear
+
+
+def test_healthy_fleets_get_no_job_or_switch_finding(graphs) -> None:
+    for seed in range(4):
+        scene = _scene("healthy", 100 + seed, lifecycle=0.6, checkpoint=0.6)
+        run = from_windows(graphs, scene.windows(), scene.topology)
+        assert [
+            f.detail or f.rule_id for f in run.findings if f.rule_id in ("model.job", "model.switch")
+        ] == []
+
+
+def _ranks(step, comm, data) -> Ranks:
+    count = len(step)
+    x = np.zeros((count, STEPS, 3), np.float32)
+    x[:, :, 0], x[:, :, 1], x[:, :, 2] = (np.asarray(v, np.float32)[:, None] for v in (step, comm, data))
+    return Ranks(["1"] * count, [str(r) for r in range(count)], np.arange(count), x, np.ones_like(x))
+
+
+def test_a_rank_that_computes_longer_but_waits_as_long_as_the_others_holds_no_one_back() -> None:
+    # rank 0's step is as long as its peers', and it waits in the collective as they do: whatever it
+    # computes longer, it spends less on input; no one waits for it
+    step, comm = [400.0] * 6, [60.0] * 6
+    data = [10.0, 40.0, 40.0, 40.0, 40.0, 40.0]
+    assert judge_jobs(_ranks(step, comm, data)).culprits == []
+    # and the straggler: it computes 40 ms longer, the others wait 40 ms longer for it
+    comm = [60.0, 100.0, 100.0, 100.0, 100.0, 100.0]
+    data = [10.0] * 6
+    (culprit,) = judge_jobs(_ranks(step, comm, data)).culprits
+    assert (culprit.rank, culprit.kind, len(culprit.holds_back)) == ("0", "compute", 5)
+
+
+def test_each_rank_reads_back_from_the_store_as_the_scene_s_windows(store) -> None:
+    scene = _scene(
+        "straggler", 11, severity=(0.3, 0.3), sizes=(4, 8), size_weights=(0.5, 0.5), switches=(2, 2)
+    )
+    store.insert_metrics(MetricColumns.from_rows(scene.to_rows(END_MS)))
+    store.insert_rows("nodes", scene.nodes_rows(END_MS))
+    read = read_windows(store, END_MS)
+    want = scene.windows()
+    position = [read.node_ids.index(n) for n in want.node_ids]
+    np.testing.assert_array_equal(read.mask[position], want.mask)
+    np.testing.assert_allclose(read.x[position], want.x, rtol=1e-6)
+    assert [read.job[i] for i in position] == want.job
+    order = {(j, r): i for i, (j, r) in enumerate(zip(read.ranks.job, read.ranks.rank, strict=True))}
+    mine = [order[(j, r)] for j, r in zip(want.ranks.job, want.ranks.rank, strict=True)]
+    assert [read.node_ids[read.ranks.node[i]] for i in mine] == [want.node_ids[n] for n in want.ranks.node]
+    np.testing.assert_array_equal(read.ranks.mask[mine], want.ranks.mask)
+    np.testing.assert_allclose(read.ranks.x[mine], want.ranks.x, rtol=1e-6)
+    assert read_topology(store, read.node_ids) == {n: scene.topology[n] for n in read.node_ids}
+
+
+def test_diagnose_words_the_job_and_switch_findings_and_never_drains_a_switch(store) -> None:
+    from stethoscope.diagnosis.diagnose import diagnose
+    from stethoscope.diagnosis.model import ModelUse
+
+    at = END_MS
+    for kind, seed, prefix in (("straggler", 3, "a-"), ("switch_congestion", 5, "b-")):
+        scene = _scene(
+            kind, seed, severity=(0.3, 0.3), onset=(40, 41), ramp=(10, 11), waits=(20.0, 20.0), prefix=prefix,
+            job_ids=(1000, 5000) if prefix == "a-" else (5000, 9000), sizes=(16,), size_weights=(1.0,),
+        )  # fmt: skip
+        store.insert_metrics(MetricColumns.from_rows(scene.to_rows(at)))
+        store.insert_rows("nodes", scene.nodes_rows(at))
+        store.insert_rows(
+            "fingerprints",
+            [
+                {"fingerprint": "h200", "kind": "class", "node_id": n, "detail": H200, "first_seen": 0}
+                for n in scene.node_ids
+            ],
+        )
+        if kind == "straggler":
+            truth = scene.truth
+        else:
+            switch = scene.truth["switch"]
+    found = diagnose(store, [], at + 1, model=ModelUse(load(metadata_path()), level="L4"))
+    job = [f for f in found if f["rule_id"] == "model.job"]
+    assert len(job) == 1 and job[0]["level"] == "L4"
+    assert f"model core12: job {truth['job']}: rank {truth['rank']} on " in job[0]["message"]
+    assert "folded in" in job[0]["message"]  # the graphs' findings on its waiting peers
+    (congested,) = [f for f in found if f["rule_id"] == "model.switch"]
+    assert congested["node_id"] == switch and congested["level"] == "L2"  # a switch is no host to drain
+    assert congested["nodes"] and all(n.startswith("b-") for n in congested["nodes"])
