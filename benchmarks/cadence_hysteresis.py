@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,8 +27,9 @@ from pathlib import Path
 
 TOP = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOP / "benchmarks"))
-sys.path.insert(0, str(TOP / "tests"))
+sys.path.insert(0, str(TOP / "tools"))
 
+from lab_sweeps import jittered, lay_out, record  # noqa: E402
 from provenance import stamp  # noqa: E402
 
 from stethoscope.catalog import Catalog  # noqa: E402
@@ -39,7 +37,6 @@ from stethoscope.diagnosis.rules import load_rules  # noqa: E402
 from stethoscope.inventory import load_inventory  # noqa: E402
 from stethoscope.remediation.cycle import Cycles  # noqa: E402
 from stethoscope.remediation.executor import Context  # noqa: E402
-from stethoscope.store.batch import MetricColumns  # noqa: E402
 from stethoscope.store.client import Store  # noqa: E402
 from stethoscope.timeutil import now_ms  # noqa: E402
 
@@ -56,61 +53,6 @@ STATE_FAULTS = [
 HEALTHY = ("node01", "node05")
 
 
-def real_sweeps(tmp: Path) -> tuple[list[list[tuple]], list[tuple]]:
-    dsn = f"chdb://{tmp / 'sweeps'}"
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(TOP / "ansible.cfg"),
-        "ANSIBLE_INVENTORY": str(TOP / "inventories/lab/hosts.yml"),
-        "STETHOSCOPE_LAB_DIR": str(tmp / "lab"),
-        "STETHOSCOPE_DSN": dsn,
-        "STETHOSCOPE_SPOOL_DIR": str(tmp / "spool"),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-    }
-    subprocess.run(
-        [sys.executable, str(TOP / "tools/lab.py"), "build"], env=env, check=True, capture_output=True
-    )
-    subprocess.run(
-        [sys.executable, "-m", "stethoscope.cli", "db", "init"], env=env, check=True, capture_output=True
-    )
-    sweeps, last = [], 0
-    for _ in range(3):
-        subprocess.run(
-            [str(Path(sys.executable).parent / "ansible-playbook"), str(TOP / "playbooks/collect.yml")],
-            env=env,
-            cwd=TOP,
-            check=True,
-            capture_output=True,
-        )
-        with Store(dsn) as store:
-            rows = store.query(
-                f"SELECT node_id, metric_name, device, labels, value, toUnixTimestamp64Milli(timestamp) "
-                f"FROM {store.database}.metrics WHERE toUnixTimestamp64Milli(timestamp) > {{last:Int64}}",
-                {"last": last},
-            )
-            nodes = store.query(
-                f"SELECT node_id, slurm_name, rack, switch, groups FROM {store.database}.nodes FINAL"
-            )
-        last = max(r[5] for r in rows)
-        sweeps.append([r[:5] for r in rows])
-    return sweeps, nodes
-
-
-def lay_out(store: Store, sweeps: list, nodes: list, times: list[int]) -> None:
-    store.insert_rows(
-        "nodes",
-        [
-            {"node_id": n, "slurm_name": s, "rack": r, "switch": w, "groups": g, "updated_at": times[0]}
-            for n, s, r, w, g in nodes
-        ],
-    )
-    for index, at in enumerate(times):
-        batch = MetricColumns()
-        for node, metric, device, labels, value in sweeps[min(index, len(sweeps) - 1)]:
-            batch.append(node, metric, device, dict(labels), float(value), at)
-        store.insert_metrics(batch)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--hours", type=float, default=4.0)
@@ -121,18 +63,18 @@ def main() -> None:
     provenance = stamp()
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
-        sweeps, nodes = real_sweeps(tmp)
+        recorded = record(tmp)
         end = now_ms() - MINUTE
-        span = int((args.hours + 0.5) * 3600_000)
-        rnd = random.Random(2026)
-        slots = list(range(end - span, end + 1, args.interval * 1000))
-        lost = len(slots) // 2  # one sweep never came, half way through
-        times = [t + rnd.randint(-args.jitter, args.jitter) * 1000 for k, t in enumerate(slots) if k != lost]
+        count = int((args.hours + 0.5) * 3600 / args.interval) + 1
+        # one sweep never came, half way through
+        times = jittered(
+            end, args.interval, count, seed=2026, lost=(count // 2,), jitter=args.jitter / args.interval
+        )
         dsn = f"chdb://{tmp / 'db'}"
         database = f"b_{uuid.uuid4().hex[:8]}"
         with Store(dsn, database) as store:
             store.init_schema()
-            lay_out(store, sweeps, nodes, sorted(times))
+            lay_out(store, recorded, times)
         catalog = Catalog.load().with_intervals(args.interval)
         rules = load_rules(TOP / "rules", catalog).rules
         inventory_file = tmp / "hosts.yml"

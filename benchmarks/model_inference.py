@@ -136,7 +136,11 @@ def one_run(store: Store, meta: metadata.ModelMeta, end_ms: int, scenes: list) -
         truth.append(
             f"switch {t['switch']}" if "switch" in t else f"job {t['job']} rank {t['rank']} ({t['kind']})"
         )
-    said = [f.detail.split(":")[0] + (f" rank {f.rank}" if f.rank else "") for f in run.findings if f.detail]
+    said = [
+        f.detail.split(":")[0] + (f" rank {', '.join(f.ranks)}" if f.ranks else "")
+        for f in run.findings
+        if f.detail
+    ]
     return {
         "features_read_s": read_s,
         "topology_s": topology_s,

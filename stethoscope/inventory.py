@@ -11,6 +11,12 @@ from typing import Any
 from stethoscope.names import is_node_name
 from stethoscope.paths import project_root
 
+# what a command that acts on the cluster says when it is given none: no command defaults to the lab
+NO_INVENTORY = (
+    "needs an inventory: --inventory INV or STETHOSCOPE_INVENTORY=INV (there is no default: "
+    "`make demo` names the lab's, inventories/lab/hosts.yml)"
+)
+
 
 class InventoryError(ValueError):
     pass

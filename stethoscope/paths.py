@@ -1,5 +1,6 @@
 """Where things are: what the package ships (rules, models, playbooks, the collection, the ansible.cfg
-ansible-runner gets) and where the state lives (embedded database, spool, evidence, report, locks).
+ansible-runner gets) and where the state lives (embedded database, spool, evidence, report; the
+executor locks live in a folder of the host's, remediation.lock).
 
 Shipped: `stethoscope/shipped/` holds relative links to the checkout's top-level rules/, plugins/,
 roles/, playbooks/ and collections/stethoscope/ (a link farm `ansible_collections/aicluster/
@@ -8,7 +9,9 @@ stethoscope/`); building the wheel copies what they point at, so the same paths 
 
 State: $STETHOSCOPE_HOME/.stethoscope when that is set; else `.stethoscope` of the current directory
 when it is a stethoscope checkout (`make demo`, `make test`); else ${XDG_STATE_HOME:-~/.local/state}/
-stethoscope. Never the checkout the package happens to live in when run from elsewhere."""
+stethoscope. Never the checkout the package happens to live in when run from elsewhere. The models
+`model finetune` writes are state too (`own_models_dir`): installed from a wheel, the shipped
+models/ is site-packages, read-only and replaced by an upgrade."""
 
 from __future__ import annotations
 
@@ -29,7 +32,14 @@ def rules_dir() -> Path:
 
 
 def models_dir() -> Path:
+    """The shipped models."""
     return rules_dir() / "models"
+
+
+def own_models_dir() -> Path:
+    """The models fine-tuned here (`model finetune`): the state folder's models/, read before the
+    shipped ones."""
+    return state_dir() / "models"
 
 
 def collections_path() -> Path:
@@ -64,7 +74,7 @@ def project_root() -> Path:
     the checkout this package lives in, else cwd. Not for state, rules or playbooks (above, below)."""
     env = os.environ.get("STETHOSCOPE_HOME")
     if env:
-        return Path(env).resolve()
+        return Path(env).expanduser().resolve()
     here = Path(__file__).resolve().parent.parent
     if is_checkout(here):
         return here

@@ -27,6 +27,8 @@ def to_ms(value: object) -> int:
     """Accept epoch seconds (int/float), epoch milliseconds-as-int from the store, or ISO-8601 text."""
     if isinstance(value, bool):
         raise ValueError(f"not a timestamp: {value!r}")
+    if isinstance(value, int) and not MIN_MS <= value * 1000 <= MAX_MS:  # 10**400 is no float
+        raise TimeRangeError(f"timestamp {value!r:.40} is outside the years 1900 to 2299 the store can hold")
     if isinstance(value, int | float):
         return _checked(float(value) * 1000, value)
     if isinstance(value, dt.datetime):
@@ -49,7 +51,7 @@ def to_ms(value: object) -> int:
 
 def _checked(ms: float, given: object) -> int:
     if not math.isfinite(ms) or not MIN_MS <= ms <= MAX_MS:
-        raise TimeRangeError(f"timestamp {given!r} is outside the years 1900 to 2299 the store can hold")
+        raise TimeRangeError(f"timestamp {given!r:.40} is outside the years 1900 to 2299 the store can hold")
     return round(ms)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from stethoscope.model.metadata import CLASSES, ModelError, ModelMeta, Normalisation
+from stethoscope.paths import own_models_dir
 from stethoscope_training import evaluate
 from stethoscope_training.train import (
     MIN_STD,
@@ -107,7 +108,7 @@ def matched_normalisation(
     return Normalisation(mean, std)
 
 
-def _train_heads(
+def train_heads(
     meta: ModelMeta, emb: np.ndarray, labels: np.ndarray, weights: np.ndarray, config: TrainConfig
 ) -> dict[str, np.ndarray]:
     import onnx.numpy_helper as nh
@@ -139,7 +140,7 @@ def _train_heads(
     return trained
 
 
-def _write_classifier(
+def write_classifier(
     meta: ModelMeta,
     heads: dict[str, np.ndarray],
     target: Path,
@@ -165,7 +166,7 @@ def _write_classifier(
     tmp.replace(target)
 
 
-def _rehearsal(old: Any, rng: np.random.Generator) -> np.ndarray:
+def rehearsal(old: Any, rng: np.random.Generator) -> np.ndarray:
     """REHEARSAL_PER_FAMILY training episodes of each old family (all of a smaller one)."""
     train = np.flatnonzero(old.split == "train")
     families = old.family[train]
@@ -192,7 +193,8 @@ def finetune(
 ) -> FinetuneResult:
     """Fine-tune `meta`'s heads on `new`'s first `faults` fault episodes of `hw_class` (train split)
     and its healthy train episodes, rehearsing `old`'s train split; score the new class on its other
-    splits and the old classes on their test split, before and after."""
+    splits and the old classes on their test split, before and after. Writes the model into out_dir,
+    by default the state folder's models/ (never the package's)."""
     from stethoscope.model.features import normalise
 
     config = config or TrainConfig(epochs=300, lr=3e-3, seed=meta.seed)
@@ -219,7 +221,7 @@ def finetune(
         normalisation_of(old.x[old_healthy], old.mask[old_healthy], old.hw_class[old_healthy])["default"],
     )
     rng = np.random.default_rng(config.seed)
-    rehearsed = _rehearsal(old, rng)
+    rehearsed = rehearsal(old, rng)
     xn_new = normalise(new.x[tuned], new.mask[tuned], meta, list(new.hw_class[tuned]))
     xn_old = normalise(old.x[rehearsed], old.mask[rehearsed], meta, list(old.hw_class[rehearsed]))
     xn = np.concatenate([xn_new, xn_old])
@@ -227,13 +229,13 @@ def finetune(
     labels = np.concatenate([new.label[tuned], old.label[rehearsed]])
     # the new class's few episodes weigh as much as all the rehearsed ones
     weights = np.concatenate([np.full(len(tuned), len(rehearsed) / len(tuned)), np.ones(len(rehearsed))])
-    heads = _train_heads(meta, embeddings(meta, xn, mask), labels, weights, config)
+    heads = train_heads(meta, embeddings(meta, xn, mask), labels, weights, config)
 
-    target_dir = out_dir or meta.graph_path("classifier").parent
+    target_dir = out_dir or own_models_dir()
     target_dir.mkdir(parents=True, exist_ok=True)
     if target_dir != meta.graph_path("classifier").parent:
         shutil.copy2(meta.graph_path("detector"), target_dir / meta.graphs["detector"])
-    _write_classifier(
+    write_classifier(
         meta, heads, target_dir / meta.graphs["classifier"], (xn[:256], mask[:256], heads["_probe"])
     )
     meta.path = target_dir / f"{meta.name}.json"

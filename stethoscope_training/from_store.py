@@ -4,7 +4,9 @@
    model trained on the H200's) is not classified: its healthy windows would read as faults. Its
    normalisation is learned from its own healthy windows in the store: the stream's windows of its
    nodes at instants every STRIDE_MS back from the newest sample (over `days`), leaving out any
-   node with a recorded fault within FAULT_MARGIN_MS of the instant, and matched, as fine-tuning
+   node with a recorded fault within FAULT_MARGIN_MS of the instant and any node a finding names
+   during the window (the `findings` table: a rule's, UNKNOWN's or the model's, info aside; its
+   span first_seen..last_seen, open-ended while not resolved), and matched, as fine-tuning
    matches a new class (finetune.matched_normalisation), to what the model's own healthy episodes
    normalise to. The class is then classified, its findings marked "self-calibrated".
 2. Fine-tuning on confirmed faults. The windows of the faults recorded in the store (`fault
@@ -26,14 +28,16 @@ from typing import Any
 import numpy as np
 
 from stethoscope.diagnosis.layers import CLASS_LAYERS
-from stethoscope.model.features import Windows, _hw_classes, read_windows
-from stethoscope.model.metadata import CLASSES, ModelError, ModelMeta
+from stethoscope.model.features import Windows, hw_classes, read_windows
+from stethoscope.model.metadata import CLASSES, STEP_SECONDS, STEPS, ModelError, ModelMeta
+from stethoscope.paths import own_models_dir
 from stethoscope.store.client import Store
 from stethoscope.store.faults import Fault, list_faults, replay_window
 from stethoscope.store.schema import single_node_ddl
 from stethoscope.timeutil import iso, now_ms
 
 STRIDE_MS = 10 * 60 * 1000  # one window every 10 minutes: the windows do not overlap
+WINDOW_MS = STEPS * STEP_SECONDS * 1000
 FAULT_MARGIN_MS = 6 * 3600 * 1000
 MIN_WINDOWS = 20  # healthy windows a class needs to be calibrated
 FAULT_OFFSETS_MS = (0, 5 * 60 * 1000, 10 * 60 * 1000)
@@ -76,18 +80,51 @@ def _near_faults(faults: list[Fault], at_ms: int) -> set[str]:
     return {f.node_id for f in faults if abs(f.impact_ms - at_ms) <= FAULT_MARGIN_MS}
 
 
+@dataclass
+class Unwell:
+    """A finding that says its nodes are not healthy, over its span."""
+
+    nodes: tuple[str, ...]  # its node, and those it names (a switch's, unknown.fleet's)
+    first_ms: int
+    last_ms: int  # open-ended (the largest int) while it is not resolved
+
+
+def unwell(store: Store) -> list[Unwell]:
+    """Every finding but an info one (a rule's, UNKNOWN's, the model's), its latest version."""
+    rows = store.query(
+        "SELECT argMax(node_id, version), "
+        "JSONExtract(argMax(evidence, version), 'nodes', 'Array(String)'), "
+        "toUnixTimestamp64Milli(argMax(first_seen, version)), "
+        "toUnixTimestamp64Milli(argMax(last_seen, version)), "
+        "argMax(status, version), argMax(severity, version) "
+        f"FROM {store.database}.findings GROUP BY finding_id"
+    )
+    return [
+        Unwell((node, *named), int(first), int(last) if status == "resolved" else np.iinfo(np.int64).max)
+        for node, named, first, last, status, severity in rows
+        if severity != "info"
+    ]
+
+
+def _unwell_during(found: list[Unwell], at_ms: int) -> set[str]:
+    """The nodes a finding names during the window that ends at at_ms."""
+    return {n for f in found if f.first_ms <= at_ms and f.last_ms >= at_ms - WINDOW_MS for n in f.nodes}
+
+
 def healthy_windows(
     store: Store, days: float, faults: list[Fault], meta: ModelMeta
 ) -> dict[str, tuple[np.ndarray, np.ndarray, set[str]]]:
-    """Per GPU class: (x, mask, nodes) of its streaming nodes' windows away from recorded faults."""
+    """Per GPU class: (x, mask, nodes) of its streaming nodes' windows away from recorded faults and
+    without a finding naming them."""
     newest = _newest_stream_ms(store)
     if newest is None:
         return {}
+    findings = unwell(store)
     found: dict[str, tuple[list[np.ndarray], list[np.ndarray], set[str]]] = {}
     span = int(days * 24 * 3600 * 1000)
     for at in range(newest, newest - span, -STRIDE_MS):
         windows = read_windows(store, at, features=tuple(meta.features))
-        near = _near_faults(faults, at)
+        near = _near_faults(faults, at) | _unwell_during(findings, at)
         for i, node in enumerate(windows.node_ids):
             hw = windows.hw_class[i]
             if not hw or node in near or not windows.streamed[i] or not windows.current[i]:
@@ -158,7 +195,7 @@ def fault_windows(store: Store, faults: list[Fault], meta: ModelMeta, out: FromS
         for fault in faults:
             store.command(f"TRUNCATE TABLE {scratch.database}.metrics")
             replay_window(store, fault, scratch.database)
-            hw = _hw_classes(store, [fault.node_id], True)[0]
+            hw = hw_classes(store, [fault.node_id], True)[0]
             read = 0
             for offset in FAULT_OFFSETS_MS:
                 w = read_windows(scratch, fault.impact_ms - offset, [fault.node_id], tuple(meta.features))
@@ -197,14 +234,14 @@ def finetune_from_faults(
     meta: ModelMeta, store: Store, out_dir: Path | None, days: float = 1.0, min_faults: int = MIN_FAULTS
 ) -> FromStore:
     """Calibrate the classes the model lacks, then (with min_faults faults or more) tune the heads;
-    writes the model in place or into out_dir."""
+    writes the model into out_dir, by default the state folder's models/ (never the package's)."""
     started = time.perf_counter()
     out = FromStore(needed=min_faults)
     faults = list_faults(store)
     old = old_episodes(meta, meta.seed)
     healthy = calibrate(meta, store, days, old, faults, out)
     tuned = fault_windows(store, faults, meta, out) if faults else None
-    target_dir = out_dir or meta.graph_path("classifier").parent
+    target_dir = out_dir or own_models_dir()
     if tuned is not None and out.faults >= min_faults:
         _tune(meta, tuned, healthy, old, target_dir, out)
     elif target_dir != meta.graph_path("classifier").parent:
@@ -242,7 +279,7 @@ def _copy_graphs(meta: ModelMeta, target_dir: Path) -> None:
 
 def _tune(meta: ModelMeta, tuned: Windows, healthy: dict, old: Any, target_dir: Path, out: FromStore) -> None:
     from stethoscope.model.features import normalise
-    from stethoscope_training.finetune import _rehearsal, _train_heads, _write_classifier, embeddings
+    from stethoscope_training.finetune import embeddings, rehearsal, train_heads, write_classifier
     from stethoscope_training.train import TrainConfig
 
     labels = np.array([int(label) for label in tuned.node_ids], dtype=np.int64)
@@ -255,7 +292,7 @@ def _tune(meta: ModelMeta, tuned: Windows, healthy: dict, old: Any, target_dir: 
     classes = list(tuned.hw_class) + good_c
     mine = np.concatenate([labels, np.zeros(len(good_c), dtype=np.int64)])
     config = TrainConfig(epochs=300, lr=3e-3, seed=meta.seed)
-    rehearsed = _rehearsal(old, np.random.default_rng(config.seed))
+    rehearsed = rehearsal(old, np.random.default_rng(config.seed))
     xn = np.concatenate(
         [
             normalise(x, mask, meta, classes),
@@ -266,13 +303,13 @@ def _tune(meta: ModelMeta, tuned: Windows, healthy: dict, old: Any, target_dir: 
     all_labels = np.concatenate([mine, old.label[rehearsed]])
     # the store's windows weigh as much as all the rehearsed ones
     weights = np.concatenate([np.full(len(mine), len(rehearsed) / len(mine)), np.ones(len(rehearsed))])
-    heads = _train_heads(meta, embeddings(meta, xn, masks), all_labels, weights, config)
+    heads = train_heads(meta, embeddings(meta, xn, masks), all_labels, weights, config)
     target_dir.mkdir(parents=True, exist_ok=True)
     if target_dir != meta.graph_path("classifier").parent:
         import shutil
 
         shutil.copy2(meta.graph_path("detector"), target_dir / meta.graphs["detector"])
-    _write_classifier(
+    write_classifier(
         meta, heads, target_dir / meta.graphs["classifier"], (xn[:256], masks[:256], heads["_probe"])
     )
     meta.path = target_dir / f"{meta.name}.json"

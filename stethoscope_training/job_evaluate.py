@@ -29,7 +29,7 @@ from stethoscope.model.finding import ModelFinding
 from stethoscope.model.findings import from_windows
 from stethoscope.model.inference import Graphs
 from stethoscope.model.path import ARROW
-from stethoscope.model.relative import JOB_RULE, SWITCH_RULE, relative_findings
+from stethoscope.model.relative import JOB_RULE, SWITCH_RULE, relative_findings, switch_id
 from stethoscope.model.switches import BASELINE, RECENT, congested
 from stethoscope_training.jobs import Scene
 
@@ -84,14 +84,14 @@ def _culprit_found(scene: Scene, findings: list[ModelFinding], path: str) -> tup
         if path == "graphs":
             hit = any(f"{ARROW}{switch}{ARROW}" in f.path for f in findings)
         else:
-            hit = any(f.rule_id == SWITCH_RULE and f.node_id == switch for f in findings)
+            hit = any(f.rule_id == SWITCH_RULE and f.node_id == switch_id(switch) for f in findings)
         return hit, hit
     node = scene.node_ids[truth["node"]]
     if path == "graphs":
         on_node = [f for f in findings if f.node_id == node]
         return bool(on_node), any(f.layer == truth["layer"] for f in on_node)
     named = [
-        f for f in findings if f.rule_id == JOB_RULE and f.job == truth["job"] and f.rank == truth["rank"]
+        f for f in findings if f.rule_id == JOB_RULE and f.job == truth["job"] and truth["rank"] in f.ranks
     ]
     return bool(named), any(f.layer == truth["layer"] for f in named)
 
@@ -101,7 +101,7 @@ def _own(f: ModelFinding, node: str, job: str, scene: Scene) -> bool:
     if f.node_id != node:
         return False
     if f.rule_id == JOB_RULE and f.job == job:
-        return f.rank not in ("", scene.truth.get("rank"))
+        return bool(f.ranks) and scene.truth.get("rank") not in f.ranks
     return True
 
 
@@ -129,7 +129,7 @@ def outcome(scene: Scene, findings: list[ModelFinding], path: str) -> Outcome:
                 f.node_id in nodes or (f.rule_id == JOB_RULE and f.job == job) or job in f.jobs
                 for f in findings
             )
-    congested_switch = truth.get("switch")
+    congested_switch = switch_id(truth["switch"]) if "switch" in truth else None
     out.wrong_switches = sum(f.rule_id == SWITCH_RULE and f.node_id != congested_switch for f in findings)
     return out
 

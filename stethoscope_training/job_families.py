@@ -5,7 +5,12 @@ before that (job_fresh.py, split "fresh"). One fault a scene, or none.
 The ranges: a straggler computes 6-50 % longer (the episode generator's straggler GPU: 8-48 %), at
 its normal clock and power; an input stall adds 10-200 % of the step to one rank's input wait; a
 congested switch's nodes wait 3-40 times as long to transmit (the congested neighbour's 4-43), the
-transfers of the jobs crossing it 0.3-2.5 times longer once the waits pass a third of their rise."""
+transfers of the jobs crossing it 0.3-2.5 times longer once the waits pass a third of their rise.
+
+MULTI_RANK (`multi_rank_scenes`): the same faults in jobs of 2-8 ranks a node (an 8-GPU node runs
+8), an input stall holding every rank of its node, in jobs of 2 nodes and more. Written after the
+detector's constants were chosen, with the change that judges a rank against the ranks on other
+nodes; not part of the validation split (its data hash is unchanged) nor of the hold-out."""
 
 from __future__ import annotations
 
@@ -23,6 +28,27 @@ FAMILIES: dict[str, tuple[str, Options]] = {
     "jobs.straggler": ("straggler", Options(severity=(0.06, 0.5))),
     "jobs.input_stall": ("input_stall", Options(severity=(0.1, 2.0))),
     "jobs.switch_congestion": ("switch_congestion", Options(onset=(30, 80), ramp=(6, 40))),
+}
+
+MULTI = (2, 8)
+MULTI_RANK: dict[str, tuple[str, Options]] = {
+    "jobs.multi_rank.healthy": ("healthy", Options(ranks_per_node=MULTI, lifecycle=0.5, checkpoint=0.5)),
+    "jobs.multi_rank.straggler": ("straggler", Options(ranks_per_node=MULTI, severity=(0.06, 0.5))),
+    "jobs.multi_rank.input_stall": ("input_stall", Options(ranks_per_node=MULTI, severity=(0.1, 2.0))),
+    "jobs.multi_rank.input_stall_2x8": (
+        "input_stall",
+        Options(
+            ranks_per_node=(8, 8),
+            sizes=(2, 4, 8),
+            size_weights=(0.5, 0.3, 0.2),
+            fault_job_sizes=(2,),
+            severity=(0.1, 2.0),
+        ),
+    ),
+    "jobs.multi_rank.switch_congestion": (
+        "switch_congestion",
+        Options(ranks_per_node=MULTI, onset=(30, 80), ramp=(6, 40)),
+    ),
 }
 
 
@@ -58,3 +84,7 @@ def generate(
 
 def scenes(seed: int = 7, per_family: int = 60) -> SceneSet:
     return generate(FAMILIES, seed, per_family, salt=21, split="validation")
+
+
+def multi_rank_scenes(seed: int = 7, per_family: int = 20) -> SceneSet:
+    return generate(MULTI_RANK, seed, per_family, salt=2102, split="multi_rank")

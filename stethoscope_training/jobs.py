@@ -1,6 +1,8 @@
 """Synchronous jobs over a fleet (issue 21): the scenes the job-relative detector and the graphs are
 measured on. A scene is a fleet of nodes behind switches (4-8 switches of 8-16 nodes), most of them
-running jobs of 4-64 ranks (one rank a node, packed or scattered over the switches), the rest idle;
+running jobs of 4-64 nodes (packed or scattered over the switches), the rest idle; a job runs one rank
+a node, or where a family says so 2-8 (`Options.ranks_per_node`: an 8-GPU node runs 8), each rank on
+its share of the node's GPUs;
 10 minutes at 5 s, rows exactly as the stream's collector stores them (`Scene.to_rows`: the node
 part with `agg`, the job part with `job` and `rank`, all `source=stream`), and the `nodes` table's
 switch of each node (`Scene.topology`).
@@ -8,8 +10,9 @@ switch of each node (`Scene.topology`).
 Each rank's step, collective and input times come from how a synchronous step runs: every rank
 computes (its own GPU work, jitter shared by the job and its own), waits for its input, and then
 waits in the collective for the last rank to arrive plus the transfer itself, so the step time is
-the same on every rank. A straggler computes longer and the others wait for it; a rank stalled on
-input waits for data and the others wait for it; congestion behind a switch lengthens the transfer
+the same on every rank. A straggler (a GPU) computes longer and the others wait for it; an input
+stall (a node's disk or mount) makes every rank of one node wait for data, and the others wait for
+them; congestion behind a switch lengthens the transfer
 of every job crossing it, and the nodes behind it wait to transmit. Jobs start (slow first steps),
 end, restart (a gap, then slow steps again), checkpoint (all ranks, or rank 0 alone while the
 others wait), and some report their step time only. The node part (GPU temperature, power, clocks,
@@ -49,7 +52,7 @@ IMPACT = 1.05  # the jobs' step 5 % slower than before the onset, 3 steps runnin
 @dataclass
 class Job:
     name: str
-    nodes: list[int]  # rank r runs on nodes[r]
+    nodes: list[int]  # rank r runs on nodes[r // per_node]
     active: np.ndarray  # [T] bool
     step_ms: float
     comm_share: float
@@ -59,6 +62,11 @@ class Job:
     warm: np.ndarray  # [T] float >= 1: slow first steps after a start or a restart
     checkpoint: tuple[int, int, str] | None  # (step, length, "rank0" or "all")
     stages: np.ndarray | None = None  # [ranks] compute factor of a pipeline stage (healthy variety)
+    per_node: int = 1  # ranks a node
+
+    @property
+    def ranks(self) -> int:
+        return len(self.nodes) * self.per_node
 
 
 @dataclass
@@ -178,7 +186,8 @@ class Options:
 
     switches: tuple[int, int] = (4, 8)
     per_switch: tuple[int, ...] = (8, 12, 16)
-    sizes: tuple[int, ...] = SIZES
+    sizes: tuple[int, ...] = SIZES  # a job's nodes
+    ranks_per_node: tuple[int, int] = (1, 1)  # each job's ranks a node, drawn from this range
     size_weights: tuple[float, ...] = SIZE_WEIGHTS
     idle: tuple[float, float] = (0.05, 0.2)
     lifecycle: float = 0.3  # share of jobs that start, end or restart in the window
@@ -253,11 +262,14 @@ def _job(rng: np.random.Generator, name: str, nodes: list[int], options: Options
             int(rng.integers(1, 5)),
             str(rng.choice(["rank0", "all"])),
         )
+    low, high = options.ranks_per_node
+    per_node = low if low == high else int(rng.integers(low, high + 1))  # (one rank a node: no draw)
+    ranks = len(nodes) * per_node
     stages = None
-    if rng.random() < options.pipeline and len(nodes) >= 8:
+    if rng.random() < options.pipeline and ranks >= 8:
         count = int(rng.choice([2, 4]))
         factors = 1 + rng.uniform(-0.08, 0.08, count)
-        stages = factors[np.arange(len(nodes)) * count // len(nodes)]
+        stages = factors[np.arange(ranks) * count // ranks]
     return Job(
         name,
         nodes,
@@ -270,6 +282,7 @@ def _job(rng: np.random.Generator, name: str, nodes: list[int], options: Options
         warm,
         checkpoint,
         stages,
+        per_node,
     )
 
 
@@ -312,7 +325,7 @@ def _fault(
                 busy[switch[node]] = busy.get(switch[node], 0) + 1
         candidates = sorted(name for name, count in busy.items() if count >= 4) or sorted(busy)
         return Fault(kind, onset, switch=str(rng.choice(candidates)), gate=gate, severity=severity)
-    rank = int(rng.integers(0, len(jobs[steady].nodes)))
+    rank = int(rng.integers(0, jobs[steady].ranks))
     return Fault(kind, onset, steady, rank, gate=gate, severity=severity)
 
 
@@ -321,7 +334,7 @@ def _times(
 ):
     """[ranks, T] each rank's step, collective and input times (ms), and how long it waited for the
     others in the collective (its collective time less the transfer)."""
-    ranks = len(job.nodes)
+    ranks = job.ranks
     shape = (ranks, STEPS)
     n = job.noise
     compute_ms = job.step_ms * (1 - job.comm_share - job.data_share)
@@ -343,9 +356,10 @@ def _times(
             compute = compute + during[None, :] * pause
     if fault.job == index and fault.kind == "straggler":
         compute[fault.rank] *= 1 + fault.severity * fault.gate
-    if fault.job == index and fault.kind == "input_stall":
+    if fault.job == index and fault.kind == "input_stall":  # every rank of the node waits for it
         stall = job.step_ms * fault.severity * rng.lognormal(0, 0.3, STEPS)
-        data[fault.rank] = data[fault.rank] + stall * fault.gate
+        mates = _mates(job, fault.rank)
+        data[mates] = data[mates] + stall * fault.gate
     arrival = compute + data
     step = arrival.max(axis=0) + transfer
     comm = step[None, :] - arrival
@@ -380,6 +394,7 @@ def simulate(
     busy = np.zeros((count, STEPS))
     job_of = [""] * count
     rank_job, rank_label, rank_node, rank_values, rank_sent, waited = [], [], [], [], [], []
+    rank_gpus = []  # each rank's share of its node's GPUs
     crossing = []
     for index, job in enumerate(jobs):
         crosses = bool(fault.switch) and bool(behind[job.nodes].any())
@@ -387,9 +402,11 @@ def simulate(
             crossing.append(job.name)
         congestion = 1 + slowdown if crosses else np.ones(STEPS)
         times, wait = _times(rng, job, fault, index, congestion, options.data_sigma)
-        for r, node in enumerate(job.nodes):
+        for r in range(job.ranks):
+            node = job.nodes[r // job.per_node]
             busy[node] = job.active
             job_of[node] = job.name
+            rank_gpus.append(np.array_split(np.arange(GPUS), job.per_node)[r % job.per_node])
             rank_job.append(job.name)
             rank_label.append(str(r))
             rank_node.append(node)
@@ -410,13 +427,15 @@ def simulate(
     if options.bursts:
         _spells(rng, values, switch)
     if kind == "straggler" and options.hot_culprit:
-        _hot(rng, w, hw, jobs[fault.job].nodes[fault.rank], fault)
+        _hot(rng, w, hw, _node_of(jobs[fault.job], fault.rank), fault)
     for r, node in enumerate(rank_node):  # a rank waiting for its peers idles its GPUs meanwhile
         share = (1 - np.clip(waited[r], 0, 0.9))[:, None]
         on = busy[node][:, None] > 0
-        w.util[node] = np.where(on, np.rint(w.util[node] * (0.5 + 0.5 * share)), w.util[node])
-        w.power[node] = np.where(
-            on, hw.idle_power + (w.power[node] - hw.idle_power) * (0.6 + 0.4 * share), w.power[node]
+        gpus = rank_gpus[r]
+        util, power = w.util[node][:, gpus], w.power[node][:, gpus]
+        w.util[node][:, gpus] = np.where(on, np.rint(util * (0.5 + 0.5 * share)), util)
+        w.power[node][:, gpus] = np.where(
+            on, hw.idle_power + (power - hw.idle_power) * (0.6 + 0.4 * share), power
         )
     values[:, :, F["gpu_temperature_celsius"]] = w.temp.max(axis=2)
     values[:, :, F["gpu_power_watts"]] = np.round(w.power.sum(axis=2), 2)
@@ -459,6 +478,16 @@ def simulate(
     )
 
 
+def _node_of(job: Job, rank: int) -> int:
+    return job.nodes[rank // job.per_node]
+
+
+def _mates(job: Job, rank: int) -> list[int]:
+    """The ranks of the job on the rank's node, itself included."""
+    first = rank // job.per_node * job.per_node
+    return list(range(first, first + job.per_node))
+
+
 def _spells(rng: np.random.Generator, values: np.ndarray, switch: list[str]) -> None:
     """Short spells (1-3 steps, every ~10) of heavy traffic behind one switch: waits 3-20 times."""
     chosen = str(rng.choice(sorted(set(switch))))
@@ -486,11 +515,14 @@ def _truth(kind: str, fault: Fault, jobs: list[Job], rank_values, rank_job, cros
     truth: dict[str, Any] = {"kind": kind, "layer": LAYER.get(kind, ""), "onset": fault.onset}
     if kind in ("straggler", "input_stall"):
         job = jobs[fault.job]
+        node = _node_of(job, fault.rank)
         truth.update(
             job=job.name,
             rank=str(fault.rank),
-            node=job.nodes[fault.rank],
-            peers=[n for r, n in enumerate(job.nodes) if r != fault.rank],
+            # the culprit ranks: the straggler, or every rank of the stalled node
+            ranks=[str(r) for r in (_mates(job, fault.rank) if kind == "input_stall" else [fault.rank])],
+            node=node,
+            peers=[n for n in job.nodes if n != node],
             severity=fault.severity,
         )
     elif kind == "switch_congestion":

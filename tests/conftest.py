@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import uuid
 from pathlib import Path
@@ -23,6 +24,8 @@ LAB_INVENTORY = TOP / "inventories" / "lab" / "hosts.yml"
 
 if not (COLLECTIONS / "ansible_collections/aicluster/stethoscope/galaxy.yml").exists():
     subprocess.run(["bash", str(TOP / "tools/link_collection.sh")], check=True, capture_output=True)
+# executor locks of this session in a folder of its own, not the user's
+os.environ.setdefault("STETHOSCOPE_LOCK_DIR", tempfile.mkdtemp(prefix="stethoscope-test-locks-"))
 sys.path.insert(0, str(COLLECTIONS))
 sys.path.insert(0, str(TOP / "tools"))  # slurm_lab: the real slurmctld the tests start
 
@@ -220,60 +223,13 @@ def hot_gpu(dsn: str, node: str = "node01") -> None:
 @pytest.fixture(scope="session")
 def lab_sweeps(tmp_path_factory):
     """Three real sweeps of the lab (collect.yml, the callback, chdb), as the rows the collector stored
-    each time: [(node_id, metric_name, device, labels, value)] per sweep, and the `nodes` rows. Tests
-    lay them out again at whatever cadence they need (`replay_sweeps`)."""
-    from stethoscope.store.client import Store
+    each time; tests lay them out again at whatever cadence they need (`replay_sweeps`)."""
+    from lab_sweeps import record
 
-    tmp_path = tmp_path_factory.mktemp("lab_sweeps")
-    dsn = f"chdb://{tmp_path / 'db'}"
-    env = ansible_env(tmp_path, dsn, STETHOSCOPE_LAB_DIR=str(tmp_path / "lab"))
-    subprocess.run(
-        [sys.executable, str(TOP / "tools/lab.py"), "build"], env=env, check=True, capture_output=True
-    )
-    subprocess.run(
-        [sys.executable, "-m", "stethoscope.cli", "db", "init"],
-        env=env,
-        cwd=TOP,
-        check=True,
-        capture_output=True,
-    )
-    playbook = str(Path(sys.executable).parent / "ansible-playbook")
-    sweeps, last = [], 0
-    for _sweep in range(3):
-        play = subprocess.run(
-            [playbook, str(TOP / "playbooks/collect.yml")], env=env, cwd=TOP, capture_output=True, text=True
-        )
-        assert play.returncode == 0, play.stdout[-3000:]
-        with Store(dsn) as store:
-            rows = store.query(
-                f"SELECT node_id, metric_name, device, labels, value, toUnixTimestamp64Milli(timestamp) "
-                f"FROM {store.database}.metrics WHERE toUnixTimestamp64Milli(timestamp) > {{last:Int64}}",
-                {"last": last},
-            )
-            nodes = store.query(
-                f"SELECT node_id, slurm_name, rack, switch, groups FROM {store.database}.nodes FINAL"
-            )
-        last = max(row[5] for row in rows)
-        sweeps.append([row[:5] for row in rows])
-    return sweeps, nodes
+    return record(tmp_path_factory.mktemp("lab_sweeps"))
 
 
 def replay_sweeps(store, lab_sweeps, times_ms: list[int], skip_nodes=()) -> None:
-    """Lay the lab's sweeps out at `times_ms` (one sweep each, the lab's third repeated past the
-    third): every row as the collector stored it, at that sweep's time."""
-    from stethoscope.store.batch import MetricColumns
+    from lab_sweeps import lay_out
 
-    sweeps, nodes = lab_sweeps
-    store.insert_rows(
-        "nodes",
-        [
-            {"node_id": n, "slurm_name": s, "rack": r, "switch": w, "groups": g, "updated_at": times_ms[0]}
-            for n, s, r, w, g in nodes
-        ],
-    )
-    for index, at in enumerate(times_ms):
-        batch = MetricColumns()
-        for node, metric, device, labels, value in sweeps[min(index, len(sweeps) - 1)]:
-            if node not in skip_nodes:
-                batch.append(node, metric, device, dict(labels), float(value), at)
-        store.insert_metrics(batch)
+    lay_out(store, lab_sweeps, times_ms, skip_nodes)

@@ -58,7 +58,9 @@ def rejected_records(spool_dir) -> list[dict]:
     ]
 
 
-@pytest.mark.parametrize("timestamp", ["Infinity", "-Infinity", "NaN", "1e400", "-1e300", "1e300", '"inf"'])
+@pytest.mark.parametrize(
+    "timestamp", ["Infinity", "-Infinity", "NaN", "1e400", "-1e300", "1e300", '"inf"', "1" + "0" * 400]
+)
 def test_ingest_an_impossible_timestamp_is_a_line_error_and_the_good_lines_are_stored(tmp_path, timestamp):
     """Regression: Infinity and 1e400 crashed ingest (OverflowError, exit 3, nothing stored); -1e300
     passed validation, the batch's insert failed, and ingest said "spooled" with exit 0."""
@@ -98,6 +100,7 @@ def test_ingest_a_value_that_is_not_a_finite_number_is_a_line_error(tmp_path, va
         {"node_id": ["n1"]},
         {"metric_name": ["gpu_power_watts"]},
         {"labels": {"a": {"b": 1}}},
+        {"labels": []},
         {"device": {"x": 1}},
         {"node_id": ""},
     ],
@@ -212,3 +215,47 @@ def test_rows_the_store_itself_refuses_are_found_alone_and_the_rest_of_their_fil
     refused = rejected_records(tmp_path / "spool")
     assert sorted(r["row"]["timestamp"] for r in refused) == [NOW_MS + 7, NOW_MS + 31]
     assert all("sane" in r["reason"] for r in refused)
+
+
+def test_good_rows_the_store_refuses_for_its_memory_limit_are_never_set_aside_and_are_stored_later(
+    tmp_path, tmp_dsn
+):
+    """Regression: any error while `SELECT 1` still answered was blamed on the rows: two good rows
+    with long labels, refused alone for the store's memory limit, ended up in rejected/."""
+    base = time.time_ns() // 1_000_000 - 3_600_000
+    rows = [{**good_row(i), "timestamp": base + i} for i in range(8)]
+    rows[2]["labels"] = rows[5]["labels"] = {"note": "x" * 10_000_000}  # long, and fit for the table
+    spool = Spool(tmp_path / "spool", tmp_dsn)
+    path = spool.append("metrics", rows)
+    with Store(tmp_dsn) as store:
+        store.init_schema()
+        store.client.set_client_setting("max_memory_usage", 20_000_000)  # the store is short of memory
+        report = spool.replay(store)
+    assert rejected_records(tmp_path / "spool") == [] and spool.pending() == [path]
+    assert report.rows == 0 and report.quarantined == []
+    assert any("memory limit exceeded" in problem for problem in report.problems), report.problems
+    with Store(tmp_dsn) as store:  # the store has room again: the file replays whole
+        report = spool.replay(store)
+    assert report.rows == 8 and spool.pending() == [] and stored(tmp_dsn) == 8
+    assert rejected_records(tmp_path / "spool") == []
+
+
+def test_a_file_the_store_refuses_for_too_many_parts_waits_without_counting_attempts(tmp_path, tmp_dsn):
+    """Regression: the store's own refusal (TOO_MANY_PARTS) counted as the file's failed replay; after
+    3 the good file was quarantined."""
+    base = time.time_ns() // 1_000_000 - 3_600_000
+    spool = Spool(tmp_path / "spool", tmp_dsn)
+    path = spool.append("metrics", [{**good_row(i), "timestamp": base + i} for i in range(5)])
+    with Store(tmp_dsn) as store:
+        store.init_schema()
+        store.command("SYSTEM STOP MERGES stethoscope.metrics")
+        store.command("ALTER TABLE stethoscope.metrics MODIFY SETTING parts_to_throw_insert = 1")
+        store.insert_metrics(MetricColumns.from_rows([good_row(99, node="n2")]))  # one part: the limit
+        for _ in range(4):
+            report = spool.replay(store)
+            assert report.rows == 0 and report.quarantined == [], report.problems
+        assert spool.pending() == [path] and spool.quarantined() == []
+        assert "TOO_MANY_PARTS" in " ".join(report.problems) and "attempt" not in " ".join(report.problems)
+        store.command("ALTER TABLE stethoscope.metrics MODIFY SETTING parts_to_throw_insert = 3000")
+        report = spool.replay(store)
+    assert report.rows == 5 and spool.pending() == [] and rejected_records(tmp_path / "spool") == []

@@ -6,10 +6,10 @@ a window follows the spacing the series show when the inventory says nothing."""
 
 from __future__ import annotations
 
-import random
 import uuid
 
 import pytest
+from lab_sweeps import jittered
 from test_telemetry_rules import CASES, GPU0, RULES, stream
 
 from stethoscope.catalog import Catalog
@@ -33,13 +33,6 @@ STATE_FAULTS = {
     ("node08", "rdma_qp_in_error"),
 }
 HEALTHY = ("node01", "node05")
-
-
-def jittered(at: int, interval: int, count: int, seed: int, lost: tuple[int, ...] = ()) -> list[int]:
-    """`count` sweep times `interval` s apart up to `at`, each ±20 % off its slot; `lost` never came."""
-    rnd = random.Random(seed)
-    times = [at - k * interval * 1000 + int(rnd.uniform(-0.2, 0.2) * interval * 1000) for k in range(count)]
-    return [t for k, t in enumerate(sorted(times)) if k not in lost]
 
 
 @pytest.mark.parametrize("interval", [30, 60, 120, 300, 600])

@@ -4,6 +4,7 @@ is taken over."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -121,3 +122,59 @@ def test_a_long_running_executor_holds_the_lock_between_its_cycles(tmp_path, db,
         watch.wait()
     assert second.returncode == 3 and "watch" in second.stderr, second.stderr
     assert len(hook.requests) == 1  # the watch's one alert, nothing from the second run
+
+
+def test_the_holder_is_named_by_its_program_never_by_its_arguments(tmp_path, db, http_standin):
+    """Regression guard (review): the message printed the holder's whole command line, a DSN's
+    password with it."""
+    hook = http_standin()
+    rule_dir, settings = alerting(tmp_path, db, hook)
+    with Store(db) as named:
+        path = lock_path(named.dsn, named.database)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path;"
+            "from stethoscope.remediation.lock import ExecutorLock;"
+            "ExecutorLock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(60)",
+            str(path),
+            "--dsn",
+            "http://admin:s3cret-pw@db.example:8123/stethoscope",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        command = [sys.executable, "-m", "stethoscope.cli", "--dsn", db, "diagnose", "--rules", str(rule_dir)]
+        second = subprocess.run([*command, *settings], capture_output=True, text=True, cwd=TOP, check=False)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert second.returncode == 3 and f"(pid {holder.pid}: stethoscope in python -c)" in second.stderr
+    assert "s3cret" not in second.stderr
+
+
+def test_a_lock_folder_others_may_write_is_refused_and_left_as_it_is(tmp_path, db, http_standin):
+    """Regression guard (review): the lock folder was made world-writable (1777) on every acquire,
+    whatever folder STETHOSCOPE_LOCK_DIR named, and links in it were followed."""
+    hook = http_standin()
+    rule_dir, settings = alerting(tmp_path, db, hook)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    command = [sys.executable, "-m", "stethoscope.cli", "--dsn", db, "diagnose", "--rules", str(rule_dir)]
+    env = {**os.environ, "STETHOSCOPE_LOCK_DIR": str(shared)}
+    run = subprocess.run([*command, *settings], capture_output=True, text=True, cwd=TOP, check=False, env=env)
+    assert run.returncode == 2 and "no one else may write" in run.stderr, run.stderr
+    assert shared.stat().st_mode & 0o777 == 0o777 and hook.requests == []
+    private = tmp_path / "private"
+    env["STETHOSCOPE_LOCK_DIR"] = str(private)
+    ours = subprocess.run(
+        [*command, *settings], capture_output=True, text=True, cwd=TOP, check=False, env=env
+    )
+    assert ours.returncode in (0, 1), ours.stderr
+    assert private.stat().st_mode & 0o777 == 0o700
+    (lock,) = private.iterdir()
+    assert lock.stat().st_mode & 0o777 == 0o600

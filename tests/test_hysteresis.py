@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import uuid
 
-from test_cadence import STATE_FAULTS, jittered
+from lab_sweeps import jittered
+from test_cadence import STATE_FAULTS
 from test_execute import inventory
 
 from stethoscope.catalog import Catalog
@@ -127,3 +128,50 @@ def test_a_finding_resolves_only_after_a_whole_window_of_fresh_clear_data(tmp_pa
     assert cycles.run(rules, now + 40 * MINUTE).findings == []
     assert status() == "resolved"
     assert json.loads((tmp_path / "f.log").read_text().splitlines()[0])["node_id"] == "node08"
+
+
+HOT = """
+- rule_id: gpu_hot
+  description: a GPU runs hot (test)
+  severity: warning
+  trigger:
+    - {metric: gpu_temperature_celsius, operator: ">", threshold: 85, window: 5m, aggregate: min,
+       min_samples: 3}
+  action: [{type: log, message: "{{ node_id }} {{ device }} hot"}]
+"""
+
+
+def test_a_device_that_falls_silent_leaves_its_finding_stale_however_well_its_node_reports(tmp_path, tmp_dsn):
+    """Regression guard (review): the data behind a finding was counted per node, so a GPU that fell
+    off the bus while its node's other GPUs kept reporting read as clear, and its finding resolved."""
+    at = now_ms() - 2 * 3600_000
+    database = f"t_{uuid.uuid4().hex[:8]}"
+    catalog = Catalog.load()
+    hosts = load_inventory(inventory(tmp_path))
+    context = Context(tmp_dsn, database, hosts, {"stethoscope_diagnose_log": str(tmp_path / "f.log")})
+    cycles = Cycles(tmp_dsn, database, catalog, execute_with=lambda d, db: context, nodes=sorted(hosts.hosts))
+    path = tmp_path / "hot.yml"
+    path.write_text(HOT)
+    rules = load_rules(path, catalog).rules
+
+    def sweep(minute: int, gpus: dict[str, float]) -> None:
+        rows = MetricColumns()
+        for gpu, celsius in gpus.items():
+            rows.append("node08", "gpu_temperature_celsius", gpu, {}, celsius, at + minute * MINUTE)
+        with Store(tmp_dsn, database) as store:
+            store.insert_metrics(rows)
+
+    with Store(tmp_dsn, database) as store:
+        store.init_schema()
+    for minute in range(0, 5):
+        sweep(minute, {"gpu0": 40.0, "gpu3": 95.0})
+    (found,) = cycles.run(rules, at + 4 * MINUTE).findings
+    assert (found["node_id"], found["device"]) == ("node08", "gpu3")
+    for minute in range(5, 45):  # gpu3 fell off the bus; gpu0 reports on, cool
+        sweep(minute, {"gpu0": 40.0})
+    cycles.run(rules, at + 44 * MINUTE)
+    with Store(tmp_dsn, database) as store:
+        (status,) = store.query(
+            f"SELECT argMax(status, version) FROM {database}.findings WHERE rule_id = 'gpu_hot'"
+        )[0]
+    assert status == "stale"  # never resolved: its GPU said nothing

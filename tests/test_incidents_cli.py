@@ -121,3 +121,11 @@ def test_no_schema_is_exit_2_and_an_unreachable_store_exit_3(tmp_path):
     assert empty.returncode == 2 and "run `stethoscope db init` first" in empty.stderr
     down = cli("actions", dsn="http://127.0.0.1:9/stethoscope")
     assert down.returncode == 3 and "Traceback" not in down.stderr and down.stderr.startswith("stethoscope: ")
+
+
+def test_actions_of_a_transaction_not_on_record_is_exit_2_as_incidents_show_is(db):
+    """Regression guard (a fresh-clone trial): `actions --txn` of an unknown transaction said "no
+    actions recorded matching" and exited 0, where README and `incidents show` say exit 2."""
+    shown = cli("actions", "--txn", "deadbeef", dsn=db)
+    assert shown.returncode == 2 and "deadbeef" in shown.stderr and "Traceback" not in shown.stderr
+    assert cli("incidents", "--all", dsn=db).stdout.strip() == "no incidents recorded"

@@ -62,7 +62,7 @@ bad_fields = st.one_of(
             )
         }
     ),
-    st.fixed_dictionaries({"timestamp": st.integers(10**11, 10**30) | st.integers(-(10**30), -(10**10))}),
+    st.fixed_dictionaries({"timestamp": st.integers(10**11, 10**400) | st.integers(-(10**400), -(10**10))}),
     st.fixed_dictionaries({"node_id": st.one_of(st.just(""), st.integers(), st.lists(names, max_size=2))}),
     st.fixed_dictionaries(
         {"labels": st.one_of(st.lists(text, max_size=2), st.dictionaries(names, st.lists(text)))}
@@ -78,7 +78,7 @@ unfit_fields = st.one_of(
     st.fixed_dictionaries(
         {"timestamp": st.one_of(st.sampled_from([math.inf, math.nan, 1e300, -1e300]), st.booleans(), text)}
     ),
-    st.fixed_dictionaries({"timestamp": st.integers(10**14, 10**30) | st.integers(-(10**30), -(10**13))}),
+    st.fixed_dictionaries({"timestamp": st.integers(10**14, 10**400) | st.integers(-(10**400), -(10**13))}),
     st.fixed_dictionaries({"node_id": st.one_of(st.integers(), st.none(), st.lists(names, max_size=2))}),
     st.fixed_dictionaries(
         {"labels": st.one_of(st.lists(text, max_size=2), st.dictionaries(names, st.integers(), min_size=1))}

@@ -67,3 +67,43 @@ def test_the_layering_check_sees_an_upward_import(tmp_path: Path) -> None:
     bad.write_text("from stethoscope.remediation.executor import execute\n")
     assert _imports(bad) == {"stethoscope.remediation.executor"}
     assert _layer("stethoscope.remediation.executor") not in BASE | {"diagnosis"} | BELOW["diagnosis"]
+
+
+TRAINING = PACKAGE.parent / "stethoscope_training"
+# the episode generator's kit: its families' building blocks (families._base, _fault, ...) are shared
+# by the families of every set, written as one generator
+GENERATOR_KIT = ("families", "episodes")
+
+
+def _private_imports(path: Path) -> list[str]:
+    """`module.name` for each private name (one leading underscore) imported from another module of
+    ours, at the top or inside a function."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("stethoscope"):
+            found += [
+                f"{node.module}.{alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_") and not alias.name.startswith("__")
+            ]
+    return found
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    """Regression: model/ranks.py imported features._label inside a function (around an import cycle),
+    from_store.py features._hw_classes and finetune's _rehearsal, _train_heads, _write_classifier: a
+    name one module uses from another is public in it. The runtime, and the training side where it
+    builds on the runtime or on training's own machinery; the generator's kit is one generator."""
+    wrong = {
+        str(path.relative_to(PACKAGE.parent)): names
+        for path in sorted(PACKAGE.rglob("*.py")) + sorted(TRAINING.rglob("*.py"))
+        if (
+            names := [
+                name
+                for name in _private_imports(path)
+                if path.is_relative_to(PACKAGE)
+                or not name.startswith(tuple(f"stethoscope_training.{kit}" for kit in GENERATOR_KIT))
+            ]
+        )
+    }
+    assert wrong == {}

@@ -178,3 +178,29 @@ def test_train_with_a_bad_episode_count_exits_2_not_3(tmp_path, capsys):
     assert main(["model", "train", "--per-family", "0", "--out", str(tmp_path)]) == 2
     assert "per_family" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_finetune_writes_the_state_folder_and_the_loader_prefers_what_it_wrote(tmp_path, monkeypatch, capsys):
+    """Regression: `model finetune` wrote into the installed package by default (from a wheel that is
+    site-packages: read-only, erased by an upgrade). It writes the state folder's models/ now, and
+    the loader takes a model from there before the shipped one."""
+    shipped = load(metadata_path())
+    before = shipped.path.read_bytes()
+    home = tmp_path / "home"
+    monkeypatch.setenv("STETHOSCOPE_HOME", str(home))
+    own = home / ".stethoscope" / "models" / "core12.json"
+    assert metadata_path() == shipped.path  # nothing fine-tuned yet: the shipped model
+    dsn = f"chdb://{tmp_path / 'db'}"
+    argv = ["--dsn", dsn, "--database", "t_state", "model", "finetune", "--from-faults"]
+    try:
+        assert main(argv) == 0
+        assert shipped.path.read_bytes() == before  # the package's model untouched
+    finally:
+        if shipped.path.read_bytes() != before:  # the bug: put the checkout's model back
+            shipped.path.write_bytes(before)
+    assert f"wrote {own}" in capsys.readouterr().out
+    assert metadata_path() == own
+    tuned = load(metadata_path())
+    assert tuned.history[-1]["action"] == "finetune-from-faults"
+    assert all((own.parent / name).is_file() for name in tuned.graphs.values())
+    assert main(["model", "info"]) == 0 and f"({own})" in capsys.readouterr().out

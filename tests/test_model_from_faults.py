@@ -88,3 +88,62 @@ def test_an_untrained_class_is_self_calibrated_and_the_heads_learn_the_store_s_f
     assert A100 not in after.unjudged
     assert set(HEALTHY_NODES) <= set(after.evaluated)
     assert all(f.calibration == "self-calibrated" for f in after.findings if f.node_id in HEALTHY_NODES)
+
+
+def _finding(rule_id: str, node: str, severity: str, first: int, last: int, status: str, nodes=()) -> dict:
+    return {
+        "finding_id": f"{rule_id}-{node}",
+        "txn_id": f"txn-{node}",
+        "rule_id": rule_id,
+        "node_id": node,
+        "device": "",
+        "severity": severity,
+        "confidence": 1.0,
+        "level": "L2",
+        "message": "",
+        "evidence": json.dumps({"nodes": list(nodes)} if nodes else {}),
+        "first_seen": first,
+        "last_seen": last,
+        "status": status,
+        "version": 1,
+    }
+
+
+def test_nodes_with_open_findings_give_no_healthy_windows(store) -> None:
+    """Regression: self-calibration took every node without a recorded fault for healthy, so a node
+    with an open finding (a rule's, UNKNOWN's, the model's) lent its faulty windows to its class's
+    normalisation. A finding's span is first_seen..last_seen, open-ended while it is not resolved;
+    an info finding says nothing is wrong."""
+    from stethoscope_training.from_store import STRIDE_MS, healthy_windows
+
+    data = episodes.generate(seed=5, per_family=1, hw_class="shifted")
+    index = int(np.flatnonzero(data.family == "healthy.training")[0])
+    names = ["a100-00", "a100-01", "open", "fleet-silent", "resolved-before", "info", "newest-only"]
+    rows = []
+    for node in names:
+        for back in range(4):
+            rows += data.to_rows(index, node, END_MS - back * WINDOW_MS)
+    store.insert_metrics(MetricColumns.from_rows(rows))
+    detail = json.dumps({"gpu": {"models": [A100], "count": 8}})
+    store.insert_rows(
+        "fingerprints",
+        [
+            {"fingerprint": "a100x8", "kind": "class", "node_id": n, "detail": detail, "first_seen": 0}
+            for n in names
+        ],
+    )
+    t, hour, stride = END_MS, 3600_000, STRIDE_MS
+    store.insert_rows(
+        "findings",
+        [
+            _finding("nvme_temperature_high", "open", "warning", t - 2 * hour, t - 2 * hour, "open"),
+            _finding("unknown.fleet", "fleet", "critical", t - hour, t - hour, "stale", ["fleet-silent"]),
+            _finding("gpu_xid", "resolved-before", "critical", t - 3 * hour, t - 2 * hour, "resolved"),
+            _finding("ib_counter_saturated", "info", "info", t - 2 * hour, t, "open"),
+            _finding("gpu_xid", "newest-only", "warning", t - stride // 2, t - stride // 3, "resolved"),
+        ],
+    )
+    (x, _mask, nodes), *others = healthy_windows(store, 0.03, [], load(metadata_path())).values()
+    assert not others
+    assert nodes == {"a100-00", "a100-01", "resolved-before", "info", "newest-only"}
+    assert len(x) == 4 * 4 + 3  # newest-only: its three older windows

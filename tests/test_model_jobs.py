@@ -46,7 +46,7 @@ def test_the_culprit_rank_is_named_and_its_waiting_peers_get_no_finding(graphs, 
     truth = scene.truth
     run = from_windows(graphs, scene.windows(), scene.topology)
     named = [f for f in run.findings if f.rule_id == "model.job"]
-    assert [(f.job, f.rank, f.layer) for f in named] == [(truth["job"], truth["rank"], layer)]
+    assert [(f.job, f.ranks, f.layer) for f in named] == [(truth["job"], [truth["rank"]], layer)]
     culprit = scene.node_ids[truth["node"]]
     assert named[0].node_id == culprit
     assert named[0].detail.startswith(
@@ -63,7 +63,7 @@ def test_congestion_is_the_switch_s_naming_the_jobs_crossing_it(graphs) -> None:
     truth = scene.truth
     run = from_windows(graphs, scene.windows(), scene.topology)
     switches = [f for f in run.findings if f.rule_id == "model.switch"]
-    assert [f.node_id for f in switches] == [truth["switch"]]
+    assert [f.node_id for f in switches] == [f"switch:{truth['switch']}"]
     assert set(switches[0].jobs) == set(truth["crossing"])
     assert switches[0].detail.startswith(f"switch {truth['switch']}: congestion: transmit waits x")
     crossing = [n for n, job in enumerate(scene.job) if job in truth["crossing"]]
@@ -149,5 +149,147 @@ def test_diagnose_words_the_job_and_switch_findings_and_never_drains_a_switch(st
     assert f"model core12: job {truth['job']}: rank {truth['rank']} on " in job[0]["message"]
     assert "folded in" in job[0]["message"]  # the graphs' findings on its waiting peers
     (congested,) = [f for f in found if f["rule_id"] == "model.switch"]
-    assert congested["node_id"] == switch and congested["level"] == "L2"  # a switch is no host to drain
+    assert congested["node_id"] == f"switch:{switch}" and congested["level"] == "L2"  # no host to drain
     assert congested["nodes"] and all(n.startswith("b-") for n in congested["nodes"])
+
+
+def _store_scene(store, scene: Scene, at: int) -> None:
+    store.insert_metrics(MetricColumns.from_rows(scene.to_rows(at)))
+    store.insert_rows("nodes", scene.nodes_rows(at))
+    store.insert_rows(
+        "fingerprints",
+        [
+            {"fingerprint": "h200", "kind": "class", "node_id": n, "detail": H200, "first_seen": 0}
+            for n in scene.node_ids
+        ],
+    )
+
+
+def test_a_switch_s_finding_is_the_switch_s_not_a_node_named_after_it(store) -> None:
+    """Regression: model.switch took the bare switch name for its node_id, so the board showed a node
+    row named after the switch, /metrics counted it as a node and an incident could take it for a
+    host's; the rules' correlated findings say `switch:<name>`, and so does it now."""
+    from stethoscope.catalog import Catalog
+    from stethoscope.diagnosis.diagnose import diagnose
+    from stethoscope.diagnosis.model import ModelUse
+    from stethoscope.remediation.incidents import keeps_own
+    from stethoscope.report.board import collect
+
+    scene = _scene("switch_congestion", 5, onset=(40, 41), ramp=(10, 11), waits=(20.0, 20.0))
+    _store_scene(store, scene, END_MS)
+    switch = scene.truth["switch"]
+    use = ModelUse(load(metadata_path()))
+    found = diagnose(store, [], END_MS + 1, model=use)
+    (congested,) = [f for f in found if f["rule_id"] == "model.switch"]
+    assert congested["node_id"] == f"switch:{switch}"
+    assert keeps_own(congested["rule_id"], congested["node_id"])  # never joins a host's incident
+    assert f"switch:{switch}" in use.evaluated  # judged clear in a later cycle, its finding resolves
+    behind = congested["nodes"]
+    assert behind and all(scene.switch[scene.node_ids.index(n)] == switch for n in behind)
+
+    def marked(board) -> dict[str, list[str]]:
+        rows = {n.node_id: n for n in board.nodes}
+        assert switch not in rows and f"switch:{switch}" not in rows  # no row for the switch
+        return {
+            n: [note for c in rows[n].cells.values() for note in c.notes if "model.switch" in note]
+            for n in behind
+        }
+
+    catalog = Catalog.load()
+    today = marked(collect(store, catalog, 1, END_MS + 1, [], today=found))
+    assert all(today.values())  # shown on each node behind the switch, as the rules' correlated
+    row = {k: congested[k] for k in ("finding_id", "rule_id", "node_id", "device", "severity", "level")}
+    store.insert_rows(
+        "findings",
+        [
+            {
+                **row,
+                "txn_id": "t1",
+                "confidence": congested["confidence"],
+                "message": congested["message"],
+                "evidence": congested["evidence"],
+                "first_seen": END_MS,
+                "last_seen": END_MS,
+                "status": "open",
+                "version": 1,
+            }
+        ],
+    )
+    stored = marked(collect(store, catalog, 1, END_MS + 1, [], evaluate=False))
+    assert all(stored.values())  # stored, it is shown so too
+
+
+def _ranks_on(nodes: list[int], step, comm, data) -> Ranks:
+    count = len(nodes)
+    x = np.zeros((count, STEPS, 3), np.float32)
+    x[:, :, 0], x[:, :, 1], x[:, :, 2] = (np.asarray(v, np.float32)[:, None] for v in (step, comm, data))
+    return Ranks(["1"] * count, [str(r) for r in range(count)], np.asarray(nodes), x, np.ones_like(x))
+
+
+def test_an_input_stall_on_every_rank_of_one_node_of_a_2x8_job_is_that_node_s() -> None:
+    """Regression: a job runs 8 ranks a node. When every rank of one node of a 2x8 job waits for its
+    input, half the job's ranks stand out: measured against all the ranks (the median fell between
+    the two nodes) and counted in ranks (8 of 16, more than a quarter) they were no culprit."""
+    nodes = [0] * 8 + [1] * 8
+    step = [400.0] * 16
+    data = [50.0] * 8 + [10.0] * 8  # node 0's ranks wait 40 ms longer for their input
+    comm = [60.0] * 8 + [100.0] * 8  # and node 1's wait 40 ms longer for them in the collective
+    culprits = judge_jobs(_ranks_on(nodes, step, comm, data)).culprits
+    assert [(c.rank, c.node, c.kind) for c in culprits] == [(str(r), 0, "input") for r in range(8)]
+    assert all(sorted(c.holds_back) == list(range(8, 16)) for c in culprits)
+    # one GPU that computes longer among its node's ranks is its rank alone
+    comm = [100.0] * 3 + [60.0] + [100.0] * 12
+    data = [10.0] * 16
+    (straggler,) = judge_jobs(_ranks_on(nodes, step, comm, data)).culprits
+    assert (straggler.rank, straggler.kind, len(straggler.holds_back)) == ("3", "compute", 15)
+    # more than a quarter of one node's ranks, not all of them, computing longer: pipeline stages
+    comm = [60.0] * 3 + [100.0] * 5
+    assert judge_jobs(_ranks_on([0] * 8, [400.0] * 8, comm, [10.0] * 8)).culprits == []
+
+
+def test_a_node_s_stalled_ranks_are_one_finding_naming_them(graphs) -> None:
+    """Regression: each culprit rank was a finding of its own, all with the node's one finding id, so
+    a node whose 8 ranks stall wrote 8 rows of one finding in one cycle."""
+    scene = _scene(
+        "input_stall", 3, severity=(0.3, 0.3), onset=(30, 31), sizes=(2,), size_weights=(1.0,),
+        ranks_per_node=(8, 8), switches=(2, 2), per_switch=(8,),
+    )  # fmt: skip
+    truth = scene.truth
+    culprit = scene.node_ids[truth["node"]]
+    mates = [r for r, n in enumerate(scene.rank_node) if n == truth["node"]]
+    assert truth["ranks"] == [scene.rank_label[r] for r in mates] and len(mates) == 8
+    run = from_windows(graphs, scene.windows(), scene.topology)
+    named = [f for f in run.findings if f.rule_id == "model.job"]
+    assert [(f.node_id, f.job, f.ranks, f.layer) for f in named] == [
+        (culprit, truth["job"], truth["ranks"], "storage")
+    ]
+    first, last = truth["ranks"][0], truth["ranks"][-1]
+    assert named[0].detail.startswith(f"job {truth['job']}: ranks {first}-{last} on {culprit} slow 8 ranks")
+    assert len(named[0].held_back) == 8 and not set(named[0].held_back) & set(truth["ranks"])
+    assert _own_findings(scene, run.findings, truth["peers"]) == []
+
+
+def test_in_jobs_of_several_ranks_a_node_the_straggler_rank_is_named_alone(graphs) -> None:
+    scene = _scene(
+        "straggler", 4, severity=(0.3, 0.3), onset=(30, 31), sizes=(4,), size_weights=(1.0,),
+        ranks_per_node=(2, 8), switches=(2, 2), per_switch=(8,),
+    )  # fmt: skip
+    truth = scene.truth
+    per_node = np.bincount(scene.rank_node)
+    assert per_node.max() >= 2  # the generator places several ranks on a node
+    run = from_windows(graphs, scene.windows(), scene.topology)
+    named = [f for f in run.findings if f.rule_id == "model.job"]
+    culprit = scene.node_ids[truth["node"]]
+    assert [(f.node_id, f.job, f.ranks, f.layer) for f in named] == [
+        (culprit, truth["job"], [truth["rank"]], "compute")
+    ]
+    assert _own_findings(scene, run.findings, truth["peers"]) == []
+
+
+def test_healthy_fleets_of_several_ranks_a_node_get_no_job_or_switch_finding(graphs) -> None:
+    for seed in range(4):
+        scene = _scene("healthy", 200 + seed, lifecycle=0.6, checkpoint=0.6, ranks_per_node=(2, 8))
+        run = from_windows(graphs, scene.windows(), scene.topology)
+        assert [
+            f.detail or f.rule_id for f in run.findings if f.rule_id in ("model.job", "model.switch")
+        ] == []

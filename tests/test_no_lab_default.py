@@ -62,3 +62,15 @@ def test_a_store_with_no_data_at_all_is_unknown_without_an_inventory_too(tmp_dsn
     assert run.returncode == 1, run.stderr
     assert "UNKNOWN fleet: no data from any node in database stethoscope" in run.stdout
     assert "healthy" not in run.stdout
+
+
+def test_summary_reads_an_empty_store_as_diagnose_does(tmp_path, tmp_dsn):
+    """Regression guard (a fresh-clone trial): `summary` said "no metric rows stored yet" where
+    `diagnose` gave a critical UNKNOWN fleet: one reading of "unhealthy", not two."""
+    with Store(tmp_dsn) as store:
+        store.init_schema()
+    hosts = inventory(tmp_path)
+    run = cli("--dsn", tmp_dsn, "summary", "--no-model", "--inventory", str(hosts))
+    assert run.returncode == 0, run.stderr
+    assert "unknown.fleet (critical): UNKNOWN fleet: no data from any of the 8 nodes" in run.stdout
+    assert all(f"node0{n}" in run.stdout for n in range(1, 9))  # every host, none of which reported

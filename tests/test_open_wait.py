@@ -1,6 +1,7 @@
 """Waiting for a busy embedded database (issue 20): the writer honours STETHOSCOPE_OPEN_WAIT like every
-other open, and the holder is named while a stethoscope process holds the database, even after a
-second handle of that process (a collector's writer, each second) opened and closed it."""
+other open, within half its write timeout (a write never outlasts its timeout), and the holder is
+named while a stethoscope process holds the database, even after a second handle of that process (a
+collector's writer, each second) opened and closed it."""
 
 from __future__ import annotations
 
@@ -34,11 +35,23 @@ def test_the_writer_spools_at_once_with_open_wait_0(tmp_path, monkeypatch):
     assert took < 3, took
 
 
-def test_the_writer_waits_as_long_as_open_wait_says(tmp_path, monkeypatch):
+def test_the_writer_waits_as_long_as_open_wait_says_within_half_its_timeout(tmp_path, monkeypatch):
     monkeypatch.setenv("STETHOSCOPE_OPEN_WAIT", "30")
-    with database_held_elsewhere(tmp_path / "db", seconds=8):
-        report = Writer(f"chdb://{tmp_path / 'db'}", tmp_path / "spool", timeout=5).write(batch())
+    with database_held_elsewhere(tmp_path / "db", seconds=6):
+        report = Writer(f"chdb://{tmp_path / 'db'}", tmp_path / "spool", timeout=30).write(batch())
     assert report.error is None and report.stored == 1, report
+
+
+def test_open_wait_never_stretches_a_write_past_its_timeout(tmp_path, monkeypatch):
+    """Regression: with STETHOSCOPE_OPEN_WAIT=30 a callback whose timeout is 10 s blocked ~35 s per
+    flush: a sink that hangs must not stall the play. The writer waits min(open wait, timeout / 2)."""
+    monkeypatch.setenv("STETHOSCOPE_OPEN_WAIT", "30")
+    with database_held_elsewhere(tmp_path / "db"):
+        started = time.monotonic()
+        report = Writer(f"chdb://{tmp_path / 'db'}", tmp_path / "spool", timeout=4).write(batch())
+        took = time.monotonic() - started
+    assert report.spooled == 1 and "in use by another process" in (report.error or ""), report
+    assert took < 6, took
 
 
 def test_a_stethoscope_holder_is_named_after_its_writer_closed_a_second_handle(tmp_path):

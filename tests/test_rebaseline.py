@@ -75,4 +75,4 @@ def test_a_fleet_wide_upgrade_is_one_plan_per_class(store):
     store.insert_rows("facts", facts)
     plans = changed_nodes_by_class(store, start - 1)
     assert [(p.class_fingerprint, p.nodes) for p in plans] == [("a", ["n1", "n2", "n3"]), ("b", ["n4"])]
-    assert plans[0].command == "ansible-playbook playbooks/baseline.yml --limit n1,n2,n3"
+    assert plans[0].command == "ansible-playbook -i INVENTORY playbooks/baseline.yml --limit n1,n2,n3"

@@ -24,7 +24,13 @@ from stethoscope.timeutil import now_ms
 
 from conftest import TOP
 
-AT = now_ms() - 5_000
+
+def at_ms() -> int:
+    """The evaluation instant: now, give or take the seconds a test takes (an instant taken at import
+    goes stale in a long suite, and serve evaluates at the time it runs)."""
+    return now_ms() - 5_000
+
+
 SECRET = b"rule-failure-secret-0123456789"
 
 BITS = """
@@ -62,7 +68,7 @@ def rule_dir(tmp_path, **files: str):
 def diagnose(dsn, rules, *extra):
     command = [
         sys.executable, "-m", "stethoscope.cli", "--dsn", dsn, "diagnose", "--json", "--no-model",
-        "--rules", str(rules), "--at", str(AT / 1000), *extra,
+        "--rules", str(rules), "--at", str(at_ms() / 1000), *extra,
     ]  # fmt: skip
     return subprocess.run(command, capture_output=True, text=True, cwd=TOP, check=False)
 
@@ -72,7 +78,7 @@ def seed(dsn, *rows):
         store.init_schema()
         batch = MetricColumns()
         for node, metric, device, value in rows:
-            batch.append(node, metric, device, {}, value, AT - 1000)
+            batch.append(node, metric, device, {}, value, at_ms() - 1000)
         store.insert_metrics(batch)  # straight into the table: past every entry's checks
 
 
@@ -110,7 +116,7 @@ def test_a_rule_whose_query_fails_is_a_rule_failed_finding_and_the_others_findin
     assert len(failed["message"]) <= 300 and set(failed["actions"]) <= {"log", "alert"}
     text = subprocess.run(
         [sys.executable, "-m", "stethoscope.cli", "--dsn", tmp_dsn, "diagnose", "--no-model",
-         "--rules", str(rules), "--at", str(AT / 1000)],
+         "--rules", str(rules), "--at", str(at_ms() / 1000)],
         capture_output=True, text=True, cwd=TOP, check=False,
     )  # fmt: skip
     assert text.returncode == 1 and "rule_failed" in text.stdout and "Traceback" not in text.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass
 
@@ -23,10 +24,11 @@ METRIC = "node_fingerprint_changes_total"
 class Plan:
     class_fingerprint: str
     nodes: list[str]
+    inventory: str = "INVENTORY"  # ansible.cfg names none: the command says which
 
     @property
     def command(self) -> str:
-        return f"ansible-playbook playbooks/baseline.yml --limit {','.join(self.nodes)}"
+        return f"ansible-playbook -i {self.inventory} playbooks/baseline.yml --limit {','.join(self.nodes)}"
 
 
 def changed_nodes_by_class(store: Store, since_ms: int) -> list[Plan]:
@@ -55,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--since-hours", type=float, default=24.0)
     parser.add_argument("--dsn")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--inventory", default=os.environ.get("STETHOSCOPE_INVENTORY") or "INVENTORY", help="for the commands"
+    )
     args = parser.parse_args(argv)
     if args.since_hours <= 0:
         print("plan: --since-hours must be positive", file=sys.stderr)
@@ -62,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Store(args.dsn) as store:
             plans = changed_nodes_by_class(store, now_ms() - int(args.since_hours * 3600_000))
+        for plan in plans:
+            plan.inventory = args.inventory
     except StoreError as exc:
         print(f"plan: {exc}", file=sys.stderr)
         return 3

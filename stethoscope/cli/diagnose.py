@@ -20,7 +20,7 @@ from stethoscope.diagnosis.model import ModelUse, level_of
 from stethoscope.diagnosis.rules import LoadResult, load_rules
 from stethoscope.diagnosis.ruleset import RuleSet
 from stethoscope.diagnosis.unknown import Fleet
-from stethoscope.inventory import Inventory, load_inventory
+from stethoscope.inventory import NO_INVENTORY, Inventory, load_inventory
 from stethoscope.paths import rules_dir
 from stethoscope.remediation.cycle import CycleResult, Cycles, render_result, worst
 from stethoscope.remediation.lock import LockHeld
@@ -42,12 +42,6 @@ def _overrides(pairs: list[str]) -> dict[str, Any] | None:
             return None
         overrides[key.strip()] = value
     return overrides
-
-
-NO_INVENTORY = (
-    "needs an inventory: --inventory INV or STETHOSCOPE_INVENTORY=INV (there is no default: "
-    "`make demo` names the lab's, inventories/lab/hosts.yml)"
-)
 
 
 def inventory_of(args: argparse.Namespace, required: bool = False, command: str = "") -> Inventory | None:
@@ -98,12 +92,18 @@ def executor_factory(args: argparse.Namespace, inventory: Inventory | None):
     if not args.execute or inventory is None:
         return None
     from stethoscope.paths import default_spool_dir
-    from stethoscope.remediation.executor import Context
+    from stethoscope.remediation.executor import Context, Settings
+    from stethoscope.store.dsn import ConfigError
 
     overrides = _overrides(args.extra_var)
     if overrides is None:
         raise SystemExit(EXIT_USAGE)
     spool_dir = args.spool_dir or default_spool_dir()
+    try:  # a bad setting stops the command now, not every cycle of a long-running one
+        Settings.of(Context(args.dsn or "", args.database, inventory, overrides, spool_dir=spool_dir))
+    except ConfigError as exc:
+        _say(f"{args.command}: {exc}")
+        raise SystemExit(EXIT_USAGE) from None
     return lambda dsn, database: Context(dsn, database, inventory, overrides, spool_dir=spool_dir)
 
 
@@ -310,25 +310,15 @@ def verify_command(args: argparse.Namespace) -> int:
 
 def _record_resume(args: argparse.Namespace) -> int:
     """verify.yml resumed the node: the drain of this txn ends and its findings are resolved."""
-    from stethoscope.remediation.ledger import RESUME, Ledger
+    from stethoscope.remediation.ledger import RESUME, Ledger, note_row
 
     with Store(args.dsn, args.database) as store:
         ledger = Ledger(store)
         if ledger.drain_of(args.node, args.txn) is None:
             _say(f"verify: no drain of {args.node} under txn {args.txn} on record; nothing resumed")
             return EXIT_FINDINGS
-        now = now_ms()
-        row = {
-            "txn_id": args.txn,
-            "finding_id": "",
-            "action": RESUME,
-            "target": args.node,
-            "status": "ok",
-            "detail": {"by": "verify"},
-            "started_at": now,
-            "finished_at": now,
-        }
-        ledger.write_action(row, now)
-        ledger.resolve_txn(args.txn, now)
+        row = note_row(args.txn, RESUME, args.node, {"by": "verify"})
+        ledger.write_action(row, row["finished_at"])
+        ledger.resolve_txn(args.txn, row["finished_at"])
     print(json.dumps({"node": args.node, "txn_id": args.txn, "resumed": True}, sort_keys=True))
     return EXIT_OK

@@ -54,7 +54,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     audit.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
     audit.add_argument("--inventory", type=Path, help="use its report intervals")
     audit.add_argument(
-        "--model", type=Path, metavar="JSON", help="the model's metadata (rules/models/core12.json)"
+        "--model",
+        type=Path,
+        metavar="JSON",
+        help="the model's metadata (default core12.json: the state folder's models/, else the shipped "
+        "rules/models/)",
     )
     audit.add_argument("--no-model", action="store_true", help="audit the rules alone")
 
@@ -108,14 +112,13 @@ def _add(args: argparse.Namespace) -> int:
 def _rule_layer(rule_id: str, rules_path: Path | None) -> str | None:
     from stethoscope.cli.diagnose import checked_rules
     from stethoscope.diagnosis.audit import MODEL_LAYERS
-    from stethoscope.diagnosis.engine import _metrics
 
     if rule_id in MODEL_LAYERS:
         return MODEL_LAYERS[rule_id][0]
     catalog = Catalog.load()
     for rule in checked_rules(rules_path, catalog, "fault confirm").rules:
         if rule.rule_id == rule_id:
-            return layer_of(catalog, _metrics(rule.when)[0])
+            return layer_of(catalog, rule.metrics[0])
     return None
 
 

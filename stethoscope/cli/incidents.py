@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                 Ledger(store).action_states([args.txn] if args.txn else None, args.status, since), args
             )
         if args.incidents_command is None:
-            return _list(incidents(store, args.all, args.node), args.json)
+            return _list(incidents(store, args.all, args.node), args.json, args.all)
         found = incident(store, args.txn)
         if found is None:
             return _usage(
@@ -100,12 +100,12 @@ def _user() -> str:
         return "unknown"
 
 
-def _list(found: list[Incident], as_json: bool) -> int:
+def _list(found: list[Incident], as_json: bool, every: bool = False) -> int:
     if as_json:
         print(json.dumps([i.as_dict() for i in found], indent=1))
         return EXIT_OK
     if not found:
-        print("no open incidents")
+        print("no incidents recorded" if every else "no open incidents")
         return EXIT_OK
     head = f"{'TXN':<13} {'NODE':<14} {'DEVICE':<10} {'SEVERITY':<9} {'STATUS':<15}"
     print(f"{head} FIRST SEEN / LAST SEEN  RULES")
@@ -154,8 +154,11 @@ def _actions(states: list[ActionState], args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(entries, indent=1))
         return EXIT_OK
+    if not entries and args.txn:  # as `incidents show`: a transaction not on record is the user's error
+        print(f"stethoscope: actions: no actions of transaction {args.txn!r} on record", file=sys.stderr)
+        return EXIT_USAGE
     if not entries:
-        print("no actions recorded" + (" matching" if args.txn or args.status or args.since else ""))
+        print("no actions recorded" + (" matching" if args.status or args.since else ""))
     for e in entries:
         print(f"{e['started_at']}  {e['txn_id']:<13} {e['target']:<14} {_line(e)}")
     return EXIT_OK

@@ -153,7 +153,8 @@ def model_options(parser: argparse.ArgumentParser) -> None:
         "--model",
         type=Path,
         metavar="JSON",
-        help="the learned model's metadata, its graphs beside it (default rules/models/core12.json)",
+        help="the learned model's metadata, its graphs beside it (default core12.json: the state "
+        "folder's models/ where `model finetune` wrote it, else the shipped rules/models/)",
     )
     parser.add_argument(
         "--no-model", action="store_true", help="rules only: without the learned model's findings"
@@ -311,7 +312,14 @@ def _spool_replay(args: argparse.Namespace, spool_dir: Path) -> int:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from stethoscope.cli.diagnose import catalog_for, checked_rules, hosts_of, inventory_of, model_of
+    from stethoscope.cli.diagnose import (
+        catalog_for,
+        checked_rules,
+        fleet_of,
+        hosts_of,
+        inventory_of,
+        model_of,
+    )
     from stethoscope.report.summary import initialised, render, summarize
     from stethoscope.timeutil import now_ms, to_ms
 
@@ -334,7 +342,9 @@ def _summary(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-        print(render(summarize(store, catalog, rules, at_ms, hosts_of(inventory), model)))
+        print(
+            render(summarize(store, catalog, rules, at_ms, hosts_of(inventory), model, fleet_of(inventory)))
+        )
     return EXIT_OK
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
 from stethoscope.model.metadata import DEFAULT_NAME, ModelError, ModelMeta, load, metadata_path, models_dir
+from stethoscope.paths import own_models_dir
 
 COMMANDS = ("model",)
 
@@ -65,7 +66,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     finetune.add_argument(
         "--min-faults", type=int, default=10, help="with --from-faults: faults needed to tune the heads (10)"
     )
-    finetune.add_argument("--out", type=Path, help="write the tuned model here (default: in place)")
+    finetune.add_argument(
+        "--out",
+        type=Path,
+        help="write the tuned model here (default: the state folder's models/, which diagnose, watch "
+        "and serve read before the shipped model)",
+    )
 
     info = sub.add_parser("info", help="features, classes, thresholds, scores, data and history")
     _model_option(info)
@@ -76,7 +82,8 @@ def _model_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=DEFAULT_NAME,
-        help=f"a name in rules/models or a .json file (default {DEFAULT_NAME})",
+        help=f"a name (the state folder's models/ first, then the shipped rules/models) or a .json file "
+        f"(default {DEFAULT_NAME})",
     )
 
 
@@ -225,7 +232,8 @@ def _finetune(args: argparse.Namespace) -> int:
         raise ModelError(f"--episodes {args.episodes}: no episodes of hardware class {args.hw_class!r}")
     with tempfile.TemporaryDirectory(prefix="stethoscope-episodes-") as scratch:
         old = dataset.regenerate(meta, Path(scratch))
-        result = finetune.finetune(meta, args.hw_class, new.episodes, old.episodes, args.out, args.faults)
+        out = args.out or own_models_dir()
+        result = finetune.finetune(meta, args.hw_class, new.episodes, old.episodes, out, args.faults)
     print(finetune.render(result, args.hw_class))
     return EXIT_OK
 
@@ -241,7 +249,8 @@ def _finetune_from_faults(args: argparse.Namespace) -> int:
         store.ensure_schema()
         if len(from_store.list_faults(store)) >= args.min_faults:
             training("train").require_torch()  # tuning the heads will need it: say so before reading
-        result = from_store.finetune_from_faults(meta, store, args.out, args.days, args.min_faults)
+        out = args.out or own_models_dir()
+        result = from_store.finetune_from_faults(meta, store, out, args.days, args.min_faults)
     print(from_store.render(result))
     return EXIT_OK
 

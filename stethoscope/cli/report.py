@@ -30,7 +30,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     report.add_argument("--out", type=Path, help="write DIR/index.html (default: a terminal table)")
     report.add_argument("--days", type=int, default=7, help="days shown, ending today (default 7)")
     report.add_argument(
-        "--model", type=Path, metavar="JSON", help="the model's metadata (rules/models/core12.json)"
+        "--model",
+        type=Path,
+        metavar="JSON",
+        help="the model's metadata (default core12.json: the state folder's models/, else the shipped "
+        "rules/models/)",
     )
     report.add_argument("--no-model", action="store_true", help="today's column from the rules alone")
 

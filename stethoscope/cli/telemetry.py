@@ -13,10 +13,10 @@ from typing import Any
 
 from stethoscope.catalog import SWEEP_INTERVAL
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from stethoscope.inventory import Inventory, default_inventory
+from stethoscope.inventory import NO_INVENTORY, Inventory, default_inventory
 from stethoscope.paths import default_spool_dir, rules_dir, state_dir
 from stethoscope.store.client import Store, StoreError
-from stethoscope.store.dsn import ConfigError, is_embedded, redact
+from stethoscope.store.dsn import ConfigError, redact
 from stethoscope.store.writer import Writer
 from stethoscope.telemetry.keyring import Keyring, default_secret_path, keys_from_inventory, read_secret
 from stethoscope.telemetry.metric_set import MetricSet, MetricSetError, load_sets
@@ -57,7 +57,11 @@ def add_commands(commands: Any) -> None:
     serve.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
     serve.add_argument("--cycles", type=int, default=0, help="stop after N cycles (default: until stopped)")
     serve.add_argument(
-        "--model", type=Path, metavar="JSON", help="the model's metadata (rules/models/core12.json)"
+        "--model",
+        type=Path,
+        metavar="JSON",
+        help="the model's metadata (default core12.json: the state folder's models/, else the shipped "
+        "rules/models/)",
     )
     serve.add_argument("--no-model", action="store_true", help="rules only: without the learned model")
     serve.add_argument("--execute", action="store_true", help="carry out the actions (default: dry-run)")
@@ -108,27 +112,39 @@ def _inventory_path(args: argparse.Namespace) -> Path:
         return Path(named)
     if args.command == "agent":
         return default_inventory()
-    raise ConfigError(
-        "needs an inventory: --inventory INV or STETHOSCOPE_INVENTORY=INV (there is no default: "
-        "the lab's is inventories/lab/hosts.yml)"
-    )
+    raise ConfigError(NO_INVENTORY)
+
+
+# a keyring no datagram can pass: serve of a cluster whose nodes do not stream (no stethoscope_node_key)
+NO_STREAM_SECRET = b"no host streams"
 
 
 def _stream(args: argparse.Namespace) -> tuple[Keyring, dict[int, MetricSet]]:
     inventory = _inventory_path(args)
+    nodes = keys_from_inventory(inventory)
+    if not nodes and args.command == "serve":  # sweeps and diagnosis need no stream
+        print(
+            f"stethoscope: serve: inventory {inventory}: no host has a stethoscope_node_key: the 5-second "
+            "stream is off (sweeps and diagnosis run; playbooks/agent.yml starts the agents)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return Keyring({}, [NO_STREAM_SECRET]), {s.id: s for s in _sets(args).values()}
+    if not nodes:
+        raise ConfigError(f"inventory {inventory}: no host has a stethoscope_node_key: nothing can stream")
     lab = inventory.resolve() == default_inventory().resolve()
     secret_path = args.secret_file or default_secret_path()
     secrets = [read_secret(secret_path, create=lab and args.secret_file is None)]
     if args.previous_secret_file:
         secrets.append(read_secret(args.previous_secret_file))
-    nodes = keys_from_inventory(inventory)
-    if not nodes:
-        raise ConfigError(f"inventory {inventory}: no host has a stethoscope_node_key: nothing can stream")
+    return Keyring(nodes, secrets), {s.id: s for s in _sets(args).values()}
+
+
+def _sets(args: argparse.Namespace) -> dict[str, MetricSet]:
     try:
-        sets = load_sets(args.metric_sets)
+        return load_sets(args.metric_sets)
     except MetricSetError as exc:
         raise ConfigError(str(exc)) from None
-    return Keyring(nodes, secrets), {s.id: s for s in sets.values()}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -293,6 +309,7 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
 def _sweeper(args: argparse.Namespace, inventory: Inventory, store: Store, spool_dir: Path) -> Any:
     """collect.yml at the inventory's cadence; its callback writes where serve reads, and spools into
     serve's spool while serve holds the embedded database (a short write timeout: no sweep waits)."""
+    from stethoscope.remediation.actions.playbook import playbook_environment
     from stethoscope.serve.sweeps import Sweeper
 
     interval = args.sweep_interval or inventory.settings.get("stethoscope_sweep_interval") or SWEEP_INTERVAL
@@ -302,10 +319,6 @@ def _sweeper(args: argparse.Namespace, inventory: Inventory, store: Store, spool
         interval = 0
     if interval <= 0:
         raise ConfigError(f"sweep interval {interval!r}: a positive number of seconds")
-    envvars = {"STETHOSCOPE_DSN": store.dsn, "STETHOSCOPE_SPOOL_DIR": str(spool_dir)}
-    envvars["STETHOSCOPE_DATABASE"] = store.database
-    if is_embedded(store.dsn):  # serve holds it for its whole life: no waiting for it
-        envvars["STETHOSCOPE_WRITE_TIMEOUT"] = "2"
-        envvars["STETHOSCOPE_OPEN_WAIT"] = "0"
+    envvars = playbook_environment(store.dsn, store.database, spool_dir)
     batch = str(inventory.settings.get("stethoscope_sweep_batch") or "100%")
-    return Sweeper(inventory.path, interval, envvars, batch=batch)
+    return Sweeper(inventory.path, interval, envvars, hosts=sorted(inventory.hosts), batch=batch)

@@ -26,7 +26,6 @@ from typing import Any
 
 from stethoscope.catalog import Catalog, layer_of
 from stethoscope.diagnosis.diagnose import diagnose
-from stethoscope.diagnosis.engine import _metrics
 from stethoscope.diagnosis.layers import CLASS_LAYERS
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.store.client import Store
@@ -48,7 +47,7 @@ UNREPLAYABLE = "not replayable"
 
 
 def rule_layers(rule: Rule, catalog: Catalog) -> set[str]:
-    return {layer_of(catalog, metric) for metric in _metrics(rule.when)}
+    return {layer_of(catalog, metric) for metric in rule.metrics}
 
 
 def finding_layers(finding: dict[str, Any], catalog: Catalog) -> set[str]:
@@ -189,7 +188,7 @@ def audit_fault(
     mine = [
         rule
         for rule in rules
-        if fault.layer in rule_layers(rule, catalog) and reported.intersection(_metrics(rule.when))
+        if fault.layer in rule_layers(rule, catalog) and reported.intersection(rule.metrics)
     ]
     layers = {rule.rule_id: rule_layers(rule, catalog) for rule in mine}
     result = FaultResult(fault, source)

@@ -5,9 +5,10 @@ sweeps every 2 to 10 minutes, with jitter and lost sweeps. A condition's interva
 the declared one (the catalog as the inventory sets it; the stream's period for a `source=stream`
 series, never the sweeps') and the spacing its metric's series have shown over the last hours
 (`metrics_hourly`, as UNKNOWN learns it: the median spacing inside the hours that hold two samples
-or more; the slowest series of the metric speaks for it, so that no node's window is too short to
-hold its reports). `Cadence.fit` stretches each window to 3 reports at that interval and asks for
-its share of the reports the window expects (`Condition.at_cadence`).
+or more; of the inventory's nodes, the 90th percentile over the metric's series, so that the fleet's
+windows hold their reports and one node's late sweeps do not stretch them all). `Cadence.fit`
+stretches each window to 3 reports at that interval and asks for its share of the reports the window
+expects (`Condition.at_cadence`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from stethoscope.store.client import Store
 # Hours of metrics_hourly the learned cadence reads: recent enough to follow a changed sweep
 # interval within a few hours, long enough to hold several sweeps of a slow cadence.
 LEARN_HOURS = 6
+# The spacing of a metric is that of its series at this quantile: most of the fleet's windows hold
+# their reports, and one node's late or failing sweeps do not stretch every node's windows (its own
+# findings are held by the hysteresis, and UNKNOWN speaks when it falls silent).
+SPREAD = 0.9
 _HOUR_MS = 3_600_000
 
 # Never UNKNOWN, and not learned: training-job metrics (a job that ends stops reporting), benchmark
@@ -75,26 +80,27 @@ def hour_params(at_ms: int, hours_back: int) -> dict[str, int]:
     }
 
 
-def learned_intervals(store: Store, at_ms: int, hours: int = LEARN_HOURS) -> dict[tuple[str, bool], float]:
-    """(metric, from the stream) -> the spacing in seconds of its slowest series, among the series
-    that showed theirs (two samples or more in at least half of their hours) in the last `hours`."""
+def learned_intervals(
+    store: Store, at_ms: int, nodes: Sequence[str] | None = None, hours: int = LEARN_HOURS
+) -> dict[tuple[str, bool], float]:
+    """(metric, from the stream) -> the spacing in seconds its series show (the SPREAD quantile over
+    the series that showed theirs: two samples or more in at least half of their hours) in the last
+    `hours`, of `nodes` only where given (another cluster sharing the database is not this one)."""
+    where = "WHERE has({nodes:Array(String)}, node_id)" if nodes is not None else ""
     per_series = (
         f"SELECT metric_name, source = 'stream' AS stream, {SPACING_SQL} AS spacing "
-        f"FROM ({hours_sql(store.database)}) GROUP BY node_id, metric_name, device, source "
+        f"FROM ({hours_sql(store.database)}) {where} GROUP BY node_id, metric_name, device, source "
         "HAVING countIf(n >= 2) * 2 >= count() AND countIf(n >= 2) > 0"
     )
+    params: dict[str, object] = {**hour_params(at_ms, hours), "spread": SPREAD}
+    if nodes is not None:
+        params["nodes"] = sorted(nodes)
     rows = store.query(
-        f"SELECT metric_name, stream, max(spacing) FROM ({per_series}) GROUP BY metric_name, stream",
-        hour_params(at_ms, hours),
+        f"SELECT metric_name, stream, quantileExact({{spread:Float64}})(spacing) FROM ({per_series}) "
+        "GROUP BY metric_name, stream",
+        params,
     )
     return {(str(metric), bool(stream)): float(spacing) for metric, stream, spacing in rows}
-
-
-def _conditions(group: Group) -> list[Condition]:
-    found: list[Condition] = []
-    for item in group.items:
-        found += _conditions(item) if isinstance(item, Group) else [item]
-    return found
 
 
 @dataclass
@@ -104,11 +110,12 @@ class Cadence:
     learned: dict[tuple[str, bool], float] = field(default_factory=dict)
 
     @classmethod
-    def learn(cls, store: Store, at_ms: int) -> Cadence:
-        """From the store; the declared intervals alone on a database from before metrics_hourly."""
+    def learn(cls, store: Store, at_ms: int, nodes: Sequence[str] | None = None) -> Cadence:
+        """From the store (of `nodes` only where given); the declared intervals alone on a database
+        from before metrics_hourly."""
         from stethoscope.diagnosis.engine import has_hourly_rollup
 
-        return cls(learned_intervals(store, at_ms) if has_hourly_rollup(store) else {})
+        return cls(learned_intervals(store, at_ms, nodes) if has_hourly_rollup(store) else {})
 
     def interval(self, condition: Condition) -> int:
         """The condition's interval: the declared one, or the spacing its series show if longer. A
@@ -135,8 +142,4 @@ class Cadence:
 def window_of(rule: Rule) -> int:
     """The longest window the rule reads (as fitted): how long its condition must stay clear on
     fresh data before its finding resolves."""
-    return max((c.window_seconds for c in _conditions(rule.when)), default=0)
-
-
-def conditions_of(rule: Rule) -> list[Condition]:
-    return _conditions(rule.when)
+    return max((c.window_seconds for c in rule.conditions), default=0)

@@ -248,7 +248,7 @@ def diagnose(
     `nodes` (an inventory's hosts), only those nodes' data is read; with a fleet (the inventory given),
     UNKNOWN also answers for its nodes that say nothing; with a model, its findings too, each beside
     the rule finding of its layer on its node where there is one (diagnosis.model)."""
-    cadence = cadence if cadence is not None else Cadence.learn(store, at_ms)
+    cadence = cadence if cadence is not None else Cadence.learn(store, at_ms, nodes)
     ordered = sorted(cadence.fit_all(rules), key=lambda r: r.rule_id)
     evaluation = evaluate_all(store, ordered, at_ms, nodes=nodes)
     findings = [

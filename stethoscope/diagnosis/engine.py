@@ -432,12 +432,6 @@ def _reach(item: Condition | Group) -> int:
     return item.window_seconds + item.history_seconds * (item.baseline == "node")
 
 
-def _metrics(item: Condition | Group) -> list[str]:
-    if isinstance(item, Condition):
-        return [item.metric]
-    return [metric for child in item.items for metric in _metrics(child)]
-
-
 def rule_query(
     rule: Rule,
     database: str,
@@ -450,7 +444,7 @@ def rule_query(
     """The one query that evaluates `rule` at `at_ms` over every node (or only `nodes`); `via="raw"`
     reads no rollup where the raw rows can answer (the answer is the same: the tests compare them)."""
     catalog = catalog or default_catalog()
-    kinds = {catalog.enclosing(metric) for metric in _metrics(rule.when)}
+    kinds = {catalog.enclosing(metric) for metric in rule.metrics}
     (outer,) = kinds if len(kinds) == 1 else (None,)
     builder = _Builder(database, at_ms, raw_ttl_seconds, nodes, rollup=via == "rollup")
     body = builder.node(rule.when, outer.pattern if outer else None)
@@ -473,9 +467,9 @@ def rule_query(
 
 def sample_counts(
     store: Store, condition: Condition, nodes: Sequence[str], at_ms: int, seconds: int
-) -> dict[str, int]:
-    """Per node of `nodes`, the samples (timestamps, each once) of the series `condition` reads in
-    the `seconds` before `at_ms`: what says whether fresh data stands behind a silence."""
+) -> dict[tuple[str, str], int]:
+    """Per node of `nodes` and device, the samples (timestamps, each once) of the series `condition`
+    reads in the `seconds` before `at_ms`: what says whether fresh data stands behind a silence."""
     builder = _Builder(store.database, at_ms, RAW_TTL_SECONDS, nodes)
     table = "bench_results" if condition.metric.startswith("bench_") else "metrics"
     where = [
@@ -485,11 +479,11 @@ def sample_counts(
         f"- toIntervalSecond({builder.param(seconds, 'UInt32')})",
     ]
     rows = store.query(
-        f"SELECT node_id, uniqExact(timestamp) FROM {store.database}.{table} WHERE {' AND '.join(where)} "
-        "GROUP BY node_id",
+        f"SELECT node_id, device, uniqExact(timestamp) FROM {store.database}.{table} "
+        f"WHERE {' AND '.join(where)} GROUP BY node_id, device",
         builder.params,
     )
-    return {str(node): int(count) for node, count in rows}
+    return {(str(node), str(device)): int(count) for node, device, count in rows}
 
 
 # stores already seen with metrics_hourly (the database each had then): once there, it stays

@@ -72,13 +72,6 @@ def _clear_samples(condition: Condition, seconds: int) -> int:
     return max(1, math.ceil(CLEAR_SHARE * seconds / max(interval, 1)))
 
 
-def _conditions(group: Group) -> list[Condition]:
-    found: list[Condition] = []
-    for item in group.items:
-        found += _conditions(item) if isinstance(item, Group) else [item]
-    return found
-
-
 def _covered(group: Group, enough: dict[Condition, set[str]], node: str) -> bool:
     """Whether the node's fresh data answers the group (an `any` needs one branch, `all` every one)."""
     results = (
@@ -96,25 +89,49 @@ def settle(store: Store, rule: Rule, silent: Iterable[Previous], at_ms: int) -> 
         return {}
     seconds = hold_seconds(rule)
     nodes = sorted({p.node_id for p in silent})
-    enough: dict[Condition, set[str]] = {}
-    some: set[str] = set()
-    for condition in _conditions(rule.when):
+    enough: dict[Condition, set[str]] = {}  # nodes with fresh data enough for each condition
+    per_device: dict[tuple[str, str], float] = {}  # (node, device) -> its best share of the reports due
+    for condition in rule.conditions:
         lookback = min(condition.window_seconds, HOLD_CAP_SECONDS)
         counts = sample_counts(store, condition, nodes, at_ms, lookback)
-        some.update(node for node, count in counts.items() if count > 0)
         needed = _clear_samples(condition, lookback)
-        enough[condition] = {node for node, count in counts.items() if count >= needed}
+        node_counts: dict[str, int] = {}
+        for (node, device), count in counts.items():
+            node_counts[node] = max(node_counts.get(node, 0), count)
+            per_device[(node, device)] = max(per_device.get((node, device), 0.0), count / needed)
+        enough[condition] = {node for node, count in node_counts.items() if count >= needed}
     verdicts = {}
     for previous in silent:
-        if previous.node_id not in some:
+        # the finding's own device (or one it encloses, or that encloses it) must still report: a GPU
+        # fallen off the bus is no healthy GPU, however well its node's other GPUs report
+        share = max(
+            (
+                s
+                for (node, device), s in per_device.items()
+                if node == previous.node_id and _related(device, previous.device)
+            ),
+            default=0.0,
+        )
+        if share == 0:
             verdicts[previous.finding_id] = STALE  # the data stopped: UNKNOWN speaks, nothing resolves
         elif at_ms - previous.last_seen_ms < seconds * 1000:
             verdicts[previous.finding_id] = HELD  # not clear for a whole window yet
-        elif _covered(rule.when, enough, previous.node_id):
+        elif share >= 1 and _covered(rule.when, enough, previous.node_id):
             verdicts[previous.finding_id] = RESOLVED
         else:
             verdicts[previous.finding_id] = HELD  # sweeps late or lost: too little data to call it clear
     return verdicts
+
+
+def _related(device: str, finding_device: str) -> bool:
+    """Whether `device`'s rows speak for the finding's device: it, a part of it (gpu2/link3 of gpu2)
+    or what it is part of (mlx5_0 of mlx5_0/1); any device for a node-level finding."""
+    return (
+        not finding_device
+        or device == finding_device
+        or device.startswith(f"{finding_device}/")
+        or finding_device.startswith(f"{device}/")
+    )
 
 
 def settle_all(store: Store, rules: Sequence[Rule], silent: Iterable[Previous], at_ms: int) -> dict[str, str]:

@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.engine import _metrics
 from stethoscope.diagnosis.layers import CLASS_LAYERS, layer_of
 from stethoscope.diagnosis.rules import Action, Rule
 from stethoscope.model.findings import STOPPED, SWEPT, UNKNOWN_CLASS, ModelFinding, run_model
 from stethoscope.model.metadata import FEATURES, ModelMeta
-from stethoscope.model.relative import SWITCH_RULE
+from stethoscope.model.relative import JOB_RULE, SWITCH_RULE, switch_id
 from stethoscope.store.client import Store
 from stethoscope.timeutil import iso
 
@@ -101,7 +100,7 @@ def finding_dicts(
 
     run = run_model(store, at_ms, nodes, use.meta)
     use.evaluated, use.ran, use.unjudged, use.error = set(run.evaluated), True, dict(run.unjudged), ""
-    use.evaluated |= set(run.switches)  # model.switch findings are the switch's: they resolve too
+    use.evaluated |= {switch_id(s) for s in run.switches}  # the switches' findings resolve too
     out = []
     for f in run.findings:
         # a switch is no host: its finding alerts (L2) at most, whatever the inventory raises models to
@@ -109,7 +108,7 @@ def finding_dicts(
         plan = LEVEL_ACTIONS[level]
         out.append(
             {
-                "finding_id": finding_id(f.rule_id, f.node_id, ""),
+                "finding_id": finding_id(f.rule_id, f.node_id, _identity(f)),
                 "rule_id": f.rule_id,
                 "node_id": f.node_id,
                 "device": "",
@@ -135,8 +134,14 @@ def finding_dicts(
     return out
 
 
+def _identity(f: ModelFinding) -> str:
+    """What tells a model finding from another of its rule on its node, beside them in its id: a
+    node hosts ranks of two jobs, each job's culprits there are a finding of their own."""
+    return f"job {f.job}" if f.rule_id == JOB_RULE else ""
+
+
 def rule_layer(rule: Rule, catalog: Catalog | None) -> str:
-    metrics = _metrics(rule.when)
+    metrics = rule.metrics
     return layer_of(catalog, metrics[0]) if metrics else "compute"
 
 
@@ -144,7 +149,7 @@ def rule_class(rule: Rule, catalog: Catalog | None) -> str:
     """The model class a rule speaks for: that of the model feature its metric is (a counter's
     `_total` is its `_per_second` feature: AER is communication to the model, whatever its catalog
     band), else the class of its catalog band."""
-    for metric in _metrics(rule.when):
+    for metric in rule.metrics:
         base = metric.removesuffix("_total").removesuffix("_per_second")
         for feature in FEATURES:
             if feature.metric.removesuffix("_per_second") == base:

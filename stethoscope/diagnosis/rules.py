@@ -192,6 +192,22 @@ class Rule:
     # rules of one family (an early-warning trend and its hard limit) share a finding's transaction
     family: str | None = None
 
+    @property
+    def conditions(self) -> list[Condition]:
+        """Every condition of the rule, however its groups nest."""
+        return conditions(self.when)
+
+    @property
+    def metrics(self) -> list[str]:
+        """The metric of each condition, in the rule's order (the first is the rule's own)."""
+        return [condition.metric for condition in self.conditions]
+
+
+def conditions(item: Condition | Group) -> list[Condition]:
+    if isinstance(item, Condition):
+        return [item]
+    return [found for child in item.items for found in conditions(child)]
+
 
 @dataclass
 class LoadResult:

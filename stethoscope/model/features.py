@@ -13,14 +13,13 @@ feature from the rate between the sweep's samples of the matching `_total` count
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from stethoscope.catalog import default_catalog
 from stethoscope.model.metadata import FEATURES, STEP_SECONDS, STEPS, Feature, ModelMeta
-from stethoscope.model.ranks import Ranks, rank_windows
+from stethoscope.model.ranks import Ranks, label_value, rank_windows
 from stethoscope.store.client import Store
 
 STREAM_HOLD_MS = 15_000
@@ -185,7 +184,7 @@ def read_windows(
     streamed[rows.node[rows.part == NODE]] = True  # index -1 (a node not asked for) lands on the spare
     current = np.zeros(len(node_ids) + 1, dtype=bool)
     current[rows.node[(rows.part == NODE) & (rows.ts > int(at_ms) - STREAM_CURRENT_MS)]] = True
-    hw = _hw_classes(store, node_ids, nodes is not None)
+    hw = hw_classes(store, node_ids, nodes is not None)
     n = len(node_ids)
     on_job = rows.part == JOB
     ranks = rank_windows(
@@ -348,17 +347,13 @@ def _jobs(rows: _Rows, series_names: list[str], n: int) -> list[str]:
     order = index[np.lexsort((rows.ts[index], rows.node[index]))]
     newest = order[np.r_[rows.node[order][1:] != rows.node[order][:-1], True]]
     for node, code in zip(rows.node[newest], rows.series[newest], strict=True):
-        jobs[node] = _label(series_names[code], "job")
+        jobs[node] = label_value(series_names[code], "job")
     return jobs
 
 
-def _label(labels_key: str, name: str) -> str:
-    """One label of a labels_key (ClickHouse's toString of the sorted map: {'job':'7','rank':'0'})."""
-    match = re.search(r"'%s':'((?:[^'\\]|\\.)*)'" % re.escape(name), labels_key)
-    return match.group(1).replace("\\'", "'") if match else ""
-
-
-def _hw_classes(store: Store, node_ids: list[str], filtered: bool) -> list[str]:
+def hw_classes(store: Store, node_ids: list[str], filtered: bool) -> list[str]:
+    """Each node's GPU class: the GPU models of its class fingerprint, "" where it has none yet.
+    `filtered`: read these nodes' fingerprints only (else every node's)."""
     params: dict = {}
     where = ""
     if filtered:

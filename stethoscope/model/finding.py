@@ -10,8 +10,8 @@ from typing import Any
 @dataclass
 class ModelFinding:
     # model.communication | model.storage | model.compute | model.outlier (a node's own window);
-    # model.job (the culprit rank of a job) | model.switch (congestion behind a switch: node_id is
-    # the switch)
+    # model.job (a job's culprit ranks on one node) | model.switch (congestion behind a switch:
+    # node_id is `switch:<name>`, as the rules' correlated findings name a switch)
     rule_id: str
     node_id: str
     layer: str  # the fault class it speaks for: communication, storage, compute
@@ -23,8 +23,8 @@ class ModelFinding:
     model: str = ""
     model_version: str = ""
     detail: str = ""  # model.job / model.switch: what it found, in words
-    job: str = ""  # model.job: the job and the culprit rank
-    rank: str = ""
+    job: str = ""  # model.job: the job, and its culprit ranks on the node (several: the node's fault)
+    ranks: list[str] = field(default_factory=list)
     held_back: list[str] = field(default_factory=list)  # model.job: the ranks waiting for it
     nodes: list[str] = field(default_factory=list)  # model.switch: the nodes behind it that wait
     jobs: list[str] = field(default_factory=list)  # model.switch: the jobs crossing it
@@ -46,7 +46,7 @@ class ModelFinding:
         }
         extra = {
             "job": self.job,
-            "rank": self.rank,
+            "ranks": self.ranks,
             "held_back": self.held_back,
             "nodes": self.nodes,
             "jobs": self.jobs,

@@ -8,12 +8,17 @@ What tells the culprit from its peers is how each rank spends the shared step:
 Per job (at least MIN_RANKS ranks sending their step, collective and input times) and per recent
 step, each rank's compute (step - collective - input), input wait and collective time less the
 median of the job's ranks at that step, as a share of the step's median; per rank the median of
-those over the recent steps (a checkpoint or a hiccup of a step or two moves no median); across the
-job's ranks a robust z-score: (value - median) / max(1.4826 MAD, FLOOR). A culprit is a rank whose
-compute or input stands out by Z and by at least SHARE of the step, while its collective time is
-lower than its peers' by at least half that (it holds them back, it does not wait with them); it
-holds back the ranks whose collective time exceeds its own by half its excess. More than a quarter
-of a job's ranks standing out is not a culprit but a job whose ranks differ (pipeline stages).
+those over the recent steps (a checkpoint or a hiccup of a step or two moves no median); against its
+reference a robust z-score: (value - median) / max(1.4826 MAD, FLOOR). A rank's reference is the
+job's ranks on other nodes and itself: a job runs several ranks a node (8 on an 8-GPU node), and a
+node's fault (its disk, its NFS mount) holds all of them, which in a job of two nodes would set the
+median itself; with one rank a node, and for a job on one node, it is all the job's ranks. A
+culprit is a rank whose compute or input stands out by Z and by at least SHARE of the step, while
+its collective time is lower than its peers' by at least half that (it holds them back, it does not
+wait with them); it holds back the ranks whose collective time exceeds its own by half its excess.
+More than a quarter of a job standing out is not a culprit but a job whose ranks differ (pipeline
+stages), counted in nodes (culprits on more than a quarter of the job's nodes) and, on a node, in
+ranks (more than a quarter of its ranks of the job, unless all of them: the node's own fault).
 
 Deterministic, numpy only, no training: beside the ONNX graphs, each is measured against the other
 (`stethoscope model evaluate`, benchmarks/model_jobs.py)."""
@@ -21,6 +26,7 @@ Deterministic, numpy only, no training: beside the ONNX graphs, each is measured
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,10 +68,6 @@ class JobJudgement:
     z: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def _median(values: np.ndarray, axis: int) -> np.ndarray:
-    return nanmedian(values, axis)
-
-
 def robust_z(values: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
     """(z, excess): each value's distance from the median, in units of max(1.4826 MAD, floor)."""
     centre = float(np.median(values))
@@ -101,17 +103,14 @@ def judge_jobs(ranks: Ranks, recent: int = RECENT) -> JobJudgement:
         chosen = parts[members]  # [r, T, 4]
         per_step = (~np.isnan(chosen[:, :, 0])).sum(axis=0) >= MIN_RANKS
         chosen = np.where(per_step[None, :, None], chosen, np.nan)
-        scale = _median(chosen[:, :, 3], axis=0)  # the step's median across ranks [T]
-        centre = _median(chosen[:, :, :3], axis=0)  # [T, 3]
+        scale = nanmedian(chosen[:, :, 3], axis=0)  # the step's median across ranks [T]
+        centre = nanmedian(chosen[:, :, :3], axis=0)  # [T, 3]
         with np.errstate(invalid="ignore", divide="ignore"):
             share = (chosen[:, :, :3] - centre[None]) / scale[None, :, None]
-        level = _median(share, axis=1)  # [r, 3]
+        level = nanmedian(share, axis=1)  # [r, 3]
         if np.isnan(level).any():
             continue
-        z = np.zeros_like(level)
-        excess = np.zeros_like(level)
-        for k in range(3):
-            z[:, k], excess[:, k] = robust_z(level[:, k], FLOOR)
+        z, excess = _against_reference(level, ranks.node[members])
         out.judged[job] = list(members)
         out.z[job] = z
         found = []
@@ -147,9 +146,44 @@ def judge_jobs(ranks: Ranks, recent: int = RECENT) -> JobJudgement:
                     len(members),
                 )
             )
-        if found and len(found) <= max(1, len(members) // 4):
+        if found and _few(found, ranks.node[members]):
             out.culprits.extend(found)
     return out
+
+
+def _against_reference(level: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(z, excess) [r, 3] of a job's ranks' levels [r, 3], each against its reference: the ranks on
+    other nodes and itself, where its node hosts others of the job and MIN_RANKS or more are left;
+    else all the job's ranks (one rank a node: exactly the job's robust z)."""
+    z = np.empty_like(level)
+    excess = np.empty_like(level)
+    for k in range(3):
+        z[:, k], excess[:, k] = robust_z(level[:, k], FLOOR)
+    hosts, count = np.unique(nodes, return_counts=True)
+    for node in hosts[(count > 1) & (len(nodes) - count + 1 >= MIN_RANKS)]:
+        rows = np.flatnonzero(nodes == node)
+        others = level[nodes != node]
+        # [its ranks, the others + itself, 3]: one reference per rank of the node
+        reference = np.concatenate(
+            [np.broadcast_to(others, (len(rows), *others.shape)), level[rows][:, None, :]], axis=1
+        )
+        centre = np.median(reference, axis=1)
+        scale = np.maximum(1.4826 * np.median(np.abs(reference - centre[:, None, :]), axis=1), FLOOR)
+        excess[rows] = level[rows] - centre
+        z[rows] = excess[rows] / scale
+    return z, excess
+
+
+def _few(found: list[Culprit], nodes: np.ndarray) -> bool:
+    """Culprits on at most a quarter of the job's nodes (at least one), and on each of those nodes
+    all the job's ranks there or at most a quarter of them (at least one)."""
+    job_nodes = Counter(nodes.tolist())
+    on = Counter(c.node for c in found)
+    if len(on) > max(1, len(job_nodes) // 4):
+        return False
+    return all(
+        count == job_nodes[node] or count <= max(1, job_nodes[node] // 4) for node, count in on.items()
+    )
 
 
 def stands_out(
@@ -162,15 +196,15 @@ def stands_out(
     values = np.where(seen, x_norm[:, -recent:, :], np.nan)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a feature a node never sent recently
-        level = np.nanmean(values, axis=1)  # [N, F]
+        level = np.nanmean(values, axis=1).astype(np.float64)  # [N, F]
     out = np.zeros(level.shape, dtype=bool)
     for members in groups:
         if len(members) < MIN_RANKS:
             continue
         block = level[members]
-        centre = _median(block, axis=0)
+        centre = nanmedian(block, axis=0)
         deviation = np.abs(block - centre)
-        scale = np.maximum(1.4826 * np.nan_to_num(_median(deviation, axis=0)), 0.5)
+        scale = np.maximum(1.4826 * np.nan_to_num(nanmedian(deviation, axis=0)), 0.5)
         with np.errstate(invalid="ignore"):
             out[members] |= (deviation / scale >= Z) & (deviation >= 1.0) & counted[None, :]
     return out

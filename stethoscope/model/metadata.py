@@ -1,6 +1,7 @@
 """The learned model's metadata (`rules/models/<name>.json`, docs/design.md "Learned diagnosis"): the
 12 features and how each aggregates over a node's devices, their normalisation, the classes, the
-per-class thresholds, the graphs beside it and the scores it was shipped with.
+per-class thresholds, the graphs beside it and the scores it was shipped with. A model of that name
+that `model finetune` wrote into the state folder's models/ (paths.own_models_dir) is read first.
 
 A missing or damaged model is a configuration error (exit 2), never "healthy": `ModelError` says
 which file and what is wrong with it."""
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stethoscope.paths import models_dir as shipped_models_dir
+from stethoscope.paths import own_models_dir
 
 CLASSES = ("healthy", "communication", "storage", "compute")
 STEPS = 120
@@ -120,11 +122,17 @@ class ModelMeta:
 
 
 def models_dir() -> Path:
+    """The shipped models (where `model train` writes by default, in a checkout)."""
     return shipped_models_dir()
 
 
 def metadata_path(name: str = DEFAULT_NAME, directory: Path | None = None) -> Path:
-    return (directory or models_dir()) / f"{name}.json"
+    """The model `name` in `directory`; without one, the fine-tuned one in the state folder where it
+    is there, else the shipped one."""
+    if directory is not None:
+        return directory / f"{name}.json"
+    own = own_models_dir() / f"{name}.json"
+    return own if own.is_file() else models_dir() / f"{name}.json"
 
 
 def _require(data: dict, key: str, kind: type, where: Path) -> Any:

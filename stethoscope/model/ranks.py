@@ -9,6 +9,7 @@ as the node's features do; never zero-filled."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,13 @@ class Ranks:
         return cls([], [], np.zeros(0, np.int64), np.zeros(shape, np.float32), np.zeros(shape, np.float32))
 
 
+def label_value(labels_key: str, name: str) -> str:
+    """One label of a labels_key (ClickHouse's toString of the sorted map: {'job':'7','rank':'0'});
+    "" where it has none."""
+    match = re.search(r"'%s':'((?:[^'\\]|\\.)*)'" % re.escape(name), labels_key)
+    return match.group(1).replace("\\'", "'") if match else ""
+
+
 def rank_windows(
     node: np.ndarray,
     metric: np.ndarray,
@@ -49,8 +57,6 @@ def rank_windows(
 ) -> Ranks:
     """The job part's rows (node index, metric code, series code = labels_key, value, ts in ms) ->
     one window per (node, series) that carries a job and a rank label."""
-    from stethoscope.model.features import _label
-
     channel_of = np.array([TIMES.index(m) if m in TIMES else -1 for m in metric_names] + [-1])
     channel = channel_of[metric]
     keep = (node >= 0) & (channel >= 0)
@@ -62,8 +68,8 @@ def rank_windows(
     member = member.reshape(-1)
     pairs = np.stack([keys // width, keys % width])
     labels = [series_names[int(code)] for code in pairs[1]]
-    jobs = [_label(text, "job") for text in labels]
-    rank_labels = [_label(text, "rank") for text in labels]
+    jobs = [label_value(text, "job") for text in labels]
+    rank_labels = [label_value(text, "rank") for text in labels]
     count = pairs.shape[1]
     # bucket 0 holds what came before the window (carried into it), 1..STEPS the steps
     bucket = np.maximum(STEPS - 1 - (at_ms - ts) // (STEP_SECONDS * 1000) + 1, 0)

@@ -1,7 +1,10 @@
 """The fleet-relative layer over the graphs' node findings (docs/design.md "Learned diagnosis",
 issue 21): the job-relative detector's culprits (jobs.py) and the congested switches (switches.py)
 become findings of their own, and the graphs' findings on nodes that only wait for them are folded
-into them: an SRE is told which rank holds a job back, not sent to its waiting peers.
+into them: an SRE is told which rank holds a job back, not sent to its waiting peers. A job's
+culprit ranks on one node are one finding naming them (a node runs several ranks of a job: its disk
+stalls all of them); a congested switch's finding is the switch's, `switch:<name>` as the rules'
+correlated findings name it, never a node.
 
 A graph's finding on a node
 - that hosts a culprit rank: folded into the culprit's finding as agreement when it speaks for the
@@ -35,6 +38,7 @@ from stethoscope.model.switches import BASELINE, RISE, STEP_TIME, Congestion, co
 
 JOB_RULE = "model.job"
 SWITCH_RULE = "model.switch"
+SWITCH_PREFIX = "switch:"  # a switch's finding's node_id, as the rules' correlate_by: switch names it
 COMPUTE_NAME = "compute (step - collective - input)"
 SLOWED = 1.15
 # node features a job's own work sets (its load, its traffic): compared within a job only
@@ -95,13 +99,16 @@ def relative_findings(
     layer_of = np.array([f.layer for f in meta.features])
     out.stands_out = standing
 
-    culprits: dict[str, list[Culprit]] = {}
+    # a job's culprit ranks on one node: one finding naming them
+    on_node: dict[tuple[str, int], list[Culprit]] = {}
     for culprit in out.judgement.culprits:
-        culprits.setdefault(node_ids[culprit.node], []).append(culprit)
-    job_findings = {id(c): _culprit_finding(c, windows, node_ids) for c in out.judgement.culprits}
+        on_node.setdefault((culprit.job, culprit.node), []).append(culprit)
+    job_findings = {key: _culprit_finding(found, windows, node_ids) for key, found in on_node.items()}
+    culprits: dict[str, list[Culprit]] = {}
     by_job: dict[str, ModelFinding] = {}
-    for c in out.judgement.culprits:
-        by_job.setdefault(c.job, job_findings[id(c)])
+    for (job, node), found in on_node.items():
+        culprits.setdefault(node_ids[node], []).extend(found)
+        by_job.setdefault(job, job_findings[(job, node)])
     switch_findings = [_switch_finding(s, node_ids) for s in out.congestion]
     behind = {
         node: f
@@ -127,7 +134,7 @@ def relative_findings(
         if hosted:
             same = [c for c in hosted if c.layer == f.layer or f.rule_id == "model.outlier"]
             if same:
-                job_findings[id(same[0])].agrees.append(f"{f.rule_id} {f.confidence:.2f}")
+                job_findings[(same[0].job, same[0].node)].agrees.append(f"{f.rule_id} {f.confidence:.2f}")
                 out.folded.append(f)
                 continue
             kept.append(f)
@@ -163,7 +170,7 @@ def _rests_on(f: ModelFinding, standing: np.ndarray, layer_of: np.ndarray) -> bo
 def _slowed(x: np.ndarray, mask: np.ndarray, job_of: list[str]) -> dict[str, float]:
     """Per job: the median over its nodes of their step time's median in the last JOB_RECENT steps over
     that in the first BASELINE steps (jobs whose nodes sent too little: absent)."""
-    step = np.where(mask[:, :, STEP_TIME] > 0, x[:, :, STEP_TIME], np.nan)
+    step = np.where(mask[:, :, STEP_TIME] > 0, x[:, :, STEP_TIME].astype(np.float64), np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):  # a node without a step in either span
         ratio = nanmedian(step[:, -JOB_RECENT:], axis=1) / nanmedian(step[:, :BASELINE], axis=1)
     by_job: dict[str, list[float]] = {}
@@ -173,40 +180,71 @@ def _slowed(x: np.ndarray, mask: np.ndarray, job_of: list[str]) -> dict[str, flo
     return {job: float(np.median(values)) for job, values in by_job.items()}
 
 
-def _culprit_finding(c: Culprit, windows, node_ids: list[str]) -> ModelFinding:
-    node = node_ids[c.node]
-    held = sorted({windows.ranks.rank[i] for i in c.holds_back}, key=_rank_order)
-    what = "computes longer" if c.kind == "compute" else "waits longer for its input"
+def _culprit_finding(found: list[Culprit], windows, node_ids: list[str]) -> ModelFinding:
+    """One job's culprit ranks on one node: the finding names them all, in the words of the one that
+    stands out most."""
+    lead = max(found, key=lambda c: c.z)
+    node = node_ids[lead.node]
+    mine = sorted({c.rank for c in found}, key=_rank_order)
+    held = sorted({windows.ranks.rank[i] for c in found for i in c.holds_back} - set(mine), key=_rank_order)
+    computes, waits = ("computes longer", "waits longer for its input")
+    who, verb, them = f"rank {mine[0]}", "slows", "its peers, who wait for it"
+    if len(mine) > 1:
+        computes, waits = ("compute longer", "wait longer for their input")
+        who, verb, them = f"ranks {_rank_list(mine)}", "slow", "their peers, who wait for them"
+    what = computes if lead.kind == "compute" else waits
     detail = (
-        f"job {c.job}: rank {c.rank} on {node} slows {len(held)} ranks: {c.layer} ({what}, "
-        f"+{100 * c.excess:.0f} % of the step; {100 * c.waits_less:.0f} % less in the collective than "
-        f"its peers, who wait for it)"
+        f"job {lead.job}: {who} on {node} {verb} {len(held)} ranks: {lead.layer} ({what}, "
+        f"+{100 * lead.excess:.0f} % of the step; {100 * lead.waits_less:.0f} % less in the collective "
+        f"than {them})"
     )
     weights = {
-        COMPUTE_NAME: c.excess if c.kind == "compute" else 0.0,
-        "train_data_wait_ms": c.excess if c.kind == "input" else 0.0,
-        "train_allreduce_latency_ms": c.waits_less,
+        COMPUTE_NAME: lead.excess if lead.kind == "compute" else 0.0,
+        "train_data_wait_ms": lead.excess if lead.kind == "input" else 0.0,
+        "train_allreduce_latency_ms": lead.waits_less,
     }
     from stethoscope.model.explain import shares
 
     return ModelFinding(
         JOB_RULE,
         node,
-        c.layer,
-        c.z / (c.z + Z),
-        c.excess,
+        lead.layer,
+        lead.z / (lead.z + Z),
+        lead.excess,
         SHARE,
         shares(np.array(list(weights.values())), list(weights)),
         path=node,
         detail=detail,
-        job=c.job,
-        rank=c.rank,
+        job=lead.job,
+        ranks=mine,
         held_back=held,
     )
 
 
+def _rank_list(ranks: list[str]) -> str:
+    """'0-7', '2, 5', '0-3, 6': runs of consecutive numeric ranks as ranges."""
+    parts: list[str] = []
+    run: list[int] = []
+    for rank in [*ranks, ""]:
+        if rank.isdigit() and run and int(rank) == run[-1] + 1:
+            run.append(int(rank))
+            continue
+        if run:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [int(rank)] if rank.isdigit() else []
+        if rank and not rank.isdigit():
+            parts.append(rank)
+    return ", ".join(parts)
+
+
 def _rank_order(rank: str) -> tuple[int, str]:
     return (int(rank), "") if rank.isdigit() else (1 << 30, rank)
+
+
+def switch_id(switch: str) -> str:
+    """A switch's findings' node_id: `switch:leaf1` (not a node: no host incident takes it, the board
+    shows it on the nodes behind it)."""
+    return SWITCH_PREFIX + switch
 
 
 def _switch_finding(c: Congestion, node_ids: list[str]) -> ModelFinding:
@@ -222,7 +260,7 @@ def _switch_finding(c: Congestion, node_ids: list[str]) -> ModelFinding:
     rise = float(np.log(c.rise))
     return ModelFinding(
         SWITCH_RULE,
-        c.switch,
+        switch_id(c.switch),
         "communication",
         rise / (rise + RISE),
         c.rise,

@@ -52,10 +52,6 @@ class Congestion:
     since_step: int = 0  # the step of the window from which its nodes' waits stood over the line
 
 
-def _median(values: np.ndarray, axis: int | None = None) -> np.ndarray:
-    return nanmedian(values, axis)
-
-
 def _ran(mask: np.ndarray, steps: slice) -> np.ndarray:
     """[N] a job's step time in at least half of these steps."""
     return (mask[:, steps, STEP_TIME] > 0).mean(axis=1) >= 0.5
@@ -68,10 +64,11 @@ def congested(
     congested switches, every switch judged: with MIN_NODES nodes judged behind it)."""
     if not len(node_ids):
         return [], []
-    waits = np.where(mask[:, :, XMIT] > 0, np.log1p(np.maximum(x[:, :, XMIT], 0.0)), np.nan)
+    logs = np.log1p(np.maximum(x[:, :, XMIT], 0.0)).astype(np.float64)
+    waits = np.where(mask[:, :, XMIT] > 0, logs, np.nan)
     recent = _ran(mask, slice(-RECENT, None)) & np.array([bool(j) for j in job])
     early = _ran(mask, slice(0, BASELINE))
-    base = _median(waits[:, :BASELINE], axis=1)
+    base = nanmedian(waits[:, :BASELINE], axis=1)
     switch = [topology.get(node, Place()).switch for node in node_ids]
     by_job: dict[str, list[int]] = {}
     for running in np.flatnonzero(recent).tolist():
@@ -82,11 +79,11 @@ def congested(
             here = [m for m in members if switch[m] == name]
             elsewhere = [m for m in members if switch[m] != name]
             if len(elsewhere) >= 2:
-                excess[here] = waits[here] - _median(waits[elsewhere], axis=0)[None, :]
+                excess[here] = waits[here] - nanmedian(waits[elsewhere], axis=0)[None, :]
             else:
                 early_here = [m for m in here if early[m]]
                 excess[early_here] = waits[early_here] - base[early_here, None]
-    level = _median(excess[:, -RECENT:], axis=1)
+    level = nanmedian(excess[:, -RECENT:], axis=1)
     by_switch: dict[str, list[int]] = {}
     for node, name in enumerate(switch):
         if name and np.isfinite(level[node]):
@@ -121,9 +118,11 @@ def _crossing(
     out = []
     for name in sorted({job[i] for i in behind if job[i]}):
         members = by_job.get(name, [])
-        comm = np.where(mask[members, :, COLLECTIVE] > 0, x[members, :, COLLECTIVE], np.nan)
-        before = _median(comm[:, :BASELINE])
-        after = _median(comm[:, -RECENT:])
+        comm = np.where(
+            mask[members, :, COLLECTIVE] > 0, x[members, :, COLLECTIVE].astype(np.float64), np.nan
+        )
+        before = nanmedian(comm[:, :BASELINE])
+        after = nanmedian(comm[:, -RECENT:])
         change = float(after / before - 1.0) if before and np.isfinite(before) else float("nan")
         out.append(Crossing(name, sum(job[i] == name for i in behind), len(members), change))
     return sorted(out, key=lambda c: (-c.behind, c.job))
@@ -132,7 +131,7 @@ def _crossing(
 def _since(excess: np.ndarray) -> int:
     """The first step from which the switch's nodes' median excess stays over the line to the end
     (0: since before the window)."""
-    level = _median(excess, axis=0)
+    level = nanmedian(excess, axis=0)
     over = np.nan_to_num(level, nan=-np.inf) >= RISE
     below = np.flatnonzero(~over[: len(over) - RECENT // 2])
     return int(below[-1] + 1) if len(below) else 0

@@ -38,24 +38,34 @@ class CircuitBreaker:
     def permit(self, node: str) -> tuple[bool, str]:
         """Reserve an isolation of `node`, or say why not; `release` gives back one that failed."""
         with self._lock:
-            if node in self.isolated:
-                return True, f"{node} is already out of service"
-            if len(self.isolated) >= self.allowed:
-                return False, (
-                    f"circuit breaker: {len(self.isolated)} of {self.fleet_size} nodes isolated now "
-                    f"({', '.join(sorted(self.isolated))}{self.slurm_note}), the limit is {self.allowed} "
-                    f"({self.fraction:.0%}, at least 1); not draining {node}"
-                )
-            if len(self.recent) >= self.allowed_in_window:
-                return False, (
-                    f"circuit breaker: {len(self.recent)} of {self.fleet_size} nodes newly isolated within "
-                    f"{self.window_seconds} s, the limit is {self.allowed_in_window} "
-                    f"({self.window_fraction:.0%}, at least 1); not draining {node}"
-                )
-            self.isolated.add(node)
-            self.recent.add(node)
-            self._reserved.add(node)
-            return True, "within the circuit breaker's limits"
+            allowed, why = self._room(node)
+            if allowed and node not in self.isolated:
+                self.isolated.add(node)
+                self.recent.add(node)
+                self._reserved.add(node)
+            return allowed, why
+
+    def room(self, node: str) -> tuple[bool, str]:
+        """Whether `node` could be isolated now, and why not; reserves nothing (`permit` does)."""
+        with self._lock:
+            return self._room(node)
+
+    def _room(self, node: str) -> tuple[bool, str]:
+        if node in self.isolated:
+            return True, f"{node} is already out of service"
+        if len(self.isolated) >= self.allowed:
+            return False, (
+                f"circuit breaker: {len(self.isolated)} of {self.fleet_size} nodes isolated now "
+                f"({', '.join(sorted(self.isolated))}{self.slurm_note}), the limit is {self.allowed} "
+                f"({self.fraction:.0%}, at least 1); not draining {node}"
+            )
+        if len(self.recent) >= self.allowed_in_window:
+            return False, (
+                f"circuit breaker: {len(self.recent)} of {self.fleet_size} nodes newly isolated within "
+                f"{self.window_seconds} s, the limit is {self.allowed_in_window} "
+                f"({self.window_fraction:.0%}, at least 1); not draining {node}"
+            )
+        return True, "within the circuit breaker's limits"
 
     def release(self, node: str) -> None:
         with self._lock:

@@ -89,7 +89,7 @@ class Cycles:
         standby = ""
         try:
             with _handle(store, self.dsn, self.database) as handle:
-                cadence = Cadence.learn(handle, at_ms)
+                cadence = Cadence.learn(handle, at_ms, self.nodes)
                 fitted = cadence.fit_all(rules)
                 if context is not None:
                     if self._heartbeat is None:

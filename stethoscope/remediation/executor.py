@@ -25,7 +25,7 @@ from stethoscope.inventory import Inventory
 from stethoscope.paths import default_spool_dir
 from stethoscope.paths import state_dir as default_state_dir
 from stethoscope.remediation.actions.http import send
-from stethoscope.remediation.actions.playbook import run_playbook
+from stethoscope.remediation.actions.playbook import playbook_environment, run_playbook
 from stethoscope.remediation.breaker import CircuitBreaker
 from stethoscope.remediation.incident_view import notes
 from stethoscope.remediation.ledger import (
@@ -36,14 +36,17 @@ from stethoscope.remediation.ledger import (
     Drain,
     Ledger,
     action_row,
+    note_row,
 )
 from stethoscope.remediation.life import Decision, Plan, Retry, decide, new_txn_id
 from stethoscope.remediation.retries import (
-    RETRIED,
+    ATTEMPTED,
+    REFUSED,
     Backoff,
     attempt_detail,
     attempt_of,
     duration_setting,
+    next_attempt,
     reason_of,
 )
 from stethoscope.remediation.slurm_state import read_nodes
@@ -53,7 +56,7 @@ from stethoscope.store.spool import Spool
 from stethoscope.templating import TemplateFailure, Undefined, render
 from stethoscope.timeutil import iso, now_ms
 
-__all__ = ["Context", "Executor", "new_txn_id"]
+__all__ = ["Context", "Executor", "Settings", "new_txn_id"]
 
 
 @dataclass
@@ -75,6 +78,48 @@ class Context:
             **self.inventory.settings.get("stethoscope_diagnose_vars", {}),
             **self.overrides,
         }
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The executor's settings, from the inventory and -e. `of` raises ConfigError naming a bad one:
+    `cli.diagnose.executor_factory` calls it when the context is built, so `diagnose`, `watch` and
+    `serve --execute` exit 2 at start rather than fail every cycle."""
+
+    backoff: Backoff
+    window_ms: int  # stethoscope_incident_window
+    isolated_fraction: float
+    window_fraction: float
+    breaker_window_seconds: int
+    playbook_timeout: int
+    parallel: int
+
+    @classmethod
+    def of(cls, context: Context) -> Settings:
+        backoff = Backoff.from_settings(context.setting)
+        window = context.setting("stethoscope_incident_window", "1h")
+        seconds = duration_setting(window)
+        if seconds is None:
+            raise ConfigError(f"stethoscope_incident_window: {window!r} is not a duration such as 1h")
+        fraction = _number(context, "stethoscope_breaker_fraction", 0.10, float)
+        return cls(
+            backoff,
+            seconds * 1000,
+            _number(context, "stethoscope_breaker_isolated_fraction", fraction, float),
+            _number(context, "stethoscope_breaker_window_fraction", fraction, float),
+            parse_duration(context.setting("stethoscope_breaker_window", "1h")) or 3600,
+            _number(context, "stethoscope_playbook_timeout", 1800, int),
+            max(1, _number(context, "stethoscope_executor_parallel", 4, int)),
+        )
+
+
+def _number(context: Context, name: str, default: Any, kind: Any) -> Any:
+    value = context.setting(name, default)
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        what = "a whole number" if kind is int else "a number"
+        raise ConfigError(f"{name}: {value!r} is not {what}") from None
 
 
 @dataclass
@@ -116,22 +161,18 @@ def _work(plan: Plan) -> list[_Work]:
 class Executor:
     def __init__(self, context: Context):
         self.ctx = context
-        fraction = float(context.setting("stethoscope_breaker_fraction", 0.10))
+        settings = Settings.of(context)
         self.breaker = CircuitBreaker(
             len(context.inventory.hosts),
-            float(context.setting("stethoscope_breaker_isolated_fraction", fraction)),
-            parse_duration(context.setting("stethoscope_breaker_window", "1h")) or 3600,
-            float(context.setting("stethoscope_breaker_window_fraction", fraction)),
+            settings.isolated_fraction,
+            settings.breaker_window_seconds,
+            settings.window_fraction,
         )
-        self.playbook_timeout = int(context.setting("stethoscope_playbook_timeout", 1800))
-        self.parallel = max(1, int(context.setting("stethoscope_executor_parallel", 4)))
+        self.playbook_timeout = settings.playbook_timeout
+        self.parallel = settings.parallel
         self.log_path = Path(context.setting("stethoscope_diagnose_log", context.state_dir / "findings.log"))
-        self.backoff = Backoff.from_settings(context.setting)
-        window = context.setting("stethoscope_incident_window", "1h")
-        seconds = duration_setting(window)
-        if seconds is None:
-            raise ConfigError(f"stethoscope_incident_window: {window!r} is not a duration such as 1h")
-        self.window_ms = seconds * 1000
+        self.backoff = settings.backoff
+        self.window_ms = settings.window_ms
         self.at_ms = now_ms()  # the cycle's clock (its evaluation time): retries are due by it
         self.spooled = False
         self._records = threading.Lock()  # one store handle at a time in this process (embedded)
@@ -273,6 +314,8 @@ class Executor:
         """One incident's retries and new actions, in order; past its last retry, a person is asked."""
         failed: list[tuple[dict[str, Any], Outcome]] = []
         for retry in work.retries:
+            if not self._room_for(retry):
+                continue  # still refused: no attempt, no row, no alert; the outcome line says it waits
             done = self._act(retry.finding, retry.action, retry.earlier)
             self._retried.setdefault(work.txn_id, []).append(
                 f"retried {done.label} {done.status} (attempt {done.attempt} of {self.backoff.attempts})"
@@ -284,10 +327,17 @@ class Executor:
         last = [
             (f, done)
             for f, done in failed
-            if done.status in RETRIED and done.attempt >= self.backoff.attempts
+            if done.status in ATTEMPTED and done.attempt >= self.backoff.attempts
         ]
         if (before or last) and not work.asked:
             self._ask_a_person(work.txn_id, [*before, *last])
+
+    def _room_for(self, retry: Retry) -> bool:
+        """A drain the breaker refused is tried again only when the breaker has room for its node."""
+        earlier = retry.earlier
+        if earlier.status != REFUSED or earlier.action != DRAIN:
+            return True
+        return self.breaker.room(earlier.target or retry.finding["node_id"])[0]
 
     def _ask_a_person(self, txn_id: str, failures: list[tuple[dict[str, Any], Outcome]]) -> None:
         """Mark the incident as needing a person (an actions row) and alert it, once."""
@@ -300,23 +350,18 @@ class Executor:
         message = f"stethoscope: incident {txn_id} on {node} needs a person: {what}"
         context = template_context(finding, txn_id, self.ctx.variables)
         alert = self._alert(finding, {}, context, message)
-        now = now_ms()
         self._record(
-            {
-                "txn_id": txn_id,
-                "finding_id": "",
-                "action": NEEDS_PERSON,
-                "target": node,
-                "status": "ok",
-                "detail": {
+            note_row(
+                txn_id,
+                NEEDS_PERSON,
+                node,
+                {
                     "reason": what,
                     "actions": [done.label for _, done in failures],
                     "alert": alert[0],
                     "tried_at": iso(self.at_ms),
                 },
-                "started_at": now,
-                "finished_at": now,
-            }
+            )
         )
 
     def _act_all(self, decision: Decision) -> list[Outcome]:
@@ -324,18 +369,9 @@ class Executor:
         results = []
         if decision.escalation is not None:
             escalation = decision.escalation
-            now = now_ms()
+            detail = {**escalation, "runs": [action_label(a) for a in decision.actions]}
             self._record(
-                {
-                    "txn_id": finding["txn_id"],
-                    "finding_id": finding["finding_id"],
-                    "action": ESCALATE,
-                    "target": finding["node_id"],
-                    "status": "ok",
-                    "detail": {**escalation, "runs": [action_label(a) for a in decision.actions]},
-                    "started_at": now,
-                    "finished_at": now,
-                }
+                note_row(finding["txn_id"], ESCALATE, finding["node_id"], detail, finding["finding_id"])
             )
             results.append(
                 f"escalated {escalation['from']} -> {escalation['to']} under txn {finding['txn_id']}"
@@ -354,9 +390,8 @@ class Executor:
         """One attempt of an action: the first, or the next after `earlier` (a retry), recorded with
         the attempts before it."""
         label = action_label(action)
-        attempt = 1
+        attempt = next_attempt(earlier)  # a refusal ran nothing: its attempt is this one
         if earlier is not None:  # under the transaction and on the node of the action's own row
-            attempt = attempt_of(earlier.detail) + 1
             finding = {**finding, "txn_id": earlier.txn_id, "node_id": earlier.target or finding["node_id"]}
         row = {
             "txn_id": finding["txn_id"],
@@ -371,7 +406,8 @@ class Executor:
         self._attempted.add((row["txn_id"], row["finding_id"], label))
         self._record(row)  # the intent is on record before the action starts
         try:
-            status, target, detail = self._dispatch(finding, action, retried=earlier is not None)
+            refused_before = earlier is not None and earlier.status == REFUSED
+            status, target, detail = self._dispatch(finding, action, refused_before)
         except TemplateFailure as exc:
             status, target, detail = "failed", row["target"], {"error": str(exc)}
         except Exception as exc:  # one action's failure is recorded; the incident's other actions still run
@@ -387,13 +423,13 @@ class Executor:
         return Outcome(label, status, attempt, detail)
 
     def _dispatch(
-        self, finding: dict[str, Any], action: Action, retried: bool = False
+        self, finding: dict[str, Any], action: Action, refused_before: bool = False
     ) -> tuple[str, str, Any]:
         params = dict(action.params)
         context = template_context(finding, finding["txn_id"], self.ctx.variables)
         if action.type == "playbook":
             extra = params.get("extra_vars") or {}
-            return self._playbook(finding, params["playbook"], extra, alert_refusal=not retried)
+            return self._playbook(finding, params["playbook"], extra, alert_refusal=not refused_before)
         if action.type == "api_call":
             return self._api_call(finding, params, context)
         message = render(params.get("message") or finding.get("rule_message") or finding["message"], context)
@@ -456,7 +492,7 @@ class Executor:
         if f"playbook:{name}" == DRAIN:
             allowed, why = self.breaker.permit(node)
             if not allowed:
-                if not alert_refusal:  # a retry refused again: its first refusal was alerted
+                if not alert_refusal:  # refused again: its first refusal was alerted
                     return "refused", node, {"reason": why, "alert": "alerted at the first refusal"}
                 alert = self._alert(
                     finding, {}, template_context(finding, finding["txn_id"], self.ctx.variables), why
@@ -474,9 +510,9 @@ class Executor:
             "stethoscope_finding": printable(finding),
             "stethoscope_remediate_execute": True,
         }
-        envvars = {"STETHOSCOPE_DSN": self.ctx.dsn}
-        if self.ctx.database:
-            envvars["STETHOSCOPE_DATABASE"] = self.ctx.database
+        # the callback writes where this process reads, and spools where it replays (serve's spool);
+        # an embedded database this process may hold is not waited for
+        envvars = playbook_environment(self.ctx.dsn, self.ctx.database, self.ctx.spool_dir)
         draining = f"playbook:{name}" == DRAIN
         try:
             result = run_playbook(

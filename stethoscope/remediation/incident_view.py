@@ -11,10 +11,10 @@ from typing import Any
 from stethoscope.catalog import Catalog, default_catalog
 from stethoscope.diagnosis.diagnose import SEVERITY_ORDER
 from stethoscope.remediation.incidents import enclosing_device, keeps_own
-from stethoscope.remediation.ledger import ACK, NEEDS_PERSON, ActionState, KnownFinding, Ledger
+from stethoscope.remediation.ledger import ACK, NEEDS_PERSON, ActionState, KnownFinding, Ledger, note_row
 from stethoscope.remediation.retries import Backoff, exhausted, pending, retryable
 from stethoscope.store.client import Store
-from stethoscope.timeutil import iso, now_ms
+from stethoscope.timeutil import iso
 
 OPEN, NEEDS, ACKNOWLEDGED, RESOLVED = "open", "needs a person", "acknowledged", "resolved"
 
@@ -138,16 +138,6 @@ def incident(store: Store, txn_id: str, catalog: Catalog | None = None) -> Incid
 def acknowledge(store: Store, found: Incident, by: str, note: str) -> dict[str, Any]:
     """Record that a person took the incident: an `ack` row of its transaction (a later one replaces
     it). Retries go on; its status reads `acknowledged` until it resolves."""
-    now = now_ms()
-    row = {
-        "txn_id": found.txn_id,
-        "finding_id": "",
-        "action": ACK,
-        "target": found.node_id,
-        "status": "ok",
-        "detail": {"by": by, "note": note},
-        "started_at": now,
-        "finished_at": now,
-    }
-    Ledger(store).write_action(row, now)
+    row = note_row(found.txn_id, ACK, found.node_id, {"by": by, "note": note})
+    Ledger(store).write_action(row, row["finished_at"])
     return row

@@ -12,6 +12,7 @@ from typing import Any
 
 from stethoscope.diagnosis.hysteresis import Previous
 from stethoscope.store.client import Store
+from stethoscope.timeutil import now_ms
 
 DRAIN = "playbook:remediate/drain.yml"
 
@@ -263,6 +264,22 @@ def _detail(text: str) -> dict[str, Any]:
     except ValueError:
         return {"detail": text}
     return detail if isinstance(detail, dict) else {"detail": detail}
+
+
+def note_row(txn_id: str, action: str, target: str, detail: Any, finding_id: str = "") -> dict[str, Any]:
+    """An `actions` row for something that happened at once (an escalation, an ack, a resume, a
+    call for a person): status ok, started and finished now."""
+    now = now_ms()
+    return {
+        "txn_id": txn_id,
+        "finding_id": finding_id,
+        "action": action,
+        "target": target,
+        "status": "ok",
+        "detail": detail,
+        "started_at": now,
+        "finished_at": now,
+    }
 
 
 def action_row(row: dict[str, Any], version: int) -> dict[str, Any]:

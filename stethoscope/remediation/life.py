@@ -7,8 +7,11 @@ keep their finding open, and what becomes of the findings that stopped matching.
   incident has not taken yet (by label; `log` for every finding); one more severe than the
   incident escalates it, and the ticket and api_call run again under the same txn (their
   idempotency key), updating the one ticket.
-- Failed, refused or expired actions of open incidents are retried after a backoff
-  (remediation/retries.py); past the last retry the incident needs a person.
+- Failed or expired actions of open incidents are retried after a backoff, a refused drain when the
+  circuit breaker has room (remediation/retries.py); past the last retry the incident needs a
+  person. A drain is retried only while a finding of its incident matches this cycle: a finding
+  held open or stale is no reason to take a node out now. Tickets, alerts, api_calls, evidence
+  and logs are retried while the incident is open: whoever is told should hear of it either way.
 - The cooldown holds only a finding resolved and matching again (flapping): it re-opens under its
   old transaction and does not act.
 - A finding that stops matching is `resolved` when fresh data says so, `stale` when the data
@@ -30,7 +33,7 @@ from stethoscope.diagnosis.diagnose import RULE_FAILED, SEVERITY_ORDER, action_l
 from stethoscope.diagnosis.hysteresis import HELD, Held, held_reason, settle_all
 from stethoscope.diagnosis.rules import Action, Rule
 from stethoscope.remediation.incidents import DEFAULT_WINDOW_SECONDS, Incident, OpenIncidents
-from stethoscope.remediation.ledger import ActionState, KnownFinding, Ledger
+from stethoscope.remediation.ledger import DRAIN, ActionState, KnownFinding, Ledger
 from stethoscope.remediation.retries import Backoff, due, exhausted
 from stethoscope.store.client import Store
 from stethoscope.timeutil import iso, now_ms
@@ -210,10 +213,14 @@ def _retries(
     backoff: Backoff,
 ) -> None:
     """The actions of open incidents due for their next attempt, each with its finding (as matched
-    now, else as stored) and its action from the finding's plan; and those past their last retry."""
+    now, else as stored) and its action from the finding's plan; and those past their last retry.
+    A drain only while a finding of its incident matches this cycle."""
     states = [s for s in plan.states if s.txn_id in plan.open_txns]
     matched = {f["finding_id"]: f for f in findings}
+    matching = {f["txn_id"] for f in findings}
     for state in due(states, at_ms, backoff):
+        if state.action == DRAIN and state.txn_id not in matching:
+            continue
         finding = matched.get(state.finding_id) or _stored(known.get(state.finding_id), rules)
         action = (
             next((a for a in finding["plan"] if action_label(a) == state.action), None) if finding else None

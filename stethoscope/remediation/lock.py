@@ -1,25 +1,29 @@
 """One executor at a time per database (docs/design.md "Remediation safety").
 
 On one controller host a flock on a file named after the DSN (password stripped) and the database, in
-one folder for the whole host ($STETHOSCOPE_LOCK_DIR, else stethoscope-locks in the system's temp
-folder: not beside a spool or state folder, which two runs may set apart), is held across a whole
-evaluate -> act -> record cycle (a long-running executor: its whole life). Across hosts (a server
-DSN) each executor writes a heartbeat row into `executors` every cycle; only the oldest live one
-(started_at, then host name) acts, and a holder that missed 3 beats is no longer live."""
+one private folder for the host's user ($STETHOSCOPE_LOCK_DIR, else `stethoscope-locks-<uid>` in the
+system's temp folder, mode 0700 and checked to be the user's own: not beside a spool or state folder,
+which two runs may set apart), is held across a whole evaluate -> act -> record cycle (a long-running
+executor: its whole life). The file says who holds it: pid and program (`stethoscope serve`), never
+arguments, which may carry a DSN's password. Across hosts (a server DSN) each executor writes a
+heartbeat row into `executors` every cycle; only the oldest live one (started_at, then host name)
+acts, and a holder that missed 3 beats is no longer live."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import socket
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from stethoscope.store.client import Store
-from stethoscope.store.dsn import redact
+from stethoscope.store.dsn import ConfigError, redact
+from stethoscope.store.holder import program_name
 from stethoscope.timeutil import iso, now_ms
 
 MISSED_BEATS = 3
@@ -30,7 +34,8 @@ class LockHeld(RuntimeError):
 
 
 def lock_dir() -> Path:
-    return Path(os.environ.get("STETHOSCOPE_LOCK_DIR") or Path(tempfile.gettempdir()) / "stethoscope-locks")
+    named = os.environ.get("STETHOSCOPE_LOCK_DIR")
+    return Path(named) if named else Path(tempfile.gettempdir()) / f"stethoscope-locks-{os.getuid()}"
 
 
 def lock_path(dsn: str, database: str) -> Path:
@@ -38,16 +43,24 @@ def lock_path(dsn: str, database: str) -> Path:
     return lock_dir() / f"executor-{key}.lock"
 
 
-def _who(pid: str) -> str:
-    """`pid N (its command line)` where /proc tells it."""
+def _private_folder(folder: Path) -> None:
+    """Create `folder` 0700, or check that it is this user's and nobody else may write in it: a
+    folder another user can write lets them plant a link or hold the lock for good."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise ConfigError(
+            f"executor lock folder {folder}: must be a folder of this user that no one else may write "
+            "(STETHOSCOPE_LOCK_DIR)"
+        )
+
+
+def _holder(fd: int) -> str:
     try:
-        argv = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        return f"pid {pid}"
-    words = [Path(argv[0].decode(errors="replace")).name] + [
-        a.decode(errors="replace") for a in argv[1:] if a
-    ]
-    return f"pid {pid}: {' '.join(words)[:200]}"
+        record = json.loads(os.pread(fd, 512, 0).decode(errors="replace") or "{}")
+    except ValueError:
+        return "pid unknown"
+    return f"pid {record.get('pid', 'unknown')}: {record.get('program', 'unknown')}"
 
 
 class ExecutorLock:
@@ -56,20 +69,21 @@ class ExecutorLock:
         self._fd: int | None = None
 
     def acquire(self) -> ExecutorLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(OSError):  # one folder for every user of the host
-            os.chmod(self.path.parent, 0o1777)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        _private_folder(self.path.parent)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise ConfigError(f"executor lock {self.path}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            holder = _holder(fd)
             os.close(fd)
             raise LockHeld(
-                f"the executor lock {self.path} of this database is held by another run ({_who(holder)})"
+                f"the executor lock {self.path} of this database is held by another run ({holder})"
             ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "program": program_name()}).encode(), 0)
         self._fd = fd
         return self
 

@@ -1,8 +1,12 @@
-"""Retries of failed actions (docs/design.md "Remediation safety"): an action of an open incident that
-failed (a playbook's rc, an HTTP failure), was refused by the circuit breaker or expired runs again
-on a later cycle after a backoff (5, 15, 45 min by default: `stethoscope_action_retries`,
-`stethoscope_action_backoff`, each wait 3 times the one before); past the last retry its incident
-needs a person. A skipped action (nothing configured to act with) is never retried.
+"""Retries of failed actions (docs/design.md "Rules"): an action of an open incident that failed (a
+playbook's rc, an HTTP failure) or expired runs again on a later cycle after a backoff (5, 15, 45 min
+by default: `stethoscope_action_retries`, `stethoscope_action_backoff`, each wait 3 times the one
+before); past the last retry its incident needs a person. A drain the circuit breaker refused did not
+run: the refusal is no attempt, and the drain is tried again at every cycle the breaker has room
+(the executor asks it first). A drain is retried only while a finding of its incident matches
+(remediation/life.py), the other actions while the incident is open. A row recorded before
+`next_retry_at` was is due its first backoff after it started. A skipped action (nothing configured
+to act with) is never retried.
 
 The actions table keeps one row per (txn, finding, action, target) once ClickHouse merges its
 versions, so an action's row carries its own attempts: `attempt`, `of` and, while one is due,
@@ -15,11 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from stethoscope.diagnosis.rules import parse_duration
-from stethoscope.remediation.ledger import BOOKKEEPING, ActionState
+from stethoscope.remediation.ledger import BOOKKEEPING, DRAIN, ActionState
 from stethoscope.store.dsn import ConfigError
 from stethoscope.timeutil import iso, to_ms
 
 RETRIED = ("failed", "refused", "expired")
+ATTEMPTED = ("failed", "expired")  # of those, the ones that ran: they count, and wait for a backoff
+REFUSED = "refused"  # nothing ran: tried again when the breaker has room, whatever the time
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,13 @@ def reason_of(detail: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def next_attempt(earlier: ActionState | None) -> int:
+    """The number of the attempt after `earlier`: a refusal ran nothing, so its number is tried again."""
+    if earlier is None:
+        return 1
+    return attempt_of(earlier.detail) + (0 if earlier.status == REFUSED else 1)
+
+
 def attempt_detail(
     result: Any, status: str, attempt: int, at_ms: int, backoff: Backoff, earlier: ActionState | None
 ) -> dict[str, Any]:
@@ -102,7 +115,7 @@ def attempt_detail(
     if earlier is not None:
         before = earlier.detail.get("history") or []
         detail["history"] = [*before, _summary(earlier)]
-    if status in RETRIED and attempt < backoff.attempts:
+    if status in ATTEMPTED and attempt < backoff.attempts:
         detail["next_retry_at"] = iso(at_ms + backoff.delay_ms(attempt))
     return detail
 
@@ -117,29 +130,46 @@ def _summary(state: ActionState) -> dict[str, Any]:
 
 
 def exhausted(state: ActionState, backoff: Backoff) -> bool:
-    return state.status in RETRIED and attempt_of(state.detail) >= backoff.attempts
+    """Failed (or expired) at its last attempt; a refused action never is: it did not run."""
+    return state.status in ATTEMPTED and attempt_of(state.detail) >= backoff.attempts
 
 
 def retryable(state: ActionState) -> bool:
     return state.status in RETRIED and state.action not in BOOKKEEPING
 
 
+def due_at(state: ActionState, backoff: Backoff) -> int | None:
+    """When the next attempt of a failed or expired action is due (ms): its `next_retry_at`, else (a
+    row recorded before retries) its first backoff after it started; None for a refused one (due
+    at every cycle, the breaker permitting)."""
+    if state.status == REFUSED:
+        return None
+    when = next_retry_ms(state.detail)
+    return when if when is not None else state.started_ms + backoff.delay_ms(1)
+
+
 def due(states: list[ActionState], at_ms: int, backoff: Backoff) -> list[ActionState]:
-    """The actions whose next attempt is due at `at_ms`; one recorded before retries (no next time)
-    is due at once."""
+    """The actions whose next attempt is due at `at_ms`: failed and expired ones past their backoff,
+    refused ones at once (whether the breaker has room now is the executor's to ask)."""
     found = []
     for state in states:
         if not retryable(state) or exhausted(state, backoff):
             continue
-        when = next_retry_ms(state.detail)
+        when = due_at(state, backoff)
         if when is None or when <= at_ms:
             found.append(state)
     return found
 
 
 def pending(state: ActionState, backoff: Backoff) -> str:
-    """What an action waiting for its retry says in the cycle's outcome line."""
-    when = next_retry_ms(state.detail)
+    """What an action waiting for its retry says in the cycle's outcome line; a drain is retried only
+    while a finding of its incident matches (remediation/life.py)."""
     attempt = attempt_of(state.detail)
-    at = f" at {iso(when)}" if when is not None else " at the next cycle"
-    return f"{state.action} {state.status}, retry {attempt} of {backoff.retries}{at}"
+    matching = " while a finding of the incident matches" if state.action == DRAIN else ""
+    if state.status == REFUSED:
+        return (
+            f"{state.action} refused, attempt {attempt} of {backoff.attempts} runs when the circuit "
+            f"breaker has room{matching}"
+        )
+    at = iso(due_at(state, backoff) or state.started_ms)
+    return f"{state.action} {state.status}, retry {attempt} of {backoff.retries} at {at}{matching}"

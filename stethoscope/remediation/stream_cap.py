@@ -8,7 +8,7 @@ from typing import Any
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import LEVEL_ACTIONS, action_label
-from stethoscope.diagnosis.rules import Condition, Group, Rule
+from stethoscope.diagnosis.rules import Rule
 from stethoscope.telemetry.metric_set import MetricSet
 
 STREAM_LEVEL_CAP = "L3"
@@ -20,15 +20,8 @@ def stream_only_metrics(sets: dict[int, MetricSet], catalog: Catalog) -> set[str
     return {name for name in names if (spec := catalog.get(name)) is not None and spec.streamed}
 
 
-def _conditions(group: Group) -> list[Condition]:
-    found: list[Condition] = []
-    for item in group.items:
-        found.extend(_conditions(item) if isinstance(item, Group) else [item])
-    return found
-
-
 def is_stream_only(rule: Rule, stream_names: set[str]) -> bool:
-    conditions = _conditions(rule.when)
+    conditions = rule.conditions
     return bool(conditions) and all(c.metric in stream_names or c.stream for c in conditions)
 
 

@@ -21,7 +21,6 @@ from typing import Any
 from stethoscope.bench import baseline
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import diagnose
-from stethoscope.diagnosis.engine import _metrics
 from stethoscope.diagnosis.layers import CLASS_LAYERS
 from stethoscope.diagnosis.model import ModelUse, agrees
 from stethoscope.diagnosis.rules import Rule, load_rules
@@ -126,7 +125,7 @@ def _day_start_ms(day: dt.date) -> int:
 def rule_layers(rules: list[Rule], catalog: Catalog) -> dict[str, str]:
     out = {}
     for rule in rules:
-        metrics = _metrics(rule.when)
+        metrics = rule.metrics
         out[rule.rule_id] = layer_of(catalog, metrics[0]) if metrics else "compute"
     return out
 
@@ -192,22 +191,25 @@ def collect(
 
     stored = _stored_findings(store, start_ms)
     later = []  # model findings: beside the rule findings of their layer, so after them
-    for node, events in stored.items():
+    for owner, events in stored.items():
         for event, first_ms, last_ms, evidence in events:
-            if event.rule_id.startswith("model."):
-                later.append((node, event, first_ms, last_ms, evidence))
-                nodes.setdefault(node, NodeBoard(node, {(lay, d): Cell() for lay in LAYERS for d in labels}))
+            for node in shown_on(owner, _json(evidence).get("nodes")):
+                if event.rule_id.startswith("model."):
+                    later.append((node, event, first_ms, last_ms, evidence))
+                    nodes.setdefault(
+                        node, NodeBoard(node, {(lay, d): Cell() for lay in LAYERS for d in labels})
+                    )
+                    nodes[node].events.append(event)
+                    continue
+                finding = {"rule_id": event.rule_id, "evidence": evidence}
+                for layer in _finding_layers(finding, layers, catalog):
+                    for day, day_ms in zip(labels, map(_day_start_ms, day_list), strict=True):
+                        if first_ms < day_ms + DAY_MS and last_ms >= day_ms:
+                            cell(node, layer, day).mark(
+                                _state(event.severity, event.rule_id), f"{event.rule_id} ({event.severity})"
+                            )
+                cell(node, LAYERS[0], labels[0])  # the node is on the board even if its spans are older
                 nodes[node].events.append(event)
-                continue
-            finding = {"rule_id": event.rule_id, "evidence": evidence}
-            for layer in _finding_layers(finding, layers, catalog):
-                for day, day_ms in zip(labels, map(_day_start_ms, day_list), strict=True):
-                    if first_ms < day_ms + DAY_MS and last_ms >= day_ms:
-                        cell(node, layer, day).mark(
-                            _state(event.severity, event.rule_id), f"{event.rule_id} ({event.severity})"
-                        )
-            cell(node, LAYERS[0], labels[0])  # the node is on the board even if its spans are older
-            nodes[node].events.append(event)
 
     for node, event, first_ms, last_ms, evidence in later:
         for day, day_ms in zip(labels, map(_day_start_ms, day_list), strict=True):
@@ -228,15 +230,8 @@ def collect(
         for finding in found:
             if finding["rule_id"].startswith("model."):
                 said = _json(finding["evidence"])
-                _model_mark(
-                    cell,
-                    catalog,
-                    finding["node_id"],
-                    labels[-1],
-                    finding["rule_id"],
-                    said,
-                    finding["message"],
-                )
+                for node in shown_on(finding["node_id"], finding.get("nodes")):
+                    _model_mark(cell, catalog, node, labels[-1], finding["rule_id"], said, finding["message"])
 
     _grades(store, catalog, labels, cell, nodes)
     for trend in smart_trends(store, now_ms):
@@ -247,6 +242,14 @@ def collect(
         board.events.sort(key=lambda e: e.at)
         board.page = f"nodes/{page_name(board.node_id)}.html"
     return Board(labels, ordered, iso(now_ms))
+
+
+def shown_on(node_id: str, nodes: Any) -> list[str]:
+    """The rows a finding is shown on: a correlated finding's (node_id `switch:leaf1`: a rule's
+    `correlate_by`, or the model's congested switch) the nodes behind it that it names, as today's
+    rule findings are; a switch is no node and gets no row. Else its own node."""
+    named = [str(n) for n in nodes] if isinstance(nodes, list) else []
+    return named if ":" in node_id and named else [node_id]
 
 
 def _json(text: str) -> dict[str, Any]:

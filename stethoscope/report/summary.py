@@ -11,6 +11,7 @@ from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import diagnose
 from stethoscope.diagnosis.model import ModelUse
 from stethoscope.diagnosis.rules import Rule
+from stethoscope.diagnosis.unknown import Fleet
 from stethoscope.store.client import Store
 
 
@@ -43,7 +44,11 @@ def summarize(
     at_ms: int,
     nodes: Sequence[str] | None = None,
     model: ModelUse | None = None,
+    fleet: Fleet | None = None,
 ) -> list[NodeSummary]:
+    """Per node of the store (and of the inventory, `fleet`, that never reported): rows, series, last
+    sample and the findings `diagnose` gives, those about no host (the fleet, the controller, a
+    switch) under a row of their own: the same findings, one reading of "unhealthy"."""
     db = store.database
     where, params = "", {}
     if nodes is not None:
@@ -54,20 +59,23 @@ def summarize(
         params,
     )
     summaries = {node: NodeSummary(node, rows, series, last) for node, rows, series, last in totals}
-    for finding in diagnose(store, rules, at_ms, catalog, nodes, model=model):
+    for host in fleet.names if fleet is not None else []:
+        summaries.setdefault(host, NodeSummary(host, 0, 0, ""))
+    for finding in diagnose(store, rules, at_ms, catalog, nodes, fleet=fleet, model=model):
         # a correlated finding is about a switch or rack: listed under each node behind it
-        for node in finding["nodes"] or [finding["node_id"]]:
-            if node in summaries:
-                summaries[node].findings.append(finding)
-    return list(summaries.values())
+        named = [node for node in finding["nodes"] or [finding["node_id"]] if node in summaries]
+        for node in named or [finding["node_id"]]:
+            summaries.setdefault(node, NodeSummary(node, 0, 0, "")).findings.append(finding)
+    return sorted(summaries.values(), key=lambda s: s.node_id)
 
 
 def render(summaries: list[NodeSummary]) -> str:
     if not summaries:
         return "no metric rows stored yet"
-    lines = [f"{'node':<14} {'rows':>7} {'series':>7}  last sample (UTC)        findings (as diagnose)"]
+    width = max(14, *(len(item.node_id) for item in summaries))  # FQDN host names included
+    lines = [f"{'node':<{width}} {'rows':>7} {'series':>7}  last sample (UTC)        findings (as diagnose)"]
     for item in summaries:
         first, *rest = item.notable or ["-"]
-        lines.append(f"{item.node_id:<14} {item.rows:>7} {item.series:>7}  {item.last_seen:<24} {first}")
-        lines.extend(f"{'':<56} {note}" for note in rest)
+        lines.append(f"{item.node_id:<{width}} {item.rows:>7} {item.series:>7}  {item.last_seen:<24} {first}")
+        lines.extend(f"{'':<{width + 42}} {note}" for note in rest)
     return "\n".join(lines)

@@ -9,7 +9,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from stethoscope.catalog import default_catalog
 from stethoscope.diagnosis.diagnose import SEVERITY_ORDER
+from stethoscope.remediation.incidents import enclosing_device, keeps_own
 
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 
@@ -80,7 +82,7 @@ def _findings(findings: list[dict[str, Any]]):
     for finding in findings:
         key = (finding["node_id"], finding["rule_id"], finding["severity"])
         counts[key] = counts.get(key, 0) + 1
-        incident = (finding["node_id"], finding.get("txn_id") or finding["finding_id"])
+        incident = (finding["node_id"], _incident_of(finding))
         worst = incidents.get(incident)
         if worst is None or SEVERITY_ORDER[finding["severity"]] > SEVERITY_ORDER[worst]:
             incidents[incident] = finding["severity"]
@@ -98,6 +100,16 @@ def _findings(findings: list[dict[str, Any]]):
     for (node, severity), count in sorted(per_node.items()):
         open_incidents.add_metric([node, severity], count)
     yield open_incidents
+
+
+def _incident_of(finding: dict[str, Any]) -> str:
+    """Its transaction when acting; in a dry-run (no transactions), the device group an incident
+    would be: the finding's enclosing device, or its own id where it keeps its own."""
+    if finding.get("txn_id"):
+        return str(finding["txn_id"])
+    if keeps_own(finding["rule_id"], finding["node_id"]):
+        return str(finding["finding_id"])
+    return enclosing_device(default_catalog(), finding["device"])
 
 
 def _sweeps(stats: Any):

@@ -58,6 +58,7 @@ class CycleState:
     report: Path | None = None  # the board's index.html, written by the last cycle
     durations: list[float] = field(default_factory=list)  # seconds of every cycle, for its p99
     rows_per_second: float = 0.0  # rows the collector stored between the last two cycles
+    board_error: str | None = None  # why the last board was not written (the cycle itself went on)
     rule_failures: Counter = field(default_factory=Counter)  # rule_id -> cycles its evaluation failed
 
 
@@ -161,8 +162,6 @@ class Server:
             if result.every_rule_failed:  # nothing diagnosed: the cycle failed, whatever else it did
                 first = next(f for f in result.findings if f["rule_id"] == RULE_FAILED)
                 raise RuntimeError(f"every rule failed; the first: {first['message']}")
-            today = board.collect(self.store, self.catalog, 7, at_ms, rules, today=result.findings)
-            written = board.write(today, self.report_dir)
         except Exception as exc:  # the store may come back, a rule be fixed: the next cycle tries again
             self.state.failures += 1
             self.state.last_error = f"{type(exc).__name__}: {redact(str(exc))}"
@@ -173,8 +172,23 @@ class Server:
         self.state.last_error = None
         self.state.last = result
         self.state.findings = result.findings
-        self.state.report = written
+        self._write_board(at_ms, rules, result)
         self._log_cycle(at_ms, time.monotonic() - started, result)
+
+    def _write_board(self, at_ms: int, rules: list[Rule], result: CycleResult) -> None:
+        """The board of this cycle's findings; one that cannot be written costs the board only (the
+        cycle diagnosed and acted): the last board stays served and the error is said."""
+        try:
+            today = board.collect(self.store, self.catalog, 7, at_ms, rules, today=result.findings)
+            self.state.report = board.write(today, self.report_dir)
+            self.state.board_error = None
+        except Exception as exc:
+            self.state.board_error = f"{type(exc).__name__}: {redact(str(exc))}"
+            print(
+                f"stethoscope: serve: board not written: {self.state.board_error}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _log_cycle(self, at_ms: int, seconds: float, result: CycleResult | None) -> None:
         """One line per cycle: what it found and did, how long it took, what the store took since."""
@@ -233,6 +247,7 @@ class Server:
             "cycle_failures": self.state.failures,
             "last_cycle": self.state.last_at,
             "last_error": self.state.last_error,
+            "board_error": self.state.board_error,
             "collector": {
                 "datagrams": stats.datagrams if stats else 0,
                 "stored_rows": stats.stored if stats else 0,

@@ -1,21 +1,24 @@
 """The sweeps `serve` runs itself: `collect.yml` through ansible-runner over the inventory at its cadence
-(`stethoscope_sweep_interval`), in batches of `stethoscope_sweep_batch` hosts (the play's `serial`),
-never overlapping itself: a sweep still running when the next is due makes that one skipped and
+(`stethoscope_sweep_interval`), in batches of `stethoscope_sweep_batch` hosts (one ansible-runner
+run each, `--limit` to the batch: a batch whose every host is down, a rack, ends no sweep), never
+overlapping itself: a sweep still running when the next is due makes that one skipped and
 counted. The callback of each sweep writes into the store, or, while serve holds the embedded
 database, into the spool serve replays every second."""
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stethoscope.remediation.actions.playbook import PlaybookResult, run_playbook
+from stethoscope.store.dsn import ConfigError
 
 log = logging.getLogger(__name__)
 PLAYBOOK = "collect.yml"
@@ -34,17 +37,33 @@ class SweepStats:
     durations: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))  # for a p99
 
 
+def batches(hosts: list[str], batch: str) -> list[list[str]]:
+    """`hosts` in batches of `batch`: a count, or a percentage of them (at least 1 host each). A
+    value that is neither is a ConfigError (exit 2)."""
+    text = str(batch).strip()
+    try:
+        size = math.ceil(len(hosts) * float(text[:-1]) / 100) if text.endswith("%") else int(text)
+    except ValueError:
+        size = 0
+    if size < 1 and hosts:
+        raise ConfigError(f"stethoscope_sweep_batch {batch!r}: a count of hosts or a percentage, like 25%")
+    size = max(1, size)
+    return [hosts[i : i + size] for i in range(0, len(hosts), size)]
+
+
 class Sweeper:
     def __init__(
         self,
         inventory: Path,
         interval: float,
         envvars: dict[str, str],
+        hosts: Sequence[str] = (),
         batch: str = "100%",
         timeout: int | None = None,
         playbook: str = PLAYBOOK,
     ):
-        self.inventory, self.interval, self.envvars, self.batch = inventory, interval, envvars, batch
+        self.inventory, self.interval, self.envvars = inventory, interval, envvars
+        self.batches = batches(list(hosts), batch) if hosts else [[]]
         self.playbook = playbook  # under playbooks/, or a path
         self.timeout = timeout or int(max(600, 3 * interval))
         self.stats = SweepStats()
@@ -80,15 +99,15 @@ class Sweeper:
         started = time.monotonic()
         self.stats.running = True
         try:
-            result = run_playbook(
-                self.playbook,
-                self.inventory,
-                None,
-                {"stethoscope_sweep_batch": self.batch},
-                self.envvars,
-                self.timeout,
-            )
-            self._count(result)
+            results = []
+            for hosts in self.batches:  # a batch whose every host failed does not end the sweep
+                if self._stop.is_set():
+                    break
+                limit = ",".join(hosts) if len(self.batches) > 1 else None
+                results.append(
+                    run_playbook(self.playbook, self.inventory, limit, {}, self.envvars, self.timeout)
+                )
+            self._count(results)
         except Exception as exc:  # ansible-runner itself failed: counted, and the next sweep runs
             self.stats.failed += 1
             self.stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -103,20 +122,25 @@ class Sweeper:
             if self.on_done is not None:
                 self.on_done(seconds)
 
-    def _count(self, result: PlaybookResult) -> None:
+    def _count(self, results: list[PlaybookResult]) -> None:
         hosts: dict[str, Any] = {}
-        for state in ("ok", "failures", "dark"):
-            for host in result.stats.get(state) or {}:
-                hosts[host] = state if state != "ok" else hosts.get(host, "ok")
+        for result in results:
+            for state in ("ok", "failures", "dark"):
+                for host in result.stats.get(state) or {}:
+                    hosts[host] = state if state != "ok" else hosts.get(host, "ok")
         self.stats.last_hosts = {
             "ok": sum(1 for s in hosts.values() if s == "ok"),
             "failed": sum(1 for s in hosts.values() if s == "failures"),
             "unreachable": sum(1 for s in hosts.values() if s == "dark"),
         }
-        if result.ok:
+        failing = [result for result in results if not result.ok]
+        if results and not failing:
             self.stats.ok += 1
             self.stats.last_error = None
         else:
             self.stats.failed += 1
             failed = self.stats.last_hosts["failed"] + self.stats.last_hosts["unreachable"]
-            self.stats.last_error = f"ansible-runner {result.status} (rc {result.rc}): {failed} hosts failed"
+            status = f"ansible-runner {failing[0].status} (rc {failing[0].rc})" if failing else "stopped"
+            self.stats.last_error = (
+                f"{status}: {failed} hosts failed, {len(failing)} of {len(results)} batches"
+            )

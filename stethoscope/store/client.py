@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -82,7 +83,57 @@ ROW_TABLES: dict[str, tuple[str, ...]] = {
 
 
 class StoreError(RuntimeError):
-    """The store could not do what was asked; the message is meant for a human."""
+    """The store could not do what was asked; the message is meant for a human. `data_fault`: the
+    store (or the client, serialising a value) refused the data sent, not the statement or its own
+    state: only then may a row be blamed (store/salvage.py)."""
+
+    def __init__(self, message: str, *, data_fault: bool = False):
+        super().__init__(message)
+        self.data_fault = data_fault
+
+
+# ClickHouse error codes that blame the values sent: one it cannot parse, convert or hold, a NULL where
+# none may be, a CHECK constraint. Anything else (TOO_MANY_PARTS, MEMORY_LIMIT_EXCEEDED, timeouts, a
+# network blip, a missing table) is the store's state: the rows are fine and are tried again later.
+DATA_ERROR_CODES = frozenset(
+    {
+        6,  # CANNOT_PARSE_TEXT
+        25,  # CANNOT_PARSE_ESCAPE_SEQUENCE
+        26,  # CANNOT_PARSE_QUOTED_STRING
+        27,  # CANNOT_PARSE_INPUT_ASSERTION_FAILED
+        38,  # CANNOT_PARSE_DATE
+        41,  # CANNOT_PARSE_DATETIME
+        53,  # TYPE_MISMATCH
+        69,  # ARGUMENT_OUT_OF_BOUND
+        70,  # CANNOT_CONVERT_TYPE
+        72,  # CANNOT_PARSE_NUMBER
+        117,  # INCORRECT_DATA
+        131,  # TOO_LARGE_STRING_SIZE
+        190,  # SIZES_OF_ARRAYS_DONT_MATCH
+        321,  # VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE
+        349,  # CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN
+        407,  # DECIMAL_OVERFLOW
+        469,  # VIOLATED_CONSTRAINT
+    }
+)
+_CODE = re.compile(r"\bCode:\s*(\d+)|error code (\d+)")
+
+
+def error_code(exc: Exception) -> int | None:
+    """The ClickHouse error code of a clickhouse-connect (or chdb) exception, if it names one."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code
+    match = _CODE.search(str(exc))
+    return int(match[1] or match[2]) if match else None
+
+
+def data_fault(exc: Exception) -> bool:
+    """Whether `exc` blames the values sent: a data error code, or the client failing to serialise
+    a value (clickhouse-connect raises ValueError, TypeError or OverflowError before sending)."""
+    if isinstance(exc, ValueError | TypeError | OverflowError):
+        return True
+    return error_code(exc) in DATA_ERROR_CODES
 
 
 class SchemaMissing(StoreError):
@@ -94,7 +145,7 @@ def _failure(dsn: str, exc: Exception) -> StoreError:
     text = str(exc)
     if "UNKNOWN_DATABASE" in text or "UNKNOWN_TABLE" in text:
         return SchemaMissing(f"{_explain(dsn, exc)}: run `stethoscope db init` first")
-    return StoreError(_explain(dsn, exc))
+    return StoreError(_explain(dsn, exc), data_fault=data_fault(exc))
 
 
 def _in_use(exc: Exception) -> bool:

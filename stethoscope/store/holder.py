@@ -63,7 +63,7 @@ class HolderFile:
             _handles[self.path] = _handles.get(self.path, 0) + 1
             if _handles[self.path] > 1 and self.live_holder() == os.getpid():
                 return  # this process's first handle wrote it; it stays until the last one closes
-        record = {"pid": os.getpid(), "command": _program(), "since": now_ms()}
+        record = {"pid": os.getpid(), "command": program_name(), "since": now_ms()}
         part = self.path.with_name(f"{self.path.name}.{os.getpid()}.part")
         try:
             part.write_text(json.dumps(record), encoding="utf-8")
@@ -114,7 +114,7 @@ class HolderFile:
                 return
 
 
-def _program() -> str:
+def program_name() -> str:
     """`stethoscope <subcommand>` for the CLI, else `stethoscope in <program>` (the callback in
     ansible-playbook); never arguments: a DSN or a webhook URL can carry a secret."""
     argv0 = sys.argv[0] if sys.argv else ""

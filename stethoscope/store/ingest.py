@@ -92,7 +92,7 @@ def _row_problem(row: dict, catalog: Catalog) -> str | None:
         return f"unknown metric {row['metric_name']!r} (not in rules/metrics.yml)"
     if row.get("device") is not None and not isinstance(row["device"], str):
         return f"device {row['device']!r} must be a text"
-    labels = row.get("labels") or {}
+    labels = {} if row.get("labels") is None else row["labels"]
     if not isinstance(labels, dict) or not all(isinstance(v, str | int | float) for v in labels.values()):
         return "labels must be an object of texts or numbers"
     _value, problem = value_problem(row["value"])

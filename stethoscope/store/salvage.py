@@ -1,9 +1,12 @@
 """Inserting rows so that one the store refuses costs that row only: when an insert is refused for its
-data while the store still answers, the rows are halved until the ones refused alone are found.
+data (a ClickHouse data error: a value it cannot parse, convert or hold, a CHECK constraint; or the
+client failing to serialise a value), the rows are halved until the ones refused alone are found.
 
-A store that refuses every row is refusing the table, not the rows (a missing table or column): that
-is the caller's failure to retry, never a reason to set every row aside. The search is bounded, so
-a file of many bad rows costs a few dozen inserts, not one per row.
+Any other error is the store's, not the rows' (too many parts, a memory limit, a timeout, a blip):
+StoreBusy while it still answers, StoreError when it does not; no row is set aside and the caller
+tries them all again later. A store that refuses every row is refusing the table, not the rows (a
+missing table or column): that is the caller's failure to retry, never a reason to set every row
+aside. The search is bounded, so a file of many bad rows costs a few dozen inserts, not one per row.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ class RowsRefused(StoreError):
     """The store refused the rows as a whole (every row, or past the search's budget)."""
 
 
+class StoreBusy(StoreError):
+    """The store answers but refused the insert for its own state (too many parts, memory, a
+    timeout): no row is at fault; they are all tried again later."""
+
+
 def insert(store: Store, table: str, rows: list[dict[str, Any]]) -> None:
     if table == "metrics":
         store.insert_metrics(MetricColumns.from_rows(rows))
@@ -31,7 +39,8 @@ def insert(store: Store, table: str, rows: list[dict[str, Any]]) -> None:
 
 def insert_salvaging(store: Store, table: str, rows: list[dict[str, Any]]) -> tuple[int, list[Refused]]:
     """(rows stored, rows refused with the store's reason). Raises StoreError when the store stops
-    answering (no row is at fault) and RowsRefused when it takes none of them."""
+    answering, StoreBusy when it refuses for its own state (no row is at fault in either), and
+    RowsRefused when it takes none of them."""
     if not rows:
         return 0, []
     budget = [BUDGET]
@@ -66,7 +75,9 @@ def _attempt(store: Store, table: str, rows: list[dict[str, Any]], budget: list[
     except (KeyError, TypeError, ValueError, OverflowError) as exc:  # building the columns failed
         return f"row refused: {type(exc).__name__} {exc}"
     except StoreError as exc:
-        if not store.answers():
-            raise
-        return redact(exc)
+        if exc.data_fault:
+            return redact(exc)
+        if store.answers():
+            raise StoreBusy(redact(exc)) from None
+        raise
     return None

@@ -10,7 +10,9 @@ for, and replays only into that one unless moved on purpose (`spool replay --int
 header is damaged can be replayed nowhere and is quarantined at once, with the reason. A replay has
 two halves: inserting (reads files, writes only to ClickHouse: a thread that may hang) and settling
 (removes what was stored, counts failed attempts, quarantines a file after MAX_ATTEMPTS: the caller's
-thread, under the spool lock). A file that keeps failing never blocks the others.
+thread, under the spool lock). A file that keeps failing never blocks the others. A refusal for the
+store's own state (too many parts, a memory limit) blames no file: the replay stops there, every
+file stays pending and no attempt is counted.
 
 Replays are row by row safe: each row is checked against its table (store.rows) and one the store
 refuses is found alone (store.salvage); such rows, and lines that are not JSON, go to `rejected/`
@@ -38,7 +40,7 @@ from stethoscope.store.batch import Batch
 from stethoscope.store.client import ROW_TABLES, Store
 from stethoscope.store.dsn import database_of, redact, resolve_dsn, target_of
 from stethoscope.store.holder import pid_alive
-from stethoscope.store.salvage import RowsRefused, insert_salvaging
+from stethoscope.store.salvage import RowsRefused, StoreBusy, insert_salvaging
 
 TABLES = ("metrics", *ROW_TABLES)
 HEADER = "__spool__"
@@ -67,6 +69,7 @@ class FileOutcome:
     path: Path
     rows: int = 0
     error: str | None = None
+    busy: str | None = None  # the store refused for its own state: the file waits, no attempt counted
     bad_lines: list[str] = field(default_factory=list)
     refused: list[row_check.Refused] = field(default_factory=list)  # rows no table takes, with why
     torn_bytes: int = 0
@@ -272,6 +275,9 @@ class Spool:
         with self._locked():
             for outcome in outcomes:
                 path = outcome.path
+                if outcome.busy is not None:  # the store's state, not the file's: it stays as it is
+                    report.problems.append(f"{path.name}: not replayed now, tried later: {outcome.busy}")
+                    continue
                 if outcome.error is not None:  # its bad rows stay in it, set aside when it replays
                     self._failed(path, outcome.error, where, report)
                     continue
@@ -344,7 +350,8 @@ class Spool:
 # inserting: reads the spool, writes only to ClickHouse -------------------------------------------
 def insert_files(store: Store, paths: list[Path]) -> list[FileOutcome]:
     """Insert each file's rows, setting aside those no table takes; a file the store refuses as a
-    whole gets its error, the others go on.
+    whole gets its error, the others go on. When the store refuses for its own state (too many
+    parts, memory: StoreBusy), the file waits (`busy`) and the rest are left for a later replay.
 
     Raises StoreError when the store itself stops answering: then no file is at fault.
     """
@@ -366,6 +373,10 @@ def insert_files(store: Store, paths: list[Path]) -> list[FileOutcome]:
             outcome.refused += refused
         except RowsRefused as exc:
             outcome.error = redact(exc)
+        except StoreBusy as exc:  # the rows it took already are written again when the file replays
+            outcome.rows, outcome.refused, outcome.busy = 0, [], redact(exc)
+            outcomes.append(outcome)
+            break
         outcomes.append(outcome)
     return outcomes
 

@@ -6,8 +6,9 @@ lock and changes nothing on disk. After a timeout, `spool_only` skips the wait f
 
 Rows no table can hold (a value that is not a finite number, a time past DateTime64's range) are set
 aside in the spool's rejected/ folder before the write, each alone: the rest of the batch is written.
-An embedded database held by another process is waited for STETHOSCOPE_OPEN_WAIT seconds where that
-is set (0: spool at once), else half the write's timeout.
+An embedded database held by another process is waited for half the write's timeout, or
+STETHOSCOPE_OPEN_WAIT seconds where that is shorter (0: spool at once): a write never takes longer
+than its timeout, whatever the environment says.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class Writer:
         self.dsn = resolve_dsn(dsn, database)  # ConfigError here, before anything is written
         self.spool = Spool(spool_dir or default_spool_dir(), self.dsn)
         self.timeout = timeout
-        self.open_wait = open_wait_seconds(default=timeout / 2)
+        # never past half the timeout: the write (open, then insert) must end within the timeout
+        self.open_wait = min(open_wait_seconds(default=timeout / 2), timeout / 2)
 
     def write(self, batch: Batch, spool_only: bool = False) -> WriteReport:
         report = WriteReport()
@@ -124,7 +126,7 @@ class Writer:
 
         worker = threading.Thread(target=attempt, name="stethoscope-write", daemon=True)
         worker.start()
-        limit = self.open_wait + self.timeout / 2  # unset, the open wait is half the timeout: the timeout
+        limit = self.open_wait + self.timeout / 2  # at most the timeout
         worker.join(limit)
         if worker.is_alive():
             # what the thread does from now on is not looked at: it holds no lock and writes no file

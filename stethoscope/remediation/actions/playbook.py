@@ -1,8 +1,9 @@
 """Remediation playbooks through ansible-runner: `--limit` to one validated inventory name, the finding
-and its transaction id as extra vars, the ansible.cfg and the collection the package ships (or the
-checkout's ansible.cfg, run from one) through envvars (ansible-runner does not read them from its own
-working dir), and its structured events recorded. The playbook runs in the current directory, so its
-callback finds the same state folder as this process (stethoscope.paths).
+and its transaction id as extra vars, the ansible.cfg and the collections path through envvars
+(ansible-runner does not read them from its own working dir; `ansible_environment`), and its
+structured events recorded. The playbook runs in the current directory, so its callback finds the
+same state folder as this process (stethoscope.paths); `playbook_environment` tells it the database
+and the spool of the process that runs it.
 
 A shipped playbook with nothing to act with (its backend not configured) says so with `set_stats:
 {data: {stethoscope_skipped: REASON}}` and ends the host: the run is recorded `skipped`, with the
@@ -10,6 +11,7 @@ reason, never `failed` (the stats reach the executor in the runner's playbook_on
 
 from __future__ import annotations
 
+import configparser
 import os
 import sys
 import tempfile
@@ -18,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from stethoscope.paths import ansible_cfg, collections_path, playbooks_dir
+from stethoscope.store.dsn import is_embedded
 
 RECORDED_EVENTS = ("runner_on_ok", "runner_on_failed", "runner_on_unreachable", "runner_on_skipped")
 MAX_EVENTS = 200
 SKIPPED = "stethoscope_skipped"  # the set_stats key of a playbook that had nothing to act with
+CALLBACK = "aicluster.stethoscope.clickhouse"  # stores what the run found
 
 
 @dataclass
@@ -36,6 +40,89 @@ class PlaybookResult:
 
 def playbook_path(name: str) -> Path:
     return playbooks_dir() / name
+
+
+def playbook_environment(dsn: str, database: str | None, spool_dir: str | Path) -> dict[str, str]:
+    """What a playbook stethoscope runs (a remediation, serve's sweeps) tells its callback: write into
+    `dsn` and `database`, spool into `spool_dir` (the spool the running process replays); and for an
+    embedded database, which the running process may hold (serve does, for its whole life), open
+    without waiting and write within 2 s: the callback spools at once instead of stalling the play."""
+    env = {"STETHOSCOPE_DSN": dsn, "STETHOSCOPE_SPOOL_DIR": str(spool_dir)}
+    if database:
+        env["STETHOSCOPE_DATABASE"] = database
+    if is_embedded(dsn):
+        env.update(STETHOSCOPE_OPEN_WAIT="0", STETHOSCOPE_WRITE_TIMEOUT="2")
+    return env
+
+
+def ansible_environment() -> dict[str, str]:
+    """ANSIBLE_CONFIG and ANSIBLE_COLLECTIONS_PATH for ansible-runner. The config: the user's where
+    ANSIBLE_CONFIG names one that exists (their SSH, become and forks settings), else the checkout's
+    or the shipped one. The collections path: the shipped collection first (the playbooks run are
+    the shipped ones: their roles and modules must be of the same version), then the user's
+    (ANSIBLE_COLLECTIONS_PATH, else their ansible.cfg's collections_path, else Ansible's default).
+    Under the user's config, the stethoscope callback is enabled beside theirs: it stores the run."""
+    shipped = str(collections_path())
+    theirs = _listed(os.environ.get("ANSIBLE_COLLECTIONS_PATH", ""), os.pathsep)
+    user = _user_config()
+    if user is None:
+        return {
+            "ANSIBLE_CONFIG": str(ansible_cfg()),
+            "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(dict.fromkeys([shipped, *theirs])),
+        }
+    defaults = _defaults(user)
+    theirs = theirs or _collections_of(user, defaults)
+    callbacks = _listed(
+        os.environ.get("ANSIBLE_CALLBACKS_ENABLED")
+        or defaults.get("callbacks_enabled")
+        or defaults.get("callback_whitelist", ""),
+        ",",
+    )
+    return {
+        "ANSIBLE_CONFIG": os.environ["ANSIBLE_CONFIG"],
+        "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(dict.fromkeys([shipped, *theirs])),
+        "ANSIBLE_CALLBACKS_ENABLED": ",".join(dict.fromkeys([*callbacks, CALLBACK])),
+    }
+
+
+def _listed(text: str, separator: str) -> list[str]:
+    return [part.strip() for part in text.split(separator) if part.strip()]
+
+
+def _user_config() -> Path | None:
+    """The ansible.cfg the user's ANSIBLE_CONFIG names (a file, or a folder holding ansible.cfg, as
+    Ansible reads it), if it exists."""
+    named = os.environ.get("ANSIBLE_CONFIG", "")
+    if not named:
+        return None
+    path = Path(os.path.expandvars(named)).expanduser()
+    if path.is_dir():
+        path = path / "ansible.cfg"
+    return path if path.is_file() else None
+
+
+def _defaults(config: Path) -> dict[str, str]:
+    """The [defaults] section of an ansible.cfg ({} where it cannot be read: Ansible says why)."""
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        parser.read(config, encoding="utf-8")
+        return dict(parser["defaults"]) if parser.has_section("defaults") else {}
+    except (configparser.Error, OSError, UnicodeDecodeError):
+        return {}
+
+
+def _collections_of(config: Path, defaults: dict[str, str]) -> list[str]:
+    """The collections path an ansible.cfg sets (relative to its folder, as Ansible resolves it), else
+    Ansible's default."""
+    named = defaults.get("collections_path") or defaults.get("collections_paths") or ""
+    if not named.strip():
+        home = os.environ.get("ANSIBLE_HOME") or "~/.ansible"
+        return [str(Path(home).expanduser() / "collections"), "/usr/share/ansible/collections"]
+    paths = []
+    for part in _listed(named, os.pathsep):
+        path = Path(os.path.expandvars(part)).expanduser()
+        paths.append(str(path if path.is_absolute() else (config.parent / path).resolve()))
+    return paths
 
 
 def run_playbook(
@@ -76,8 +163,7 @@ def run_playbook(
         return True
 
     env = {
-        "ANSIBLE_CONFIG": str(ansible_cfg()),
-        "ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
+        **ansible_environment(),
         "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
         # ansible-playbook of this environment, also when the venv is not activated
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
