@@ -7,7 +7,7 @@ LAB := inventories/lab/hosts.yml
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup demo test lint collection lab clean
+.PHONY: setup demo test test-fast lint collection lab clean
 
 setup: $(VENV)/.installed $(LINK)/galaxy.yml
 
@@ -43,15 +43,21 @@ demo: setup
 	$(BIN)/stethoscope diagnose --inventory $(LAB) || test $$? -eq 1  # 1 = findings, which the lab has
 	$(BIN)/stethoscope report --out .stethoscope/report  # prints the board's path
 
-test: setup
-	$(BIN)/python -m pytest
+# the full suite, as CI runs it: the linters once, then every test tier, the 25 slowest named
+test: setup lint
+	$(BIN)/python -m pytest --durations=25
+
+# what a change usually needs answered in minutes: no playbook, lab, training, lint, clock or
+# external service (the tiers: tests/tiers.py)
+test-fast: setup
+	$(BIN)/python -m pytest -m "not (ansible or lab or training or lint or realtime or external)"
 
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy stethoscope
+	$(BIN)/mypy stethoscope stethoscope_training
 	$(BIN)/yamllint -s .
-	$(BIN)/ansible-lint
+	$(BIN)/ansible-lint --offline
 
 collection: setup
 	bash tools/build_collection.sh

@@ -24,6 +24,8 @@ from pathlib import Path
 TOP = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOP))
 
+from provenance import write_results  # noqa: E402
+
 from stethoscope.telemetry.keyring import Keyring  # noqa: E402
 from stethoscope.telemetry.lab import agent_config  # noqa: E402
 from stethoscope.telemetry.metric_set import load_sets  # noqa: E402
@@ -105,7 +107,7 @@ def main() -> int:
     }
     print(json.dumps(figures, indent=1))
     if args.out:
-        args.out.write_text(json.dumps(figures, indent=1) + "\n")
+        write_results(args.out, figures)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

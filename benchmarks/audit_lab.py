@@ -30,6 +30,7 @@ sys.path.insert(0, str(TOP))
 sys.path.insert(0, str(TOP / "tools"))
 
 from lab_replay import SWEEP_MS, first_findings, lab  # noqa: E402
+from provenance import write_results  # noqa: E402
 
 from stethoscope.catalog import Catalog  # noqa: E402
 from stethoscope.diagnosis.audit import run_audit  # noqa: E402
@@ -45,6 +46,7 @@ def _env(tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         ANSIBLE_CONFIG=str(TOP / "ansible.cfg"),
+        ANSIBLE_INVENTORY=str(TOP / "inventories/lab/hosts.yml"),  # ansible.cfg names none
         ANSIBLE_COLLECTIONS_PATH=str(TOP / ".collections"),
         ANSIBLE_LOCAL_TEMP=str(tmp / "ansible-tmp"),
         ANSIBLE_HOME=str(tmp / "ansible-home"),
@@ -119,12 +121,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--skip-sweeps", action="store_true", help="only the climbing SSD part")
+    parser.add_argument("--out", type=Path, default=TOP / "benchmarks/results/audit_lab.json")
     args = parser.parse_args()
     result = {"climbing_ssd": climbing_ssd(args.steps)}
     if not args.skip_sweeps:
         result["lab_sweeps"] = lab_sweeps()
     print(json.dumps(result, indent=1))
-    (TOP / "benchmarks/results/audit_lab.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_results(args.out, result)
     return 0
 
 

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import write_results
+
 from stethoscope.bench import baseline
 from stethoscope.catalog import Catalog
 from stethoscope.paths import project_root
@@ -166,7 +168,7 @@ def main() -> int:
         },
         "repeat": args.repeat,
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_results(args.out, report, indent=2)
     print(json.dumps(report, indent=2))
     return 0
 

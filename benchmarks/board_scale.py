@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import write_results
+
 from stethoscope.catalog import Catalog
 from stethoscope.report.board import collect, render_terminal, write
 from stethoscope.store.client import Store
@@ -101,8 +103,7 @@ def main() -> None:
             "worst_first": [n.node_id for n in board.nodes[:5]],
             "terminal_lines": len(terminal.splitlines()),
         }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_results(args.out, result, indent=2)
     print(json.dumps(result, indent=2))
 
 

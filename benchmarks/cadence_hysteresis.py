@@ -29,8 +29,8 @@ TOP = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOP / "benchmarks"))
 sys.path.insert(0, str(TOP / "tools"))
 
-from lab_sweeps import jittered, lay_out, record  # noqa: E402
-from provenance import stamp  # noqa: E402
+from lab_sweeps import HEALTHY, STATE_FAULTS, jittered, lay_out, record  # noqa: E402
+from provenance import stamp, write_results  # noqa: E402
 
 from stethoscope.catalog import Catalog  # noqa: E402
 from stethoscope.diagnosis.rules import load_rules  # noqa: E402
@@ -41,16 +41,6 @@ from stethoscope.store.client import Store  # noqa: E402
 from stethoscope.timeutil import now_ms  # noqa: E402
 
 MINUTE = 60_000
-STATE_FAULTS = [
-    ("node03", "gpu_thermal_throttling"),
-    ("node04", "gpu_row_remap_pending"),
-    ("node06", "nvlink_physical_error"),
-    ("node07", "ssd_reallocated_sectors"),
-    ("node08", "ib_port_not_active"),
-    ("node08", "net_mtu_mismatch"),
-    ("node08", "rdma_qp_in_error"),
-]
-HEALTHY = ("node01", "node05")
 
 
 def main() -> None:
@@ -125,7 +115,6 @@ def main() -> None:
             key = (entry["node_id"], entry["rule_id"])
             logged[key] = logged.get(key, 0) + 1
     result = {
-        **provenance,
         "target": "a fault in every sweep (300 s ±60 s, one lost) found at every 5-minute instant for 4 h; "
         "healthy nodes: no finding",
         "hours": args.hours,
@@ -148,7 +137,7 @@ def main() -> None:
         and not healthy_dry,
     }
     print(json.dumps(result, indent=1))
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_results(args.out, result, provenance)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from pathlib import Path
 TOP = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOP))
 
+from provenance import write_results  # noqa: E402
+
 from stethoscope.store.batch import Batch, MetricColumns  # noqa: E402
 from stethoscope.store.client import Store  # noqa: E402
 from stethoscope.store.writer import Writer  # noqa: E402
@@ -128,7 +130,7 @@ def main() -> int:
     figures["other_process_after_close"] = _other_process_opens(path)
     print(json.dumps(figures, indent=1))
     if args.out:
-        args.out.write_text(json.dumps(figures, indent=1) + "\n")
+        write_results(args.out, figures)
     return 0
 
 

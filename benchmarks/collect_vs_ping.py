@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import write_results
+
 from stethoscope import stats
 
 TOP = Path(__file__).resolve().parent.parent
@@ -35,6 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=TOP / "benchmarks/results/collect_vs_ping_64.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
@@ -73,22 +76,19 @@ def main() -> None:
         with Store(env["STETHOSCOPE_DSN"]) as store:
             rows, nodes = store.query("SELECT count(), uniqExact(node_id) FROM stethoscope.metrics")[0]
     medians = {name: stats.median(values) for name, values in times.items()}
-    print(
-        json.dumps(
-            {
-                "nodes": args.nodes,
-                "forks": 16,
-                "repeat": args.repeat,
-                "seconds_median": {k: round(v, 2) for k, v in medians.items()},
-                "seconds_all": {k: [round(v, 2) for v in vs] for k, vs in times.items()},
-                "collect_vs_ping": round(medians["collect"] / medians["ping"], 2),
-                "rows_stored": rows,
-                "nodes_stored": nodes,
-                "target": "collect <= 2x ping",
-            },
-            indent=1,
-        )
-    )
+    figures = {
+        "nodes": args.nodes,
+        "forks": 16,
+        "repeat": args.repeat,
+        "seconds_median": {k: round(v, 2) for k, v in medians.items()},
+        "seconds_all": {k: [round(v, 2) for v in vs] for k, vs in times.items()},
+        "collect_vs_ping": round(medians["collect"] / medians["ping"], 2),
+        "rows_stored": rows,
+        "nodes_stored": nodes,
+        "target": "collect <= 2x ping",
+    }
+    print(json.dumps(figures, indent=1))
+    write_results(args.out, figures)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from diagnosis_cycle import generate
+from provenance import write_results
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis import engine
@@ -80,8 +81,7 @@ def main() -> None:
             print(json.dumps(result), flush=True)
     engine._Builder.dedup = "group_by"
     report = {"nodes": args.nodes, "rows_generated": rows, "rules": len(rules), "phases": phases}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_results(args.out, report)
     print(f"wrote {args.out}")
 
 

@@ -12,7 +12,9 @@ UNKNOWN answers for an inventory of the N nodes plus two that never reported.
 
 The data is generated inside ClickHouse (INSERT ... SELECT from numbers()), healthy values with noise
 and a few faulted nodes (worn SSDs, IB symbol errors, a throttling GPU), so rules have work to do.
-`--data DIR` keeps it there and reuses it on the next run (generating 200 nodes takes minutes).
+`--data DIR` keeps it there and reuses it on the next run (generating 200 nodes takes minutes); a run
+that reuses it reports no generation time of its own (`generate_seconds` null) and names when the data
+was generated (`data_reused_generated_at`).
 
     .venv/bin/python benchmarks/diagnosis_cycle.py [--nodes 50 100 200] [--repeat 3] [--data DIR]
 """
@@ -29,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from stethoscope import stats
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import diagnose
@@ -41,11 +45,13 @@ from stethoscope.model import metadata
 from stethoscope.model.findings import run_model
 from stethoscope.model.inference import graphs_for
 from stethoscope.paths import project_root
+from stethoscope.store.batch import MetricColumns
 from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
+from stethoscope_training import episodes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import model_inference as stream_part
+from provenance import write_results
 
 STEP_S = 5
 HOURS = 24
@@ -66,13 +72,62 @@ SERIES = [
     ("ib_port_state", "mlx5_0/1", "map()", "4", "4"),
     ("ib_symbol_errors_total", "mlx5_0/1", "map()", "0", "s"),
     ("ib_port_xmit_discards_total", "mlx5_0/1", "map()", "intDiv(s, 100)", "intDiv(s, 100)"),
-    ("rdma_qps_dropped_per_second", "mlx5_0", "map()", "0", "0"),
+    ("rdma_qps_dropped_per_second", "mlx5_0/1", "map()", "0", "0"),
     ("smart_reallocated_sector_ct", "sda", "map()", "4", "150 + intDiv(s, 1000)"),
     ("smart_media_wearout_indicator_normalized", "sda", "map()", "90", "5"),
     ("nvme_critical_warning", "nvme0n1", "map()", "0", "0"),
     ("train_step_time_ms", "node", "map()", "100 + 2 * sin(s)", "100 + 2 * sin(s)"),
 ]
 FAULT_EVERY = 37  # node ids divisible by this carry faults
+
+
+JOB_SIZE = 16  # a job's ranks run in lockstep: one healthy episode per job
+STREAM_FAULT_EVERY = 50  # every 50th node replays a fault episode instead (2 %)
+STREAM_FAULTS = (
+    "communication.rdma_drop_storm",
+    "communication.allreduce_centre",
+    "storage.slow_nvme_clean_smart",
+    "compute.straggler_gpu",
+)
+
+
+def stream_part(store: Store, nodes: int, end_ms: int) -> int:
+    """The learned model's last 10 minutes for every node, as the stream collector writes them
+    (Episodes.to_rows: device node/job, labels source=stream), from episodes calibrated on the real
+    H200 capture: a job per 16 nodes, every 50th node a fault episode; and each node's class
+    fingerprint (H200 x 8), as a sweep records it, so that the model knows what to judge it as."""
+    data = episodes.generate(7, max(8, nodes // JOB_SIZE + 1))
+    healthy = np.flatnonzero(data.family == "healthy.training")
+    faulty = {name: np.flatnonzero(data.family == name) for name in STREAM_FAULTS}
+    written = 0
+    for first in range(0, nodes, 200):
+        batch = MetricColumns()
+        for n in range(first, min(first + 200, nodes)):
+            node, job = f"node{n:04d}", n // JOB_SIZE
+            if n % STREAM_FAULT_EVERY == 7:
+                family = STREAM_FAULTS[(n // STREAM_FAULT_EVERY) % len(STREAM_FAULTS)]
+                index = int(faulty[family][n % len(faulty[family])])
+            else:
+                index = int(healthy[job % len(healthy)])
+            for row in data.to_rows(index, node, end_ms):
+                labels = dict(row["labels"], job=f"job{job}") if "job" in row["labels"] else row["labels"]
+                batch.append(node, row["metric_name"], row["device"], labels, row["value"], row["timestamp"])
+        written += store.insert_metrics(batch)
+    detail = json.dumps({"gpu": {"models": ["NVIDIA H200"], "count": 8}})  # the sweep's class fingerprint
+    store.insert_rows(
+        "fingerprints",
+        [
+            {
+                "fingerprint": "h200x8",
+                "kind": "class",
+                "node_id": f"node{i:04d}",
+                "detail": detail,
+                "first_seen": end_ms,
+            }
+            for i in range(nodes)
+        ],
+    )
+    return written
 
 
 def generate(store: Store, nodes: int, end_ms: int) -> int:
@@ -166,31 +221,39 @@ def model_meta() -> metadata.ModelMeta | None:
     return metadata.load(path) if path.is_file() else None
 
 
-def stored_data(store: Store, nodes: int, folder: Path, end_ms: int) -> tuple[int, float, int]:
-    """(rows generated, seconds it took, evaluation time): generated now, or kept from a run before.
-    Beside the 24 h of sweep-shaped series, the last 10 minutes of the learned model's 12 features
-    as the stream collector writes them (benchmarks/model_inference.py's generator), so that the
-    model's part has every node to judge."""
+def stored_data(store: Store, nodes: int, folder: Path, end_ms: int) -> tuple[int, dict | None, int]:
+    """(rows, the generation's seconds or None, evaluation time): generated now, or the data a run
+    before generated and kept in `folder` (--data), whose generation time is that run's, not this
+    one's: the figures say it was reused and when it was generated. Beside the 24 h of sweep-shaped
+    series, the last 10 minutes of the learned model's 12 features as the stream collector writes
+    them (benchmarks/model_inference.py's generator), so that the model's part has every node to
+    judge."""
     meta = folder / "meta.json"
     kept = json.loads(meta.read_text()) if meta.exists() else {}
-    if kept.get("nodes") != nodes:
-        store.init_schema()
-        started = time.perf_counter()
-        rows = generate(store, nodes, end_ms)
-        store.command(f"OPTIMIZE TABLE {store.database}.metrics FINAL")  # as ClickHouse would in time
-        kept = {
-            "nodes": nodes,
-            "rows": rows,
-            "generate_seconds": time.perf_counter() - started,
-            "end_ms": end_ms,
-        }
-    if not kept.get("stream_rows"):  # data kept from before the stream part was added
-        started = time.perf_counter()
-        kept["stream_rows"] = stream_part.generate(store, nodes, kept["end_ms"])
-        kept["rows"] += kept["stream_rows"]
-        kept["generate_seconds"] += time.perf_counter() - started
-    meta.write_text(json.dumps(kept))
-    return kept["rows"], kept["generate_seconds"], kept["end_ms"]
+    if kept.get("nodes") == nodes and kept.get("stream_rows") and kept.get("generated_at"):
+        return kept["rows"], None, kept["end_ms"]
+    store.command(f"DROP DATABASE IF EXISTS {store.database}")  # kept from an older run's layout
+    store.init_schema()
+    started = time.perf_counter()
+    rows = generate(store, nodes, end_ms)
+    store.command(f"OPTIMIZE TABLE {store.database}.metrics FINAL")  # as ClickHouse would in time
+    stream_rows = stream_part(store, nodes, end_ms)
+    seconds = time.perf_counter() - started
+    kept = {
+        "nodes": nodes,
+        "rows": rows + stream_rows,
+        "stream_rows": stream_rows,
+        "end_ms": end_ms,
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    meta.write_text(json.dumps(kept))  # the cache's own note, not a results file
+    return kept["rows"], {"seconds": seconds}, end_ms
+
+
+def reused_note(folder: Path | None) -> str | None:
+    if folder is None or not (folder / "meta.json").exists():
+        return None
+    return json.loads((folder / "meta.json").read_text()).get("generated_at")
 
 
 def one_size(nodes: int, repeat: int, data: Path | None) -> dict:
@@ -206,7 +269,7 @@ def one_size(nodes: int, repeat: int, data: Path | None) -> dict:
                 shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True, exist_ok=True)
         store = stack.enter_context(Store(f"chdb://{folder}/db"))
-        rows, generate_s, end_ms = stored_data(store, nodes, folder, now_ms() - 1000)
+        rows, generated, end_ms = stored_data(store, nodes, folder, now_ms() - 1000)
         stored = store.query(f"SELECT count() FROM {store.database}.metrics")[0][0]
         names = [f"node{i:04d}" for i in range(nodes)] + ["ghost0", "ghost1"]
         fleet = Fleet(tuple(Host(name, name) for name in names))
@@ -234,7 +297,9 @@ def one_size(nodes: int, repeat: int, data: Path | None) -> dict:
         "nodes": nodes,
         "rows_generated": rows,
         "rows_stored": stored,
-        "generate_seconds": round(generate_s, 1),
+        # this run's generation time; None where the data was reused from the run named
+        "generate_seconds": round(generated["seconds"], 1) if generated else None,
+        "data_reused_generated_at": None if generated else reused_note(folder),
         "rules": len(loaded.rules),
         "cycle": result_cycle,
         "parts": parts,
@@ -272,8 +337,7 @@ def main() -> None:
         "load_average_at_start_and_end": [load, [round(x, 2) for x in os.getloadavg()]],
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_results(args.out, report)
     print(f"wrote {args.out}")
 
 

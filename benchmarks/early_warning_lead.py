@@ -25,6 +25,7 @@ from stethoscope.timeutil import now_ms
 TOP = project_root()
 sys.path.insert(0, str(TOP / "tools"))
 from lab_replay import SWEEP_MS, first_findings, lab  # noqa: E402
+from provenance import write_results  # noqa: E402
 
 NODE, DISKS = "node07", ["sda", "sdb"]
 FAMILY, WARNING, LIMIT = "ssd_reallocated", "ssd_reallocated_climbing", "ssd_reallocated_sectors"
@@ -50,14 +51,16 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=60)
-    result = measure(parser.parse_args().steps)
+    parser.add_argument("--out", type=Path, default=TOP / "benchmarks/results/early_warning_lead.json")
+    args = parser.parse_args()
+    result = measure(args.steps)
     print(json.dumps(result, indent=1))
     if "lead_minutes" not in result:
         print("early_warning_lead: the warning or the hard limit never fired", file=sys.stderr)
         return 3
     lead, sweep = result["lead_minutes"], result["sweep_s"]
     print(f"early warning {lead:.0f} min before the hard limit (sweeps of {sweep} s)")
-    (TOP / "benchmarks/results/early_warning_lead.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_results(args.out, result)
     return 0
 
 

@@ -30,6 +30,8 @@ from pathlib import Path
 TOP = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOP))
 
+from provenance import write_results  # noqa: E402
+
 from stethoscope.model import features  # noqa: E402
 from stethoscope.store.client import Store  # noqa: E402
 from stethoscope.telemetry.metric_set import load_sets  # noqa: E402
@@ -42,9 +44,9 @@ SWEPT_NODE = [
     ("disk_temperature_celsius", "nvme0n1"),
     ("pcie_aer_correctable_errors_total", "0000:17:00.0"),
     ("pcie_aer_correctable_errors_total", "0000:2a:00.0"),
-    ("ib_symbol_errors_total", "mlx5_0"),
-    ("ib_port_xmit_wait_total", "mlx5_0"),
-    ("rdma_qps_dropped_per_second", "mlx5_0"),
+    ("ib_symbol_errors_total", "mlx5_0/1"),
+    ("ib_port_xmit_wait_total", "mlx5_0/1"),
+    ("rdma_qps_dropped_per_second", "mlx5_0/1"),
 ]
 
 
@@ -178,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_after": [round(v, 2) for v in os.getloadavg()],  # the machine is shared
     }
     print(json.dumps(result, indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result, indent=2)
     return 0
 
 

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import write_results
+
 TOP = Path(__file__).resolve().parent.parent
 
 
@@ -76,8 +78,8 @@ def main() -> int:
         except CollectorError as exc:
             report[name] = {"error": exc.msg, "cmd": exc.cmd, "rc": exc.rc}
         report[name]["seconds"] = round(time.perf_counter() - started, 3)
-    (out / "collectors.json").write_text(json.dumps(report, indent=1, default=str))
-    (out / "raw_outputs.json").write_text(json.dumps(raw, indent=1))
+    write_results(out / "collectors.json", report)
+    write_results(out / "raw_outputs.json", {"outputs": raw})
     for name, item in report.items():
         rows = item.get("metrics", [])
         print(
@@ -168,7 +170,7 @@ def compute_check(out: Path, quick: bool) -> bool:
         f"(reference {sustained_reference}, {deviation:.1f} % off), clock event mask {mask:#x}, "
         f"power samples {[s.get('power.draw') for s in run['samples']]}"
     )
-    (out / "compute.json").write_text(json.dumps(report, indent=1, default=str))
+    write_results(out / "compute.json", report)
     return ok
 
 

@@ -23,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 
+from provenance import write_results
+
 TOP = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
@@ -165,8 +167,7 @@ def main() -> None:
         and spooled == after - before
         and replay.returncode == 0,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_results(args.out, result)
     print(json.dumps(result, indent=1))
     if spooled != after - before:
         raise SystemExit(f"replay stored {after - before} metric rows, {spooled} were spooled")

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import clickhouse_connect
+from provenance import write_results
 
 from stethoscope import stats
 from stethoscope.store.batch import METRIC_COLUMNS, Batch, MetricColumns
@@ -92,6 +93,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "ingest.json")
     args = parser.parse_args()
     rows = make_rows(args.rows)
     results: dict[str, list[float]] = {"bare": [], "store": [], "writer": []}
@@ -112,6 +114,7 @@ def main() -> None:
         "target": ">= 500000 rows/s and >= 0.80 of bare",
     }
     print(json.dumps(report, indent=1))
+    write_results(args.out, report)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 of each fault class and of healthy nodes written before the model was trained (set 1: after it was
 trained and chosen), so a clean hold-out (the test split's HELD_OUT families were seen while the
 architecture was chosen). Once scored, a set becomes training data for the next model; each
-earlier scoring stays under `history` (which model, by its graphs' fingerprint; which set; when).
+scoring is a results file of its own, written whole by its run (an earlier file's `history`, from
+before benchmarks/provenance.py, is read only to check that a set regenerates the data it scored).
 Scored as `stethoscope model evaluate` scores (stethoscope_training/evaluate.py): per-class precision,
 recall, F1, macro-F1, confusion, healthy false findings; and per family: the share found (the
 classifier names the class, or the outlier detector fires on a feature of its layer), the
@@ -29,6 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+from provenance import write_results
 
 from stethoscope.model.metadata import CLASSES, load, metadata_path
 from stethoscope.paths import project_root
@@ -58,28 +60,7 @@ def per_family(out: evaluate.Outputs, eps: episodes.Episodes) -> dict[str, dict]
     return families
 
 
-# what each earlier scoring keeps in `history`: a hold-out is scored by a model before it becomes
-# training data (again only after a change that leaves the classifier as it was, with a note), and
-# that score stays here after it has
-HEADLINE = (
-    "model",
-    "model_fingerprint",
-    "model_data_hash",
-    "generator_version",
-    "fresh_set",
-    "fresh_seed",
-    "per_family",
-    "fresh_data_hash",
-    "scored_at",
-    "macro_f1",
-    "per_class_f1",
-    "per_class_precision",
-    "outlier_recall",
-    "healthy_false_findings_percent",
-    "healthy_false_classifier_percent",
-    "family_found",
-    "note",
-)
+# what makes two scorings the same one (an earlier file's entry or `history`, read to check)
 SAME_SCORING = ("model_fingerprint", "fresh_set", "fresh_seed", "per_family", "fresh_data_hash")
 
 
@@ -91,35 +72,6 @@ def fingerprint(meta) -> str:
         digest.update(meta.path.with_name(graph).read_bytes())
     digest.update(json.dumps(meta.thresholds, sort_keys=True).encode())
     return digest.hexdigest()[:16]
-
-
-def headline(figures: dict) -> dict:
-    entry = {k: figures.get(k) for k in HEADLINE}
-    if entry["per_class_f1"] is None and isinstance(figures.get("per_class"), dict):
-        entry["per_class_f1"] = {c: v["f1"] for c, v in figures["per_class"].items()}
-    if entry["per_class_precision"] is None and isinstance(figures.get("per_class"), dict):
-        entry["per_class_precision"] = {c: v["precision"] for c, v in figures["per_class"].items()}
-    if entry["outlier_recall"] is None and isinstance(figures.get("outlier"), dict):
-        entry["outlier_recall"] = figures["outlier"].get("recall")
-    if entry["family_found"] is None and isinstance(figures.get("families"), dict):
-        entry["family_found"] = {
-            name: f.get("recall", f.get("no_finding")) for name, f in figures["families"].items()
-        }
-    return entry
-
-
-def history(path: Path, figures: dict) -> list[dict]:
-    """The earlier scorings kept in `path`, and the one it holds now unless this run repeats it."""
-    try:
-        earlier = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
-    kept = [h for h in earlier.get("history", []) if isinstance(h, dict)]
-    entry = headline(earlier)
-    repeated = [entry[k] for k in SAME_SCORING] == [figures[k] for k in SAME_SCORING]
-    if earlier.get("macro_f1") is not None and not repeated and entry not in kept:
-        kept.append(entry)
-    return kept
 
 
 def _scorings(path: Path) -> list[dict]:
@@ -180,7 +132,7 @@ def main() -> None:
     parser.add_argument(
         "--json", type=Path, help=f"default {RESULT} (another set: model_fresh_setN.json beside it)"
     )
-    parser.add_argument("--note", help="what this scoring is, kept with it in the history")
+    parser.add_argument("--note", help="what this scoring is, kept with it")
     args = parser.parse_args()
     try:
         chosen = fresh.families_of(args.set)
@@ -245,11 +197,9 @@ def main() -> None:
     figures["control_generator_test_split"] = {
         k: control[k] for k in ("episodes", "macro_f1", "healthy_false_findings_percent")
     }
-    figures["history"] = history(args.json, figures)
     figures["per_class_f1"] = {c: v["f1"] for c, v in scores["per_class"].items()}
     print(json.dumps(figures, indent=2))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    write_results(args.json, figures, indent=2)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from stethoscope_training.episodes import hardware
 from stethoscope_training.jobs import Options, simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import stamp
+from provenance import stamp, write_results
 
 # (kind, switches of 16 nodes, the job ids' range): 672 + 672 + 656 nodes, 84 + 84 + 82 jobs of 8
 FLEETS = (
@@ -196,7 +196,6 @@ def main() -> None:
     first = {key: round(runs[0][key], 4) for key in runs[0] if key.endswith("_s")}
     last = runs[-1]
     report = {
-        **provenance,
         "target": "2,000 nodes in 250 jobs: features + both graphs + explanation + job-relative layer "
         "(total_s: the read, the topology and findings.from_windows as diagnose runs them) <= 2 s, "
         "inference alone <= 0.5 s",
@@ -229,8 +228,7 @@ def main() -> None:
         f"{report['findings']} ({report['findings_by_rule']}), explained {report['explained_findings']}; "
         f"injected {report['culprits_injected']}, said {report['job_and_switch_findings']}"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_results(args.out, report, provenance)
     print(f"wrote {args.out}")
 
 

@@ -18,7 +18,6 @@ generator's validation scenes), and, as a control, on those validation scenes th
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from stethoscope.model.metadata import load, metadata_path
 from stethoscope_training import job_evaluate, job_families, job_fresh
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import stamp
+from provenance import stamp, write_results
 
 RESULT = Path(__file__).resolve().parent / "results" / "model_jobs.json"
 TARGETS = {
@@ -80,7 +79,6 @@ def main() -> None:
     fresh, fresh_s = _score(graphs, job_fresh.scenes(args.seed, args.fresh_per_family))
     validation, validation_s = _score(graphs, job_families.scenes(7, args.validation_per_family))
     report = {
-        **provenance,
         "targets": TARGETS,
         "model": f"{meta.name} ({args.model})",
         "model_fingerprint": graphs.version,
@@ -94,8 +92,7 @@ def main() -> None:
     }
     print(job_evaluate.render(fresh, f"held-out set {job_fresh.SET} (seed {args.seed})"))
     print(job_evaluate.render(validation, "validation scenes (the constants were chosen on these)"))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_results(args.out, report, provenance)
     print(f"wrote {args.out}")
 
 

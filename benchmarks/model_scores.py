@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from provenance import write_results
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.rules import load_rules
@@ -58,7 +59,7 @@ def main() -> None:
     }
     print(json.dumps(figures, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        write_results(args.json, figures, indent=2)
 
 
 if __name__ == "__main__":

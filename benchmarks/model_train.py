@@ -9,7 +9,8 @@ class, old classes within 2 points. Writes nothing under rules/ (a temp folder).
 
 --finetune-only fine-tunes the shipped model (rules/models/core12*) on the episodes its metadata's
 seed and size generate (their data hash checked against the metadata's) instead of training one,
-and replaces only the "finetune" figures in OUT.
+and writes only its "finetune" figures to OUT, a file of its own (benchmarks/results/model_finetune.json):
+a results file is written whole by one run, never merged into an earlier one.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from provenance import write_results
 
 from stethoscope.model import metadata
 from stethoscope_training import dataset, episodes, evaluate, finetune
@@ -73,7 +76,7 @@ def main() -> None:
         figures["finetune"] = finetuned(result.meta, data, args.seed, Path(scratch) / "ft")
     print(json.dumps(figures, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        write_results(args.json, figures, indent=2)
 
 
 def finetuned(meta: metadata.ModelMeta, data: episodes.Episodes, seed: int, out: Path) -> dict:
@@ -102,8 +105,7 @@ def finetune_only(args: argparse.Namespace) -> None:
         figures = finetuned(meta, regenerated.episodes, meta.seed, Path(scratch) / "ft")
     print(json.dumps(figures, indent=2))
     if args.json:
-        kept = json.loads(args.json.read_text()) if args.json.is_file() else {}
-        args.json.write_text(json.dumps(kept | {"finetune": figures}, indent=2) + "\n")
+        write_results(args.json, {"finetune": figures}, indent=2)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pathlib import Path
 TOP = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TOP / "tools"))
 
+from provenance import write_results  # noqa: E402
 from slurm_lab import SlurmCluster  # noqa: E402  (a tool beside the project, not a package)
 
 from stethoscope.store.batch import MetricColumns  # noqa: E402
@@ -73,6 +74,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--findings", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=TOP / "benchmarks/results/parallel_actions.json")
     args = parser.parse_args()
     nodes = [f"node{i:02d}" for i in range(1, args.findings + 1)]
     with tempfile.TemporaryDirectory(prefix="stethoscope-bench-", ignore_cleanup_errors=True) as tmp:
@@ -89,9 +91,11 @@ def main() -> int:
         "findings": args.findings,
         "sequential_s": round(statistics.median(times[1]), 1),
         "parallel4_s": round(statistics.median(times[4]), 1),
+        "median_of": args.repeat,
     }
     result["speedup"] = round(result["sequential_s"] / result["parallel4_s"], 2)
     print(json.dumps(result))
+    write_results(args.out, result)
     return 0
 
 

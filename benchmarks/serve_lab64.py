@@ -31,7 +31,7 @@ from pathlib import Path
 TOP = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOP / "benchmarks"))
 
-from provenance import stamp  # noqa: E402
+from provenance import stamp, write_results  # noqa: E402
 
 from stethoscope.store.client import Store  # noqa: E402
 
@@ -145,7 +145,6 @@ def main() -> None:
     run = sweeps.get("ok", 0) + sweeps.get("failed", 0)
     stored = sorted(count for _node, count in per_node)
     result = {
-        **provenance,
         "target": "every sweep stored, cycle p99 under the sweep interval, no overlapping sweeps",
         "nodes": args.nodes,
         "minutes": args.minutes,
@@ -178,7 +177,7 @@ def main() -> None:
         and result["cycle_seconds"]["p99"] < args.sweep_interval
     )
     print(json.dumps(result, indent=1))
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_results(args.out, result, provenance)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from provenance import write_results
+
 TOP = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
@@ -73,6 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runtime", type=int, default=10)
     parser.add_argument("--size", default="1G")
+    parser.add_argument("--out", type=Path, default=TOP / "benchmarks/results/storage_reproducibility.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get("STETHOSCOPE_BENCH_DIR", "/var/tmp")) as tmp:
         tmp_path = Path(tmp)
@@ -100,15 +103,12 @@ def main() -> None:
             tmp_path / "lab/nodes/node01/bin",
             {"filename": str(tmp_path / "lab.fio"), "repetitions": 3},
         )
-    print(
-        json.dumps(
-            {
-                "this_machine": {"runtime_s": args.runtime, "size": args.size, **summary(real)},
-                "lab_replay": summary(lab),
-            },
-            indent=1,
-        )
-    )
+    figures = {
+        "this_machine": {"runtime_s": args.runtime, "size": args.size, **summary(real)},
+        "lab_replay": summary(lab),
+    }
+    print(json.dumps(figures, indent=1))
+    write_results(args.out, figures)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ from pathlib import Path
 TOP = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOP))
 
+from provenance import write_results  # noqa: E402
+
 from stethoscope.catalog import Catalog  # noqa: E402
 from stethoscope.diagnosis.rules import load_rules  # noqa: E402
 from stethoscope.serve import Server  # noqa: E402
@@ -125,7 +127,7 @@ def main() -> int:
         print("store_latency: no sample reached the store; nothing was measured", file=sys.stderr)
         return 1
     if args.out:
-        args.out.write_text(json.dumps(figures, indent=1) + "\n")
+        write_results(args.out, figures)
     return 0
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 TOP = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOP))
 
+from provenance import write_results  # noqa: E402
+
 from stethoscope.telemetry import wire  # noqa: E402
 
 SECRET = b"stream-scale-benchmark-secret"
@@ -267,7 +269,7 @@ def main() -> int:
     figures["cpus"] = os.cpu_count()
     print(json.dumps({"highest_rate_held_per_s": figures["highest_rate_held_per_s"]}))
     if args.out:
-        args.out.write_text(json.dumps(figures, indent=1) + "\n")
+        write_results(args.out, figures)
     return 0
 
 

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import write_results
+
 from stethoscope.catalog import Catalog
 from stethoscope.report.top import HOUR_MS, Window, top
 from stethoscope.store.client import Store
@@ -96,8 +98,7 @@ def main() -> None:
         "equal": from_rollup == from_raw,
         "top": [entry.as_dict() for entry in from_rollup],  # type: ignore[attr-defined]
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_results(args.out, result, indent=2)
     print(json.dumps({k: v for k, v in result.items() if k != "top"}, indent=2))
 
 

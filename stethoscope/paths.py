@@ -26,6 +26,17 @@ def shipped_dir() -> Path:
     return Path(__file__).resolve().parent / "shipped"
 
 
+def data_dir() -> Path:
+    """Data files the runtime reads (recorded captures), shipped as package data: never the test tree."""
+    return Path(__file__).resolve().parent / "data"
+
+
+def h200_capture() -> Path:
+    """The recorded H200 `nvidia-smi --query-gpu` time series at 2 Hz under load (its README says
+    where it comes from): the lab's agents replay it, the episode generator calibrates on it."""
+    return data_dir() / "h200-vm-under-load" / "query_gpu_timeseries_2hz.csv"
+
+
 def rules_dir() -> Path:
     """The shipped knowledge base: rules, metrics.yml, telemetry.yml, models/."""
     return (shipped_dir() / "rules").resolve()

@@ -1,7 +1,12 @@
 """How good a shipped model is on labelled episodes (onnxruntime and numpy only: no torch): per-class
 precision, recall and F1, macro-F1, the confusion matrix, false findings on healthy episodes and
 whether the fault families the rules miss are found. Training uses the same decision rule and
-scores, so what `model train` writes and what `model evaluate` prints are one computation."""
+scores, so what `model train` writes and what `model evaluate` prints are one computation. The graphs
+are loaded, checked and run by the runtime's loader (stethoscope.model.inference). A node's peers'
+window is not production's: an episode is one node, not a job's rank, so its stand-in peers are
+healthy episodes of other jobs and, for the job's own features, its early level (`peer_windows`);
+job-relative detection is measured on job-shaped scenes with production's construction
+(benchmarks/model_jobs.py)."""
 
 from __future__ import annotations
 
@@ -13,64 +18,14 @@ from typing import Any
 import numpy as np
 
 from stethoscope.model.decide import decide
+from stethoscope.model.inference import Graphs
 from stethoscope.model.metadata import CLASSES, FEATURES, ModelError, ModelMeta
 from stethoscope_training.families import RULES_MISS, workload
 
 PEERS = 4  # healthy episodes whose median stands in for a node's peers
 TIMINGS = ("train_allreduce_latency_ms", "train_data_wait_ms")
-BATCH = 1024
 JOB = [i for i, f in enumerate(FEATURES) if f.metric.startswith("train_")]
 JOB_BASELINE_STEPS = 24
-
-
-@dataclass
-class Graphs:
-    """Both ONNX graphs of one model, loaded once, run in batches on the CPU provider."""
-
-    meta: ModelMeta
-
-    def __post_init__(self) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 2
-        options.inter_op_num_threads = 1
-        self.sessions = {}
-        for role in ("classifier", "detector"):
-            path = self.meta.graph_path(role)
-            try:
-                self.sessions[role] = ort.InferenceSession(
-                    str(path), options, providers=["CPUExecutionProvider"]
-                )
-            except Exception as exc:  # onnxruntime raises its own types for a damaged file
-                raise ModelError(f"{path}: not a loadable ONNX graph: {exc}") from None
-
-    def classify(self, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        session = self.sessions["classifier"]
-        parts = [
-            session.run(["probs"], {"x": x[i : i + BATCH], "mask": mask[i : i + BATCH]})[0]
-            for i in range(0, len(x), BATCH)
-        ]
-        return np.concatenate(parts) if parts else np.zeros((0, len(self.meta.classes)), np.float32)
-
-    def detect(
-        self, x: np.ndarray, mask: np.ndarray, peer: np.ndarray, peer_mask: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        session = self.sessions["detector"]
-        scores, deviations = [], []
-        for i in range(0, len(x), BATCH):
-            feed = {
-                "x": x[i : i + BATCH],
-                "mask": mask[i : i + BATCH],
-                "peer": peer[i : i + BATCH],
-                "peer_mask": peer_mask[i : i + BATCH],
-            }
-            score, deviation = session.run(["score", "deviation"], feed)
-            scores.append(score)
-            deviations.append(deviation)
-        if not scores:
-            return np.zeros(0, np.float32), np.zeros((0, x.shape[2]), np.float32)
-        return np.concatenate(scores), np.concatenate(deviations)
 
 
 def job_phase(mask: np.ndarray) -> list[str]:

@@ -1,9 +1,10 @@
 """The generator's signals (stethoscope_training.episodes): an 8-GPU node of one hardware class,
 built per GPU then aggregated as the stream's node part aggregates them, and the families that
-change it: healthy ones calibrated on the real H200 capture (tests/fixtures/real/h200-vm/under-load:
-idle ~79 W at 345 MHz and 35 C; under load the power cap holds it at ~690 W, ~1440 MHz, 57-59 C,
-and that is healthy) and faulted ones that start healthy and change at an onset step, by a
-severity in [0, 1], with the episode's own noise level."""
+change it: healthy ones calibrated on the real H200 capture (package data, stethoscope/data/
+h200-vm-under-load, a copy of the test fixture of that name: idle ~79 W at 345 MHz and 35 C; under
+load the power cap holds it at ~690 W, ~1440 MHz, 57-59 C, and that is healthy) and faulted ones
+that start healthy and change at an onset step, by a severity in [0, 1], with the episode's own
+noise level."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from stethoscope.model.metadata import FEATURES, STEP_SECONDS, STEPS
-from stethoscope.paths import project_root
+from stethoscope.paths import data_dir, h200_capture
 
 GPUS = 8
-CAPTURE = Path("tests/fixtures/real/h200-vm/under-load/query_gpu_timeseries_2hz.csv")
+# as the episodes record it: relative to the package data
+CAPTURE = h200_capture().relative_to(data_dir().parent.parent)
 F = {f.metric: i for i, f in enumerate(FEATURES)}
 
 
@@ -42,9 +44,8 @@ class Hardware:
 
 def _capture_rows(path: Path | None = None) -> np.ndarray:
     """The capture's (temperature, power, sm clock, utilisation) per 0.5-s sample."""
-    if path is None:  # the project's copy, else the one beside this checkout of the package
-        candidates = [project_root() / CAPTURE, Path(__file__).resolve().parents[1] / CAPTURE]
-        path = next((p for p in candidates if p.is_file()), candidates[0])
+    if path is None:  # the package's copy
+        path = h200_capture()
     try:
         lines = path.read_text(encoding="utf-8").splitlines()[1:]
     except OSError as exc:

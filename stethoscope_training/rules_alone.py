@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.diagnose import SEVERITY_ORDER, diagnose
+from stethoscope.diagnosis.diagnose import diagnose
+from stethoscope.diagnosis.levels import SEVERITY_ORDER
 from stethoscope.diagnosis.model import rule_class
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.model.metadata import CLASSES

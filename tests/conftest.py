@@ -28,6 +28,22 @@ if not (COLLECTIONS / "ansible_collections/aicluster/stethoscope/galaxy.yml").ex
 os.environ.setdefault("STETHOSCOPE_LOCK_DIR", tempfile.mkdtemp(prefix="stethoscope-test-locks-"))
 sys.path.insert(0, str(COLLECTIONS))
 sys.path.insert(0, str(TOP / "tools"))  # slurm_lab: the real slurmctld the tests start
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tiers: the markers of what a test uses
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from tiers import TIERS
+
+    for tier in TIERS:
+        config.addinivalue_line(
+            "markers", f"{tier}: a test tier (tests/tiers.py); `make test-fast` leaves it out"
+        )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tiers import mark
+
+    mark(items)
 
 
 def fixture_text(relative: str) -> str:

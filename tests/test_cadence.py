@@ -9,7 +9,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from lab_sweeps import jittered
+from lab_sweeps import HEALTHY, jittered
+from lab_sweeps import STATE_FAULTS as LAB_STATE_FAULTS
 from test_telemetry_rules import CASES, GPU0, RULES, stream
 
 from stethoscope.catalog import Catalog
@@ -22,17 +23,7 @@ from stethoscope.timeutil import now_ms
 
 from conftest import TOP, replay_sweeps
 
-# What the lab injects as a state (present in every sweep), and the rules that find it
-STATE_FAULTS = {
-    ("node03", "gpu_thermal_throttling"),
-    ("node04", "gpu_row_remap_pending"),
-    ("node06", "nvlink_physical_error"),
-    ("node07", "ssd_reallocated_sectors"),
-    ("node08", "ib_port_not_active"),
-    ("node08", "net_mtu_mismatch"),
-    ("node08", "rdma_qp_in_error"),
-}
-HEALTHY = ("node01", "node05")
+STATE_FAULTS = set(LAB_STATE_FAULTS)
 
 
 @pytest.mark.parametrize("interval", [30, 60, 120, 300, 600])

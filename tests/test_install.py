@@ -138,7 +138,6 @@ def installed(wheel, tmp_path_factory) -> Path:
     return python
 
 
-@pytest.mark.slow
 def test_wheel_ships_rules_models_collection_and_templates(wheel):
     with zipfile.ZipFile(wheel) as archive:
         infos = archive.infolist()
@@ -167,7 +166,6 @@ def test_wheel_ships_rules_models_collection_and_templates(wheel):
     assert templates and {f"stethoscope/report/templates/{t}" for t in templates} <= names
 
 
-@pytest.mark.slow
 def test_installed_cli_finds_the_shipped_rules_and_model_and_keeps_state_under_home(installed, tmp_path):
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
@@ -202,7 +200,6 @@ def test_installed_cli_finds_the_shipped_rules_and_model_and_keeps_state_under_h
     assert (playbooks / "remediate/drain.yml").is_file() and package.parent == rules.parents[1]
 
 
-@pytest.mark.slow
 def test_installed_runner_runs_the_shipped_collect_playbook_and_its_callback_stores_rows(installed, tmp_path):
     """What `diagnose --execute` does for a remediation playbook, with collect.yml: ansible-runner, the
     shipped ansible.cfg and collection, the callback writing into STETHOSCOPE_HOME's database."""
@@ -245,7 +242,6 @@ def test_installed_runner_runs_the_shipped_collect_playbook_and_its_callback_sto
     assert not (work / ".stethoscope").exists()
 
 
-@pytest.mark.slow
 def test_callback_without_the_package_warns_once_naming_it(tmp_path):
     """The collection's callback in a Python that has ansible but not stethoscope: one warning that
     says what to install, no traceback, the play runs."""
@@ -317,7 +313,6 @@ def test_state_lives_under_home_else_the_checkout_run_from_else_xdg(tmp_path, mo
     assert paths.state_dir() == Path.home() / ".local/state/stethoscope"
 
 
-@pytest.mark.slow
 def test_db_init_from_elsewhere_lands_in_the_xdg_state_folder_not_the_checkout(tmp_path):
     work = tmp_path / "work"
     work.mkdir()

@@ -233,20 +233,20 @@ CASES = {
     "net_mtu_mismatch": fleet("net_mtu", 45, device="ib0"),
     "rdma_qp_queue_overflow": (
         [
-            S("rdma_qps_dropped_per_second", [150, 180, 170, 160, 150], "mlx5_0"),
+            S("rdma_qps_dropped_per_second", [150, 180, 170, 160, 150], "mlx5_0/1"),
             S("ib_port_xmit_discards_total", [10, 10, 10, 10, 10], "mlx5_0/1"),
         ],
         [
-            S("rdma_qps_dropped_per_second", [150, 180, 170, 160, 150], "mlx5_0"),
+            S("rdma_qps_dropped_per_second", [150, 180, 170, 160, 150], "mlx5_0/1"),
             S("ib_port_xmit_discards_total", [10, 300, 600, 700, 900], "mlx5_0/1"),
             # a few drops now and then on a busy port: normal
-            S("rdma_qps_dropped_per_second", [0, 3, 0, 12, 0], "mlx5_1"),
+            S("rdma_qps_dropped_per_second", [0, 3, 0, 12, 0], "mlx5_1/1"),
             S("ib_port_xmit_discards_total", [4, 4, 4, 4, 4], "mlx5_1/1"),
         ],
     ),
     "rdma_qp_in_error": (
-        [S("rdma_qp_error_count", [2, 2, 1], "mlx5_0")],
-        [S("rdma_qp_error_count", [2, 0, 2], "mlx5_0")],
+        [S("rdma_qp_error_count", [2, 2, 1], "mlx5_0/1")],
+        [S("rdma_qp_error_count", [2, 0, 2], "mlx5_0/1")],
     ),
     "ssd_reallocated_sectors": (
         [

@@ -101,7 +101,6 @@ def test_climbing_ssd_is_the_worn_ssds_slow_variant_derived_from_the_real_captur
     assert after["Reallocated_Sector_Ct"][0] == 4 + 2 * 2 and after["Media_Wearout_Indicator"][1] == 55 - 2
 
 
-@pytest.mark.slow
 def test_a_climbing_ssd_is_warned_about_before_it_crosses_its_hard_limit(tmp_path, store):
     """The reviewer's slow fault: sectors climbing for an hour were reported only past 100."""
     from lab_replay import SWEEP_MS, first_findings

@@ -107,3 +107,86 @@ def test_no_private_name_is_imported_from_another_module() -> None:
         )
     }
     assert wrong == {}
+
+
+def _module_name(path: Path, top: Path) -> str:
+    parts = path.relative_to(top).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(roots: list[Path]) -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports, at the top or inside a function (a lazy import that
+    dodges a circle is still the circle); relative imports resolved, `from pkg import mod` is mod."""
+    paths = {_module_name(p, root.parent): p for root in roots for p in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for name in names:
+                while name and name not in paths:
+                    name = name.rpartition(".")[0]
+                if name and name != module:
+                    targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def test_no_import_circles_even_through_function_level_imports() -> None:
+    """Regression: diagnosis/model.py imported diagnose.py inside two functions (diagnose imports
+    model), report/board.py board_html inside write() (board_html imports board): the shared names
+    live below both now (diagnosis/levels.py, report/board_cells.py) and every import is acyclic."""
+    assert cycles(import_graph([PACKAGE, TRAINING])) == []
+
+
+def test_the_circle_check_sees_a_lazy_circle(tmp_path: Path) -> None:
+    package = tmp_path / "stethoscope"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "a.py").write_text("from stethoscope.sub.b import f\n")
+    (package / "sub" / "b.py").write_text("def f():\n    from . import a\n")
+    (package / "sub" / "c.py").write_text("from stethoscope.sub import a\n")
+    assert cycles(import_graph([package])) == [["stethoscope.sub.a", "stethoscope.sub.b"]]

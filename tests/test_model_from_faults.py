@@ -30,7 +30,6 @@ FAULTS = [
 ]
 
 
-@pytest.mark.slow
 def test_an_untrained_class_is_self_calibrated_and_the_heads_learn_the_store_s_faults(tmp_path) -> None:
     pytest.importorskip("torch")
     data = episodes.generate(seed=5, per_family=6, hw_class="shifted")  # a class unlike the H200

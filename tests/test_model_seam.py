@@ -65,7 +65,6 @@ def _times(rng: random.Random, period: int, culprits, kind: str) -> list[tuple[f
     return [(step, step - a, d) for a, d in zip(arrival, data, strict=True)]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_agents_to_a_finding_that_names_the_culprit_ranks_and_not_their_peers(tmp_path: Path, case) -> None:
     per_node, culprits, kind = CASES[case]

@@ -17,8 +17,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 from stethoscope.serve.sweeps import Sweeper
 from stethoscope.store.client import Store
 
@@ -33,7 +31,6 @@ def _get(url: str) -> str:
         return response.read().decode()
 
 
-@pytest.mark.slow
 def test_serve_sweeps_the_lab_itself_stores_every_sweep_and_says_so_on_metrics(tmp_path):
     dsn = f"chdb://{tmp_path / 'db'}"
     env = ansible_env(tmp_path, dsn, STETHOSCOPE_LAB_DIR=str(tmp_path / "lab"))

@@ -141,7 +141,6 @@ def _stream_job_rows(tmp_path: Path, steps) -> tuple[list, Collector]:
     return rows, collector
 
 
-@pytest.mark.slow
 def test_allreduce_and_data_wait_travel_from_the_reporter_to_the_store_in_ms(tmp_path: Path) -> None:
     steps = [{"step_time": 0.4, "comm_time": 0.1 + n * 0.01, "data_time": 0.02} for n in range(4)]
     rows, collector = _stream_job_rows(tmp_path, steps)
@@ -155,7 +154,6 @@ def test_allreduce_and_data_wait_travel_from_the_reporter_to_the_store_in_ms(tmp
     assert by_name["train_step_time_ms"] == pytest.approx([400.0] * 4, rel=1e-5)
 
 
-@pytest.mark.slow
 def test_job_rows_reach_the_store_with_job_and_rank_labels(tmp_path: Path) -> None:
     metric_set = load_sets()["gpu_node"]
     keyring = Keyring({9: "node09"}, [SECRET])

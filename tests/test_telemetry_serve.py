@@ -118,7 +118,6 @@ def _get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-@pytest.mark.slow
 def test_serve_stores_the_stream_serves_http_and_loses_nothing_on_sigterm(
     tmp_path: Path, secret_file: Path
 ) -> None:
@@ -192,7 +191,6 @@ def test_missing_cluster_secret_is_a_configuration_error(tmp_path: Path) -> None
     assert "absent.secret" in run.stderr and "Traceback" not in run.stderr
 
 
-@pytest.mark.slow
 def test_serve_playbook_installs_the_unit_check_mode_writes_nothing_and_reruns_change_nothing(
     tmp_path: Path,
 ) -> None:
@@ -256,7 +254,6 @@ class _Timed:
         return self.sock.sendto(data, address)
 
 
-@pytest.mark.slow
 def test_serve_killed_loses_at_most_its_unflushed_second_and_resends_refill_it(
     tmp_path: Path, secret_file: Path
 ) -> None:
@@ -405,7 +402,6 @@ def test_a_model_finding_raised_to_l4_by_the_inventory_is_capped_in_serve_and_ne
     assert finding["level"] == "L3" and not any("drain" in action for action in finding["actions"])
 
 
-@pytest.mark.slow
 def test_serve_execute_acts_once_per_stream_finding_across_cycles(tmp_path: Path, secret_file: Path) -> None:
     """serve --execute end to end: datagrams -> collector -> store -> a stream rule -> the executor's
     log action; one finding per node, one transaction, one action, however many cycles it stays

@@ -129,7 +129,6 @@ def _health(store: Store, metric: str) -> dict[str, float]:
         )
 
 
-@pytest.mark.slow
 def test_every_sample_of_a_lab_run_stored_exactly_once(lab: Path, tmp_path: Path) -> None:
     keyring, metric_set, agents, collector, store = _stream(lab, tmp_path, duration=2.0)
     samples = _samples(agents)
@@ -149,7 +148,6 @@ def test_every_sample_of_a_lab_run_stored_exactly_once(lab: Path, tmp_path: Path
     assert received == {node: float(n) for node, n in per_node.items()}
 
 
-@pytest.mark.slow
 def test_resends_recover_a_fifth_of_datagrams_dropped_and_loss_counts_the_rest(
     lab: Path, tmp_path: Path
 ) -> None:

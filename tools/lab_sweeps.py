@@ -13,6 +13,17 @@ from pathlib import Path
 
 TOP = Path(__file__).resolve().parents[1]
 Sweep = list[tuple]  # (node_id, metric_name, device, labels, value)
+# what the lab injects as a state (present in every sweep), and the rules that find it
+STATE_FAULTS = (
+    ("node03", "gpu_thermal_throttling"),
+    ("node04", "gpu_row_remap_pending"),
+    ("node06", "nvlink_physical_error"),
+    ("node07", "ssd_reallocated_sectors"),
+    ("node08", "ib_port_not_active"),
+    ("node08", "net_mtu_mismatch"),
+    ("node08", "rdma_qp_in_error"),
+)
+HEALTHY = ("node01", "node05")  # lab nodes with no fault at all
 Recorded = tuple[list[Sweep], list[tuple]]  # the sweeps and the `nodes` rows
 
 

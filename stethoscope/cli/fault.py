@@ -8,8 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from stethoscope.catalog import LAYERS, Catalog, layer_of
+from stethoscope.catalog import LAYERS, Catalog
 from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
+from stethoscope.diagnosis.layers import rule_layer
 from stethoscope.store.client import Store
 from stethoscope.store.fault_file import impact_of
 from stethoscope.store.faults import (
@@ -118,7 +119,7 @@ def _rule_layer(rule_id: str, rules_path: Path | None) -> str | None:
     catalog = Catalog.load()
     for rule in checked_rules(rules_path, catalog, "fault confirm").rules:
         if rule.rule_id == rule_id:
-            return layer_of(catalog, rule.metrics[0])
+            return rule_layer(rule, catalog)
     return None
 
 

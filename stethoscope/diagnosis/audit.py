@@ -7,7 +7,7 @@ first, restricted to its node and to the rules of its layer, through the same `d
 on its node and device. Data comes from the raw rows or, where those are gone, from `fault_windows`,
 replayed into a scratch database of the same store (the live metrics are never written).
 
-Layers of findings: a rule's layers are its metrics' catalog layers. A model finding's layer comes
+Layers of findings: a rule's finding is of its rule's layer (layers.rule_layer). A model finding's layer comes
 from its rule id: model.communication covers the catalog layers communication and network (the
 model's communication class is both), model.storage storage, model.compute compute; model.outlier
 takes the layer of the feature with the largest share in its explanation. A finding that carries a
@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stethoscope.catalog import Catalog, layer_of
+from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import diagnose
-from stethoscope.diagnosis.layers import CLASS_LAYERS
+from stethoscope.diagnosis.layers import CLASS_LAYERS, rule_layer
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.store.client import Store
 from stethoscope.store.faults import (
@@ -46,8 +46,13 @@ MISSED = "missed"
 UNREPLAYABLE = "not replayable"
 
 
-def rule_layers(rule: Rule, catalog: Catalog) -> set[str]:
-    return {layer_of(catalog, metric) for metric in rule.metrics}
+def rules_of_layer(rules: list[Rule], layer: str, reported: set[str], catalog: Catalog) -> list[Rule]:
+    """The rules a fault of `layer` is replayed with: those of its layer, and of those only the ones
+    naming a metric the node reported in the window (a rule whose metrics are all absent cannot
+    match: it saves most queries)."""
+    return [
+        rule for rule in rules if rule_layer(rule, catalog) == layer and reported.intersection(rule.metrics)
+    ]
 
 
 def finding_layers(finding: dict[str, Any], catalog: Catalog) -> set[str]:
@@ -182,15 +187,8 @@ def audit_fault(
     if kept > raw:  # the raw TTL (or a delete) took rows the kept window still has
         source, where = "fault_windows", _scratch(store)
         replay_window(store, fault, where.database)
-    # only the rules of the fault's layer, and of those only the ones naming a metric the node reported
-    # in the window: a rule whose metrics are all absent cannot match (it saves most queries)
-    reported = window_metrics(where, fault)
-    mine = [
-        rule
-        for rule in rules
-        if fault.layer in rule_layers(rule, catalog) and reported.intersection(rule.metrics)
-    ]
-    layers = {rule.rule_id: rule_layers(rule, catalog) for rule in mine}
+    mine = rules_of_layer(rules, fault.layer, window_metrics(where, fault), catalog)
+    layers = {rule.rule_id: {rule_layer(rule, catalog)} for rule in mine}
     result = FaultResult(fault, source)
     try:
         for at in _instants(fault, first_sample_ms(where, fault)):

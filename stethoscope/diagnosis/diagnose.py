@@ -5,7 +5,6 @@ rules' findings: one rule, or one node's data, never costs the cycle."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Sequence
@@ -17,6 +16,13 @@ from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.cadence import Cadence, window_of
 from stethoscope.diagnosis.engine import Match, RuleFailure, evaluate_all
 from stethoscope.diagnosis.hysteresis import Held
+from stethoscope.diagnosis.levels import (
+    DEFAULT_LEVEL,
+    LEVEL_ACTIONS,
+    SEVERITY_ORDER,
+    action_label,
+    finding_id,
+)
 from stethoscope.diagnosis.model import ModelUse, agrees, finding_dicts, pair
 from stethoscope.diagnosis.rules import Action, Group, Rule
 from stethoscope.diagnosis.unknown import (
@@ -32,34 +38,10 @@ from stethoscope.store.dsn import redact
 from stethoscope.timeutil import iso
 
 log = logging.getLogger(__name__)
-SEVERITY_ORDER = {"info": 0, "warning": 1, "unknown": 1, "critical": 2}
 MESSAGE_CAP = 300  # characters of an UNKNOWN finding's message: one line, whatever fell silent
 RULE_FAILED = "rule_failed"  # the finding of a rule whose evaluation failed
 CONTROLLER = "controller"  # its node: where the rule ran, not where the data came from
 ERROR_CAP = 2000  # characters of the failure's error kept in the finding's evidence
-DEFAULT_LEVEL = {"info": "L1", "warning": "L2", "unknown": "L2", "critical": "L3"}
-_LOG, _ALERT = Action("log", ()), Action("alert", ())
-_EVIDENCE = Action("playbook", (("playbook", "remediate/evidence.yml"),))
-_TICKET = Action("playbook", (("playbook", "remediate/ticket.yml"),))
-_DRAIN = Action("playbook", (("playbook", "remediate/drain.yml"),))
-# L4 isolates first, so that no new job lands on the node while evidence is collected
-LEVEL_ACTIONS = {
-    "L1": (_LOG,),
-    "L2": (_LOG, _ALERT),
-    "L3": (_LOG, _ALERT, _EVIDENCE, _TICKET),
-    "L4": (_LOG, _ALERT, _DRAIN, _EVIDENCE, _TICKET),
-}
-
-
-def finding_id(rule_id: str, node_id: str, device: str) -> str:
-    return hashlib.sha256(f"{rule_id}|{node_id}|{device}".encode()).hexdigest()[:16]
-
-
-def action_label(action: Action) -> str:
-    params = dict(action.params)
-    if action.type == "playbook":
-        return f"playbook:{params['playbook']}"
-    return action.type
 
 
 def template_context(

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.layers import CLASS_LAYERS, layer_of
+from stethoscope.diagnosis.layers import CLASS_LAYERS, rule_layer
+from stethoscope.diagnosis.levels import LEVEL_ACTIONS, action_label, finding_id
 from stethoscope.diagnosis.rules import Action, Rule
 from stethoscope.model.findings import STOPPED, SWEPT, UNKNOWN_CLASS, ModelFinding, run_model
 from stethoscope.model.metadata import FEATURES, ModelMeta
@@ -96,8 +97,6 @@ def _message(f: ModelFinding) -> str:
 def finding_dicts(
     store: Store, at_ms: int, nodes: Sequence[str] | None, use: ModelUse
 ) -> list[dict[str, Any]]:
-    from stethoscope.diagnosis.diagnose import LEVEL_ACTIONS, action_label, finding_id
-
     run = run_model(store, at_ms, nodes, use.meta)
     use.evaluated, use.ran, use.unjudged, use.error = set(run.evaluated), True, dict(run.unjudged), ""
     use.evaluated |= {switch_id(s) for s in run.switches}  # the switches' findings resolve too
@@ -140,11 +139,6 @@ def _identity(f: ModelFinding) -> str:
     return f"job {f.job}" if f.rule_id == JOB_RULE else ""
 
 
-def rule_layer(rule: Rule, catalog: Catalog | None) -> str:
-    metrics = rule.metrics
-    return layer_of(catalog, metrics[0]) if metrics else "compute"
-
-
 def rule_class(rule: Rule, catalog: Catalog | None) -> str:
     """The model class a rule speaks for: that of the model feature its metric is (a counter's
     `_total` is its `_per_second` feature: AER is communication to the model, whatever its catalog
@@ -161,8 +155,6 @@ def rule_class(rule: Rule, catalog: Catalog | None) -> str:
 def pair(findings: list[dict[str, Any]], rules: list[Rule], catalog: Catalog | None) -> None:
     """Each model finding beside the most severe warning or critical rule finding of its layer on its
     node (findings sorted most severe first), in place."""
-    from stethoscope.diagnosis.diagnose import action_label
-
     classes = {rule.rule_id: rule_class(rule, catalog) for rule in rules}
     bands = {rule.rule_id: rule_layer(rule, catalog) for rule in rules}
     for model in (f for f in findings if f["rule_id"].startswith("model.")):

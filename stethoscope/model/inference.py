@@ -1,6 +1,7 @@
 """The shipped graphs run by onnxruntime (CPU, one batch for the fleet; docs/design.md "Learned
 diagnosis"): the classifier's probabilities, and the detector's distance of each node from its peers.
-onnxruntime and numpy only: torch is for training.
+onnxruntime and numpy only: torch is for training. The one loader and the one peer-window
+construction: evaluation (stethoscope_training) scores with these, not copies of them.
 
 Peers (issue 10's spec): the nodes of the same hardware class running the same job at the same time
 (nodes without a job: the same class, no job). A group under 3 nodes gets no outlier score: with one
@@ -21,6 +22,7 @@ from stethoscope.model.robust import nanmedian
 MIN_PEERS = 3  # a group's size, the node included
 EXACT_UP_TO = 8  # groups up to this size get each node's median without it; larger ones the group's
 THREADS = 2
+BATCH = 1024  # rows per graph run: an evaluation's tens of thousands of episodes, in pieces
 
 
 @dataclass
@@ -31,7 +33,9 @@ class Outliers:
 
 
 class Graphs:
-    """Both graphs of one model, loaded once (see `graphs_for`)."""
+    """Both graphs of one model, checked against the inputs and outputs the runtime feeds and reads
+    (a ModelError where onnxruntime cannot load one or it breaks that contract); loaded once per
+    process by `graphs_for`."""
 
     def __init__(self, meta: ModelMeta):
         import onnxruntime as ort
@@ -52,7 +56,7 @@ class Graphs:
                 )
             except Exception as exc:  # onnxruntime raises its own types for a damaged or foreign graph
                 raise ModelError(f"{path}: onnxruntime cannot load the {role}: {exc}") from None
-        if meta.path is not None:
+        if meta.path is not None and meta.path.is_file():  # training scores before it saves them
             digest.update(meta.path.read_bytes())
         self.version = digest.hexdigest()[:12]  # what exactly ran: both graphs and their metadata
         self._check()
@@ -74,10 +78,39 @@ class Graphs:
 
     def classify(self, x_norm: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """[N, steps, F] normalised windows and their mask -> [N, classes] probabilities."""
-        if len(x_norm) == 0:
-            return np.zeros((0, len(self.meta.classes)), np.float32)
-        (probs,) = self.sessions["classifier"].run(["probs"], {"x": _f32(x_norm), "mask": _f32(mask)})
-        return np.asarray(probs, np.float32)
+        session = self.sessions["classifier"]
+        parts = [
+            np.asarray(
+                session.run(["probs"], {"x": _f32(x_norm[i : i + BATCH]), "mask": _f32(mask[i : i + BATCH])})[
+                    0
+                ]
+            )
+            for i in range(0, len(x_norm), BATCH)
+        ]
+        return (
+            np.concatenate(parts).astype(np.float32)
+            if parts
+            else np.zeros((0, len(self.meta.classes)), np.float32)
+        )
+
+    def detect(
+        self, x_norm: np.ndarray, mask: np.ndarray, peer: np.ndarray, peer_mask: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The detector on windows and their peers' (peer_windows): [N] scores and [N, F] deviations
+        as the graph gives them (evaluation scores stand-in peers with it, `outlier` real ones)."""
+        session = self.sessions["detector"]
+        scores, deviations = [], []
+        for i in range(0, len(x_norm), BATCH):
+            feed = {"x": x_norm, "mask": mask, "peer": peer, "peer_mask": peer_mask}
+            score, deviation = session.run(
+                ["score", "deviation"], {k: _f32(v[i : i + BATCH]) for k, v in feed.items()}
+            )
+            scores.append(np.asarray(score, np.float32).reshape(-1))
+            deviations.append(np.asarray(deviation, np.float32))
+        if not scores:
+            features = x_norm.shape[2] if x_norm.ndim == 3 else len(self.meta.features)
+            return np.zeros(0, np.float32), np.zeros((0, features), np.float32)
+        return np.concatenate(scores), np.concatenate(deviations)
 
     def outlier(self, x_norm: np.ndarray, mask: np.ndarray, hw_class: list[str], job: list[str]) -> Outliers:
         """Each node against the median of its peers, the whole fleet in one detector run."""
@@ -87,17 +120,9 @@ class Graphs:
         peer, peer_mask, scored = peer_windows(x_norm, mask, peer_groups(hw_class, job))
         rows = np.flatnonzero(scored)
         if len(rows):
-            got, dev = self.sessions["detector"].run(
-                ["score", "deviation"],
-                {
-                    "x": _f32(x_norm[rows]),
-                    "mask": _f32(mask[rows]),
-                    "peer": _f32(peer[rows]),
-                    "peer_mask": _f32(peer_mask[rows]),
-                },
-            )
-            score[rows] = np.maximum(np.asarray(got, np.float32).reshape(-1), 0.0)
-            deviation[rows] = np.maximum(np.asarray(dev, np.float32), 0.0)
+            got, dev = self.detect(x_norm[rows], mask[rows], peer[rows], peer_mask[rows])
+            score[rows] = np.maximum(got, 0.0)
+            deviation[rows] = np.maximum(dev, 0.0)
         return Outliers(score, deviation, scored)
 
 
@@ -118,9 +143,10 @@ def peer_groups(hw_class: list[str], job: list[str]) -> list[list[int]]:
 def peer_windows(
     x_norm: np.ndarray, mask: np.ndarray, groups: list[list[int]]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per node the elementwise median of its peers' observed values (peer_mask 0 where no peer
-    observed that step and feature). Up to EXACT_UP_TO nodes the node itself is left out; in a larger
-    group one node moves the group's median by at most one rank, and one median serves them all."""
+    """Per node the elementwise median of its peers' observed values, every feature (a job's too: its
+    ranks share its step pattern), peer_mask 0 where no peer observed that step and feature. Up to
+    EXACT_UP_TO nodes the node itself is left out; in a larger group one node moves the group's median
+    by at most one rank, and one median serves them all."""
     peer = np.zeros_like(x_norm, dtype=np.float32)
     peer_mask = np.zeros_like(mask, dtype=np.float32)
     scored = np.zeros(len(x_norm), bool)

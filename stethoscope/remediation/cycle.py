@@ -20,13 +20,13 @@ from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.cadence import Cadence
 from stethoscope.diagnosis.diagnose import (
     RULE_FAILED,
-    SEVERITY_ORDER,
     diagnose,
     held_finding,
     printable,
     render,
 )
 from stethoscope.diagnosis.hysteresis import HELD, Held, Previous, held_reason, settle_all
+from stethoscope.diagnosis.levels import SEVERITY_ORDER
 from stethoscope.diagnosis.model import ModelUse
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.diagnosis.unknown import Fleet

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stethoscope.diagnosis.diagnose import action_label, held_finding, printable, template_context
+from stethoscope.diagnosis.diagnose import held_finding, printable, template_context
+from stethoscope.diagnosis.levels import action_label
 from stethoscope.diagnosis.rules import Action, Rule, parse_duration
 from stethoscope.inventory import Inventory
 from stethoscope.paths import default_spool_dir

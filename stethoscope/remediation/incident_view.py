@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stethoscope.catalog import Catalog, default_catalog
-from stethoscope.diagnosis.diagnose import SEVERITY_ORDER
+from stethoscope.diagnosis.levels import SEVERITY_ORDER
 from stethoscope.remediation.incidents import enclosing_device, keeps_own
 from stethoscope.remediation.ledger import ACK, NEEDS_PERSON, ActionState, KnownFinding, Ledger, note_row
 from stethoscope.remediation.retries import Backoff, exhausted, pending, retryable

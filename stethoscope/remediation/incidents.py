@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.diagnose import SEVERITY_ORDER
+from stethoscope.diagnosis.levels import SEVERITY_ORDER
 
 DEFAULT_WINDOW_SECONDS = 3600
 

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stethoscope.catalog import Catalog, default_catalog
-from stethoscope.diagnosis.diagnose import RULE_FAILED, SEVERITY_ORDER, action_label, held_finding
+from stethoscope.diagnosis.diagnose import RULE_FAILED, held_finding
 from stethoscope.diagnosis.hysteresis import HELD, Held, held_reason, settle_all
+from stethoscope.diagnosis.levels import SEVERITY_ORDER, action_label
 from stethoscope.diagnosis.rules import Action, Rule
 from stethoscope.remediation.incidents import DEFAULT_WINDOW_SECONDS, Incident, OpenIncidents
 from stethoscope.remediation.ledger import DRAIN, ActionState, KnownFinding, Ledger

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.diagnose import LEVEL_ACTIONS, action_label
+from stethoscope.diagnosis.levels import LEVEL_ACTIONS, action_label
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.telemetry.metric_set import MetricSet
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stethoscope.diagnosis.audit import Audit
-from stethoscope.report.board import SYMBOL
+from stethoscope.report.board_cells import SYMBOL
 from stethoscope.report.pages import PAGES
 from stethoscope.timeutil import iso, now_ms
 

@@ -14,103 +14,26 @@ import hashlib
 import json
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stethoscope.bench import baseline
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.diagnose import diagnose
-from stethoscope.diagnosis.layers import CLASS_LAYERS
+from stethoscope.diagnosis.layers import CLASS_LAYERS, rule_layer
 from stethoscope.diagnosis.model import ModelUse, agrees
 from stethoscope.diagnosis.rules import Rule, load_rules
 from stethoscope.paths import rules_dir
+from stethoscope.report import board_html
+from stethoscope.report.board_cells import SYMBOL, Board, Cell, Event, NodeBoard
 from stethoscope.report.layers import LAYERS, layer_of
-from stethoscope.report.smart import Trend, smart_trends
+from stethoscope.report.smart import smart_trends
 from stethoscope.store.client import Store
 from stethoscope.timeutil import iso
 
 DAY_MS = 86_400_000
-RANK = {"grey": 0, "green": 1, "yellow": 2, "red": 3}
-SYMBOL = {"red": "\u2716", "yellow": "\u25b2", "green": "\u2714", "grey": "?"}  # ✖ ▲ ✔ ?
 SEVERITY_STATE = {"critical": "red", "warning": "yellow", "info": "green"}
 FIGURES_FOR = 10  # the worst nodes get inline figures on the board itself
-
-
-@dataclass
-class Cell:
-    state: str = "grey"  # no data until samples say otherwise
-    notes: list[str] = field(default_factory=list)
-    unknown: bool = False
-    data: bool = False
-
-    def mark(self, state: str, note: str) -> None:
-        if state == "grey":
-            self.unknown = True
-        else:
-            self.data = True  # a finding or a benchmark grade is data too
-            if RANK[state] > RANK[self.state]:
-                self.state = state
-        self.note(note)
-
-    def note(self, note: str) -> None:
-        """Said in the cell, its colour unchanged (a model finding beside a rule finding)."""
-        if note and note not in self.notes:
-            self.notes.append(note)
-
-    @property
-    def shown(self) -> str:
-        """grey without data or under UNKNOWN unless a finding made it red or yellow."""
-        if self.state in ("red", "yellow"):
-            return self.state
-        return "grey" if self.unknown or not self.data else "green"
-
-    @property
-    def symbol(self) -> str:
-        return SYMBOL[self.shown]
-
-
-@dataclass
-class Event:
-    at: str
-    kind: str  # opened, escalated, resolved, stale
-    rule_id: str
-    severity: str
-    device: str
-    message: str
-
-
-@dataclass
-class NodeBoard:
-    node_id: str
-    cells: dict[tuple[str, str], Cell]
-    events: list[Event] = field(default_factory=list)
-    grades: list[baseline.Row] = field(default_factory=list)
-    trends: list[Trend] = field(default_factory=list)
-    page: str = ""
-    figure: str = ""  # inline SVG (worst nodes only)
-
-    def row(self, layers: tuple[str, ...], days: list[str]) -> list[tuple[str, str, str]]:
-        """(state, symbol, notes) per column, layer by layer and day by day."""
-        cells = (self.cells[(layer, day)] for layer in layers for day in days)
-        return [(c.shown, SYMBOL[c.shown], "; ".join(c.notes)) for c in cells]
-
-    def count(self, state: str) -> int:
-        return sum(1 for cell in self.cells.values() if cell.shown == state)
-
-    @property
-    def score(self) -> tuple[int, int, int]:
-        return (self.count("red"), self.count("yellow"), self.count("grey"))
-
-
-@dataclass
-class Board:
-    days: list[str]
-    nodes: list[NodeBoard]
-    generated_at: str
-    layers: tuple[str, ...] = LAYERS
-    audit_page: str | None = None
-    baseline_page: str | None = None
 
 
 def _days(days: int, now_ms: int) -> list[dt.date]:
@@ -120,14 +43,6 @@ def _days(days: int, now_ms: int) -> list[dt.date]:
 
 def _day_start_ms(day: dt.date) -> int:
     return int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp() * 1000)
-
-
-def rule_layers(rules: list[Rule], catalog: Catalog) -> dict[str, str]:
-    out = {}
-    for rule in rules:
-        metrics = rule.metrics
-        out[rule.rule_id] = layer_of(catalog, metrics[0]) if metrics else "compute"
-    return out
 
 
 def _finding_layers(finding: dict[str, Any], layers: dict[str, str], catalog: Catalog) -> list[str]:
@@ -163,7 +78,7 @@ def collect(
     cycle), not evaluated again."""
     if rules is None:
         rules = load_rules(rules_dir(), catalog).rules
-    layers = rule_layers(rules, catalog)
+    layers = {rule.rule_id: rule_layer(rule, catalog) for rule in rules}
     day_list = _days(days, now_ms)
     labels = [d.isoformat() for d in day_list]
     start_ms = _day_start_ms(day_list[0])
@@ -350,8 +265,6 @@ def page_name(node_id: str) -> str:
 
 
 def write(board: Board, out: Path, figures_for: int = FIGURES_FOR) -> Path:
-    from stethoscope.report import board_html
-
     out.mkdir(parents=True, exist_ok=True)
     (out / "nodes").mkdir(exist_ok=True)
     if (out / "audit.html").exists():

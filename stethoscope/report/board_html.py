@@ -9,7 +9,7 @@ import re
 
 from markupsafe import Markup
 
-from stethoscope.report.board import SYMBOL, Board, NodeBoard
+from stethoscope.report.board_cells import SYMBOL, Board, NodeBoard
 from stethoscope.report.pages import PAGES
 from stethoscope.report.smart import GROWTH_ALARM, MONTH_DAYS, Trend
 

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from stethoscope.catalog import default_catalog
-from stethoscope.diagnosis.diagnose import SEVERITY_ORDER
+from stethoscope.diagnosis.levels import SEVERITY_ORDER
 from stethoscope.remediation.incidents import enclosing_device, keeps_own
 
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -52,14 +52,12 @@ class _State:
         cycles.add_metric(["ok"], state.cycles)
         cycles.add_metric(["failed"], state.failures)
         yield cycles
-        failures = CounterMetricFamily(
+        yield _counted(
             "stethoscope_rule_failures",
             "cycles in which a rule's evaluation failed (the other rules went on)",
-            labels=["rule_id"],
+            "rule_id",
+            state.rule_failures,
         )
-        for rule_id, count in sorted(state.rule_failures.items()):
-            failures.add_metric([rule_id], count)
-        yield failures
         rate = GaugeMetricFamily(
             "stethoscope_store_rows_per_second", "rows the collector stored per second since the last cycle"
         )
@@ -139,20 +137,13 @@ def _collector(collector: Any):
     duplicates = CounterMetricFamily("stethoscope_telemetry_duplicates", "resent copies already kept")
     duplicates.add_metric([], stats.duplicates)
     yield duplicates
-    rejected = CounterMetricFamily(
-        "stethoscope_telemetry_packets_rejected", "datagrams dropped", labels=["reason"]
-    )
-    for reason, count in sorted(stats.rejected.items()):
-        rejected.add_metric([reason], count)
-    yield rejected
-    values = CounterMetricFamily(
+    yield _counted("stethoscope_telemetry_packets_rejected", "datagrams dropped", "reason", stats.rejected)
+    yield _counted(
         "stethoscope_telemetry_values_rejected",
         "values of kept datagrams dropped alone (not a finite number)",
-        labels=["reason"],
+        "reason",
+        stats.values_rejected,
     )
-    for reason, count in sorted(stats.values_rejected.items()):
-        values.add_metric([reason], count)
-    yield values
     lost = CounterMetricFamily("stethoscope_telemetry_packets_lost", "samples no resend recovered")
     lost.add_metric([], sum(collector.guard.lost.values()))
     yield lost
@@ -160,3 +151,11 @@ def _collector(collector: Any):
     rows.add_metric(["stored"], stats.stored)
     rows.add_metric(["spooled"], stats.spooled)
     yield rows
+
+
+def _counted(name: str, documentation: str, label: str, counts: dict[str, int]) -> CounterMetricFamily:
+    """A counter with one label, a sample per key of `counts`."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for key, count in sorted(counts.items()):
+        family.add_metric([key], count)
+    return family

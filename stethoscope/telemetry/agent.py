@@ -57,7 +57,7 @@ READERS: dict[str, tuple[str, str, float]] = {
     "ib.xmit_wait": ("node", "counter", 1.0),
     "ib.rcv_errors": ("node", "counter", 1.0),
     "ib.symbol_errors": ("node", "counter", 1.0),
-    "rdma.out_of_buffer": ("node", "counter", 1.0),
+    "rdma.drops": ("node", "counter", 1.0),
     "aer.correctable": ("node", "counter", 1.0),
     "nvme.temperature": ("node", "gauge", 1.0),
 }
@@ -67,8 +67,11 @@ IB_COUNTERS = {
     "ib.xmit_wait": "counters/port_xmit_wait",
     "ib.rcv_errors": "counters/port_rcv_errors",
     "ib.symbol_errors": "counters/symbol_error",
-    "rdma.out_of_buffer": "hw_counters/out_of_buffer",
 }
+# Receive-side drops of a port, as the sweep counts them (rdma_facts, module_utils/collect_rdma.py
+# DROP_COUNTERS): out_of_buffer (no receive WQE posted) plus the port's physical rx discards, those
+# present summed, so that rdma_qps_dropped_per_second means one thing at both cadences.
+RDMA_DROP_COUNTERS = ("hw_counters/out_of_buffer", "hw_counters/rx_discards_phy")
 NVME_TEMPERATURES = (
     "/sys/class/nvme/nvme*/hwmon*/temp1_input",
     "/sys/class/nvme/nvme*/device/hwmon/*/temp1_input",
@@ -118,30 +121,36 @@ class SysfsSource:
     def __init__(self, root: str, counters: Counters):
         self.root = root.rstrip("/") or ""
         self.counters = counters
-        self._paths: dict[str, list[tuple[str, str]]] = {}
+        self._paths: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
 
     def discover(self) -> None:
-        paths: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)
+        paths: dict[str, list[tuple[str, tuple[str, ...]]]] = collections.defaultdict(list)
         for port in sorted(glob.glob(self.root + "/sys/class/infiniband/*/ports/*")):
             device = port[len(self.root) + len("/sys/class/infiniband/") :].replace("/ports/", "/")
-            paths["ib.state"].append((device, port + "/state"))
+            paths["ib.state"].append((device, (port + "/state",)))
             for reader, relative in IB_COUNTERS.items():
                 if os.path.exists(port + "/" + relative):
-                    paths[reader].append((device, port + "/" + relative))
+                    paths[reader].append((device, (port + "/" + relative,)))
+            drops = tuple(port + "/" + c for c in RDMA_DROP_COUNTERS if os.path.exists(port + "/" + c))
+            if drops:
+                paths["rdma.drops"].append((device, drops))
         for aer in sorted(glob.glob(self.root + "/sys/bus/pci/devices/*/aer_dev_correctable")):
-            paths["aer.correctable"].append((aer.split("/")[-2], aer))
+            paths["aer.correctable"].append((aer.split("/")[-2], (aer,)))
         for pattern in (
             "/sys/class/nvme/nvme*/hwmon*/temp1_input",
             "/sys/class/nvme/nvme*/device/hwmon/*/temp1_input",
         ):
             for temp in sorted(glob.glob(self.root + pattern)):
-                paths["nvme.temperature"].append((temp.split("/")[4], temp))
+                paths["nvme.temperature"].append((temp.split("/")[4], (temp,)))
         self._paths = dict(paths)
 
     def read(self) -> dict[str, dict[str, float]]:
         readings: dict[str, dict[str, float]] = {}
         for reader, entries in self._paths.items():
-            readings[reader] = {device: self._value(reader, path) for device, path in entries}
+            # a device read from several files (a port's drop counters) is their sum
+            readings[reader] = {
+                device: sum(self._value(reader, path) for path in files) for device, files in entries
+            }
         return readings
 
     def _value(self, reader: str, path: str) -> float:
@@ -293,6 +302,7 @@ class Agent:
         self.key = bytes.fromhex(config["key"])
         self.counters = Counters()
         self.sysfs = SysfsSource(str(config.get("root") or "/"), self.counters)
+        self.sysfs.discover()  # tick() counts the period before it samples: the first has devices too
         self.gpu_source = gpu_source if gpu_source is not None else _gpu_source(config, self.counters)
         self.gpu_parts = bool(config.get("gpu_parts", True))
         self.sock = sock or socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

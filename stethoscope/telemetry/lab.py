@@ -8,12 +8,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from stethoscope.paths import project_root
+from stethoscope.paths import h200_capture, project_root
 from stethoscope.telemetry.agent import Agent, Counters
 from stethoscope.telemetry.keyring import Keyring
 from stethoscope.telemetry.metric_set import MetricSet
-
-GPU_CAPTURE = Path("tests/fixtures/real/h200-vm/under-load/query_gpu_timeseries_2hz.csv")
 
 
 def lab_dir() -> Path:
@@ -39,7 +37,7 @@ def agent_config(
         "set": metric_set.render(),
         "period": period or metric_set.period,
         "root": str(root),
-        "gpu_source": gpu_source or f"capture:{project_root() / GPU_CAPTURE}",
+        "gpu_source": gpu_source or f"capture:{h200_capture()}",
     }
 
 
