@@ -47,10 +47,10 @@ demo: setup
 test: setup lint
 	$(BIN)/python -m pytest --durations=25
 
-# what a change usually needs answered in minutes: no playbook, lab, training, lint, clock or
-# external service (the tiers: tests/tiers.py)
+# what a change usually needs answered in minutes: no playbook, lab, training, lint, clock, CLI
+# process or external service (the tiers: tests/tiers.py)
 test-fast: setup
-	$(BIN)/python -m pytest -m "not (ansible or lab or training or lint or realtime or external)"
+	$(BIN)/python -m pytest -m "not (ansible or lab or training or lint or realtime or cli or external)"
 
 lint: setup
 	$(BIN)/ruff check .

@@ -1,6 +1,6 @@
 """Where things are: what the package ships (rules, models, playbooks, the collection, the ansible.cfg
 ansible-runner gets) and where the state lives (embedded database, spool, evidence, report; the
-executor locks live in a folder of the host's, remediation.lock).
+executor locks live in a private folder of the user's, remediation.lock).
 
 Shipped: `stethoscope/shipped/` holds relative links to the checkout's top-level rules/, plugins/,
 roles/, playbooks/ and collections/stethoscope/ (a link farm `ansible_collections/aicluster/

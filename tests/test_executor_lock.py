@@ -5,6 +5,7 @@ is taken over."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -26,13 +27,13 @@ def alerting(tmp_path, db, hook):
     return rule_dir, [*execute_args(tmp_path, f"stethoscope_alert_webhook={hook.url}")]
 
 
-def foreign_beat(db, beat_ms):
+def foreign_beat(db, beat_ms, host="controller-b.example"):
     with Store(db) as store:
         store.insert_rows(
             "executors",
             [
                 {
-                    "host": "controller-b.example",
+                    "host": host,
                     "pid": 4242,
                     "started_at": now_ms() - 3600_000,
                     "beat_at": beat_ms,
@@ -65,6 +66,18 @@ def test_a_live_foreign_heartbeat_keeps_this_host_from_acting(tmp_path, db, http
     foreign_beat(db, now_ms() - 10_000)
     (finding,), result = diagnose(tmp_path, db, rule_dir, *settings)
     assert "standby: controller-b.example" in result.stderr and "txn_id" not in finding
+    assert hook.requests == [] and table(db, "SELECT count() FROM DB.actions") == [(0,)]
+
+
+def test_another_users_executor_on_this_host_keeps_this_one_from_acting(tmp_path, db, http_standin):
+    """Regression: the lock folder is each user's own, and the heartbeat let any process of this host
+    act ("the flock already decided"): `serve --execute` as its service user and `sudo stethoscope
+    diagnose --execute` both acted on one server database."""
+    hook = http_standin()
+    rule_dir, settings = alerting(tmp_path, db, hook)
+    foreign_beat(db, now_ms() - 10_000, host=socket.gethostname())
+    (finding,), result = diagnose(tmp_path, db, rule_dir, *settings)
+    assert f"standby: {socket.gethostname()} (pid 4242" in result.stderr and "txn_id" not in finding
     assert hook.requests == [] and table(db, "SELECT count() FROM DB.actions") == [(0,)]
 
 

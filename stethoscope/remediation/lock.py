@@ -5,9 +5,9 @@ one private folder for the host's user ($STETHOSCOPE_LOCK_DIR, else `stethoscope
 system's temp folder, mode 0700 and checked to be the user's own: not beside a spool or state folder,
 which two runs may set apart), is held across a whole evaluate -> act -> record cycle (a long-running
 executor: its whole life). The file says who holds it: pid and program (`stethoscope serve`), never
-arguments, which may carry a DSN's password. Across hosts (a server DSN) each executor writes a
-heartbeat row into `executors` every cycle; only the oldest live one (started_at, then host name)
-acts, and a holder that missed 3 beats is no longer live."""
+arguments, which may carry a DSN's password. Across users of one host and across hosts (a server
+DSN) each executor writes a heartbeat row into `executors` every cycle; only the oldest live one
+(started_at, then host name) acts, and a holder that missed 3 beats is no longer live."""
 
 from __future__ import annotations
 
@@ -122,9 +122,11 @@ class Heartbeat:
             "WHERE beat >= fromUnixTimestamp64Milli({live:Int64}, 'UTC') ORDER BY started, host LIMIT 1",
             {"live": live_since},
         )
-        if not rows or rows[0][0] == self.host:  # on this host the flock already decided
+        if not rows:
             return ""
         host, pid, started = rows[0]
+        if (host, pid, int(started)) == (self.host, self.pid, self.started_ms):
+            return ""  # the flock decided among this user's runs; this decides among users and hosts
         return f"standby: {host} (pid {pid}, executor since {iso(int(started))}) acts for this database"
 
     def retire(self, store: Store) -> None:

@@ -40,7 +40,7 @@ READS = (
     "job.allreduce_time",
     "job.data_wait",
 )
-SET_ID = 2  # rules/telemetry.yml's gpu_node set (a test checks they agree); the agent's config wins
+SET_ID = 3  # rules/telemetry.yml's gpu_node set (a test checks they agree); the agent's config wins
 AGENT_CONFIG = "/etc/stethoscope/agent.json"
 
 
