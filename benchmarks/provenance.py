@@ -25,22 +25,32 @@ STAMP_KEYS = ("commit", "at", "command", "machine", "load_average_at_start")
 
 
 def stamp() -> dict[str, object]:
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(TOP), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
     return {
-        "commit": commit,
+        "commit": commit(),
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def commit() -> str:
+    """The checked-out commit, `-dirty` where a tracked file outside benchmarks/results differs from it:
+    the results files a run of several benchmarks writes one after another are not code it ran."""
+    try:
+        head = _git("rev-parse", "--short", "HEAD")
+        changed = _git(
+            "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results"
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head}-dirty" if changed else head
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(TOP), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 # taken when a benchmark imports this module, that is as it starts
