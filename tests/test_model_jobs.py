@@ -130,15 +130,7 @@ def test_diagnose_words_the_job_and_switch_findings_and_never_drains_a_switch(st
             kind, seed, severity=(0.3, 0.3), onset=(40, 41), ramp=(10, 11), waits=(20.0, 20.0), prefix=prefix,
             job_ids=(1000, 5000) if prefix == "a-" else (5000, 9000), sizes=(16,), size_weights=(1.0,),
         )  # fmt: skip
-        store.insert_metrics(MetricColumns.from_rows(scene.to_rows(at)))
-        store.insert_rows("nodes", scene.nodes_rows(at))
-        store.insert_rows(
-            "fingerprints",
-            [
-                {"fingerprint": "h200", "kind": "class", "node_id": n, "detail": H200, "first_seen": 0}
-                for n in scene.node_ids
-            ],
-        )
+        _store_scene(store, scene, at)
         if kind == "straggler":
             truth = scene.truth
         else:
