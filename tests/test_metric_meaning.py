@@ -21,6 +21,8 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils import (
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import Context
 from stethoscope.catalog import Catalog
 from stethoscope.paths import h200_capture
+from stethoscope.store.batch import Batch
+from stethoscope.store.writer import WriteReport
 from stethoscope.telemetry.agent import Agent, CaptureSource
 from stethoscope.telemetry.collector import Collector
 from stethoscope.telemetry.keyring import Keyring
@@ -90,23 +92,23 @@ def sweep_rows(tmp_path: Path) -> list[dict]:
 
 def stream_rows(tmp_path: Path) -> list[dict]:
     """The push agent's rows as the collector stores them: the agent reads the ConnectX-7 tree and
-    replays the recorded H200 capture, two periods (rates need two), through the real collector."""
+    replays the recorded H200 capture, two periods (rates need two), over UDP on loopback to the real
+    collector, whose batches are kept as its writer would receive them."""
     root = ib_root(tmp_path)
     metric_set = load_sets()["gpu_node"]
     keyring = Keyring({1: "node01"}, [SECRET])
     number, key = keyring.key_for("node01")
+    batches: list[Batch] = []
 
-    class Sent:
-        def __init__(self) -> None:
-            self.datagrams: list[bytes] = []
+    def keep(batch: Batch) -> WriteReport:
+        batches.append(batch)
+        return WriteReport(stored=len(batch.metrics))
 
-        def sendto(self, data: bytes, _address) -> int:
-            self.datagrams.append(data)
-            return len(data)
-
-    sent = Sent()
+    now = time.time()
+    collector = Collector(keyring, {metric_set.id: metric_set}, keep, clock=lambda: now).start()
+    host, port = collector.address
     config = {
-        "collector": "127.0.0.1:9",
+        "collector": f"{host}:{port}",
         "node_id": "node01",
         "node_key": number,
         "key": key.hex(),
@@ -114,20 +116,27 @@ def stream_rows(tmp_path: Path) -> list[dict]:
         "root": str(root),
         "gpu_source": "none",
     }
-    agent = Agent(config, sock=sent, gpu_source=CaptureSource(str(h200_capture())))
-    now = time.time()
-    agent.tick(0, now - 5)
-    bump(root, "hw_counters/out_of_buffer", 50)
-    agent.tick(1, now)
-    collector = Collector(keyring, {metric_set.id: metric_set}, lambda batch: None, clock=lambda: now)
-    for datagram in sent.datagrams:
-        collector.handle(datagram, now_ms=int(now * 1000))
-    pending = collector._pending
+    agent = Agent(config, gpu_source=CaptureSource(str(h200_capture())))
+    try:
+        agent.tick(0, now - 5)
+        bump(root, "hw_counters/out_of_buffer", 50)
+        agent.tick(1, now)
+        deadline = time.time() + 10
+        while collector.stats.received["node01"] < 2 and time.time() < deadline:
+            time.sleep(0.02)
+    finally:
+        collector.stop()
     return [
         {"name": name, "device": device, "labels": labels, "value": value}
+        for batch in batches
         for name, device, labels, value in zip(
-            pending.metric_name, pending.device, pending.labels, pending.value, strict=True
+            batch.metrics.metric_name,
+            batch.metrics.device,
+            batch.metrics.labels,
+            batch.metrics.value,
+            strict=True,
         )
+        if labels.get("source") == "stream"  # not the collector's own counters of what it received
     ]
 
 
