@@ -18,6 +18,7 @@ from stethoscope.model.jobs import judge_jobs
 from stethoscope.model.metadata import STEPS, load, metadata_path
 from stethoscope.model.ranks import Ranks
 from stethoscope.store.batch import MetricColumns
+from stethoscope_training import job_fresh
 from stethoscope_training.episodes import hardware
 from stethoscope_training.jobs import Options, Scene, simulate
 
@@ -285,3 +286,10 @@ def test_healthy_fleets_of_several_ranks_a_node_get_no_job_or_switch_finding(gra
         assert [
             f.detail or f.rule_id for f in run.findings if f.rule_id in ("model.job", "model.switch")
         ] == []
+
+
+def test_the_job_hold_out_is_the_set_recorded_before_the_change_it_scores() -> None:
+    """jobs-2's scenes are the ones whose hash was recorded when the set was written: a change to the
+    simulation that moved them would quietly swap the hold-out for a set nobody wrote down."""
+    assert job_fresh.SET == job_fresh.SET_2
+    assert job_fresh.scenes(2026, 40).data_hash() == job_fresh.DATA_HASH_2
