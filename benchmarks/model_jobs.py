@@ -6,13 +6,15 @@ steps slow down a congested switch is named. Each measured three ways side by si
 (stethoscope_training/job_evaluate.py): the ONNX graphs alone (the shipped model's node findings),
 the deterministic job-relative detector alone, and both (what `diagnose` runs).
 
-Measured on the held-out job set (stethoscope_training/job_fresh.py, set jobs-1: its variants were
-written, and its scenes' data hash recorded, before the detector's constants were chosen on the
-generator's validation scenes), and, as a control, on those validation scenes themselves
-(job_families.py; what the constants were chosen on, so not a hold-out).
+Measured on the held-out job set (stethoscope_training/job_fresh.py, set jobs-2: its variants
+written, and its scenes' data hash recorded, before the change it scores), and, as controls, on the
+sets the detector's constants were chosen on: jobs-1 (the first hold-out, read closely after it was
+scored, a development set since), the generator's validation scenes and the multi-rank families
+(job_families.py).
 
     .venv/bin/python benchmarks/model_jobs.py [--fresh-per-family 40] [--validation-per-family 60]
-        [--seed 2026] [--out benchmarks/results/model_jobs.json] [--note TEXT]
+        [--multi-rank-per-family 20] [--seed 2026] [--out benchmarks/results/model_jobs.json]
+        [--note TEXT]
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ def main() -> None:
     )
     parser.add_argument("--fresh-per-family", type=int, default=40)
     parser.add_argument("--validation-per-family", type=int, default=60)
+    parser.add_argument("--multi-rank-per-family", type=int, default=20)
     parser.add_argument("--seed", type=int, default=2026, help="the held-out set's seed (validation: 7)")
     parser.add_argument("--model", type=Path, default=metadata_path())
     parser.add_argument("--out", type=Path, default=RESULT)
@@ -76,8 +79,15 @@ def main() -> None:
     provenance = stamp()
     meta = load(args.model)
     graphs = graphs_for(meta)
-    fresh, fresh_s = _score(graphs, job_fresh.scenes(args.seed, args.fresh_per_family))
+    held_out = job_fresh.scenes(args.seed, args.fresh_per_family)
+    if args.seed == 2026 and args.fresh_per_family == 40 and held_out.data_hash() != job_fresh.DATA_HASH_2:
+        sys.exit("the hold-out's scenes are not the ones recorded when it was written (DATA_HASH_2)")
+    fresh, fresh_s = _score(graphs, held_out)
+    development, development_s = _score(
+        graphs, job_fresh.scenes(args.seed, args.fresh_per_family, job_fresh.SET_1)
+    )
     validation, validation_s = _score(graphs, job_families.scenes(7, args.validation_per_family))
+    multi_rank, multi_rank_s = _score(graphs, job_families.multi_rank_scenes(7, args.multi_rank_per_family))
     report = {
         "targets": TARGETS,
         "model": f"{meta.name} ({args.model})",
@@ -86,12 +96,26 @@ def main() -> None:
         "note": args.note,
         "fresh": fresh,
         "fresh_met": {path: _met(fresh, path) for path in job_evaluate.PATHS},
+        "development": development,
+        "development_set": job_fresh.SET_1,
         "validation": validation,
         "validation_met": {path: _met(validation, path) for path in job_evaluate.PATHS},
-        "seconds": {"fresh": round(fresh_s, 1), "validation": round(validation_s, 1)},
+        "multi_rank": multi_rank,
+        "seconds": {
+            "fresh": round(fresh_s, 1),
+            "development": round(development_s, 1),
+            "validation": round(validation_s, 1),
+            "multi_rank": round(multi_rank_s, 1),
+        },
     }
     print(job_evaluate.render(fresh, f"held-out set {job_fresh.SET} (seed {args.seed})"))
+    print(
+        job_evaluate.render(
+            development, f"development set {job_fresh.SET_1} (the first hold-out, read since)"
+        )
+    )
     print(job_evaluate.render(validation, "validation scenes (the constants were chosen on these)"))
+    print(job_evaluate.render(multi_rank, "multi-rank families (read while choosing them)"))
     write_results(args.out, report, provenance)
     print(f"wrote {args.out}")
 

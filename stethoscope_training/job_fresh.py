@@ -79,7 +79,6 @@ FAMILIES: dict[str, tuple[str, Options]] = {
 
 
 MULTI = (2, 8)
-LARGE = {"switches": (8, 12), "per_switch": (16,)}
 FAMILIES_2: dict[str, tuple[str, Options]] = {
     "fresh2.straggler_through_restarts": (
         "straggler",
@@ -88,7 +87,10 @@ FAMILIES_2: dict[str, tuple[str, Options]] = {
     "fresh2.straggler_scattered": ("straggler", Options(severity=(0.06, 0.5), packed=0.0)),
     "fresh2.straggler_multi_rank": ("straggler", Options(severity=(0.06, 0.5), ranks_per_node=MULTI)),
     "fresh2.input_stall_multi_rank": ("input_stall", Options(severity=(0.1, 2.0), ranks_per_node=MULTI)),
-    "fresh2.input_stall_large_fleet": ("input_stall", Options(severity=(0.1, 2.0), **LARGE)),
+    "fresh2.input_stall_large_fleet": (
+        "input_stall",
+        Options(severity=(0.1, 2.0), switches=(8, 12), per_switch=(16,)),
+    ),
     "fresh2.input_stall_checkpointing": (
         "input_stall",
         Options(severity=(0.1, 2.0), checkpoint=0.9, duty=(0.6, 1.0)),
@@ -106,7 +108,7 @@ FAMILIES_2: dict[str, tuple[str, Options]] = {
         Options(data_share=(0.05, 0.3), data_sigma=0.7, ranks_per_node=MULTI),
     ),
     "fresh2.healthy_neighbour_spells_scattered": ("healthy", Options(bursts=True, packed=0.3)),
-    "fresh2.healthy_large_fleet": ("healthy", Options(pipeline=0.33, **LARGE)),
+    "fresh2.healthy_large_fleet": ("healthy", Options(pipeline=0.33, switches=(8, 12), per_switch=(16,))),
     "fresh2.healthy_everything": (
         "healthy",
         Options(

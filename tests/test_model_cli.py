@@ -14,7 +14,7 @@ import pytest
 
 from stethoscope.cli.main import main
 from stethoscope.model.metadata import load, metadata_path
-from stethoscope_training import episodes
+from stethoscope_training import episodes, job_fresh
 
 TOP = Path(__file__).resolve().parent.parent
 NO_TORCH = (
@@ -98,7 +98,7 @@ def test_evaluate_prints_per_class_scores_and_the_confusion_matrix(small_episode
     printed = capsys.readouterr().out
     assert "precision" in printed and "confusion" in printed and "false findings on healthy" in printed
     # the job scenes: the graphs, the job-relative detector and both, side by side
-    assert "job scenes (held-out set jobs-1" in printed
+    assert f"job scenes (held-out set {job_fresh.SET}" in printed and job_fresh.SET == "jobs-2"
     assert "graphs  detector  combined" in printed and "straggler culprit found" in printed
     assert "peers with a finding of their own %" in printed
 

@@ -13,7 +13,10 @@ reference a robust z-score: (value - median) / max(1.4826 MAD, FLOOR). A rank's 
 job's ranks on other nodes and itself: a job runs several ranks a node (8 on an 8-GPU node), and a
 node's fault (its disk, its NFS mount) holds all of them, which in a job of two nodes would set the
 median itself; with one rank a node, and for a job on one node, it is all the job's ranks. A
-culprit is a rank whose compute or input stands out by Z and by at least SHARE of the step, while
+culprit is a rank whose compute or input stands out by Z and by at least SHARE of the step, by Z
+standard errors of a level too (the job's ranks' typical step-to-step spread over the root of the
+steps: where the input wait varies widely from step to step, some rank's median lies high by chance
+while the ranks' medians, by chance close together, make a small MAD), while
 its collective time is lower than its peers' by at least half that (it holds them back, it does not
 wait with them); it holds back the ranks whose collective time exceeds its own by half its excess.
 More than a quarter of a job standing out is not a culprit but a job whose ranks differ (pipeline
@@ -41,6 +44,7 @@ FLOOR = 0.01  # of the step: the spread a lockstep job's ranks are never judged 
 Z = 4.0
 SHARE = 0.03  # a culprit's extra compute or input wait, as a share of the step
 CORROBORATION = 0.5  # its collective time lower than its peers' by at least this part of its excess
+STEADY = Z  # and its excess in standard errors of a level: more than a rank's steps' noise gives
 WAITS = 0.5  # a peer it holds back waits at least this part of the culprit's excess longer than it
 KINDS = {"compute": "compute", "input": "storage"}  # what the culprit spends longer on -> model class
 
@@ -111,6 +115,7 @@ def judge_jobs(ranks: Ranks, recent: int = RECENT) -> JobJudgement:
         if np.isnan(level).any():
             continue
         z, excess = _against_reference(level, ranks.node[members])
+        noise = _level_error(share, level)
         out.judged[job] = list(members)
         out.z[job] = z
         found = []
@@ -118,7 +123,7 @@ def judge_jobs(ranks: Ranks, recent: int = RECENT) -> JobJudgement:
             candidates = [
                 (float(excess[row, k]), name)
                 for k, name in ((0, "compute"), (1, "input"))
-                if z[row, k] >= Z and excess[row, k] >= SHARE
+                if z[row, k] >= Z and excess[row, k] >= SHARE and excess[row, k] >= STEADY * noise[row, k]
             ]
             if not candidates:
                 continue
@@ -149,6 +154,19 @@ def judge_jobs(ranks: Ranks, recent: int = RECENT) -> JobJudgement:
         if found and _few(found, ranks.node[members]):
             out.culprits.extend(found)
     return out
+
+
+def _level_error(share: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """[r, 3] the standard error of each rank's level (the median over its recent steps of its
+    deviation from the job's median) were it as noisy as the job's ranks typically are: 1.2533 times
+    the median over the ranks of their deviations' robust standard deviation step to step, over the
+    square root of its steps. Pooled, so that a rank is judged against its peers' noise: its own
+    fault (a stall on some steps) does not hide itself by making its steps vary."""
+    steps = (~np.isnan(share)).sum(axis=1)
+    spread = 1.4826 * nanmedian(np.abs(share - level[:, None, :]), axis=1)  # [r, 3]
+    typical = np.median(spread, axis=0)  # [3]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return 1.2533 * typical[None, :] / np.sqrt(steps)
 
 
 def _against_reference(level: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

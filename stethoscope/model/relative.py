@@ -14,11 +14,12 @@ A graph's finding on a node
   feature of the finding's class (jobs.stands_out: from its job's nodes in any node feature, from the
   nodes behind its switch of its class and state in those a job does not set): folded, a peer that
   only waits;
-- of another judged job (MIN_RANKS nodes or more), on a node that does not stand out so: the job's
-  shared state, not the node's; when half the job's nodes or more get the same class and the job
-  slowed down over the window (its step SLOWED times as long in the recent steps as in the first
-  ones: a checkpoint's pause or a warm-up passes, a shared cause stays), one finding for the job (on
-  its first node) stands for them, else they are dropped;
+- of another judged job (MIN_RANKS nodes or more, or MIN_RANKS ranks the detector judged), on a
+  node that does not stand out so: the job's shared state, not the node's; when half the job's
+  nodes or more get the same class and the job slowed down over the window (its step SLOWED times
+  as long in the recent steps as in the first ones: a checkpoint's pause or a warm-up passes, a
+  shared cause stays), one finding for the job (on its first node) stands for them, else they are
+  dropped;
 - anywhere else: kept as it is."""
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def relative_findings(
         elif job and (job in by_job or job in crossing) and not _rests_on(f, standing[node], layer_of):
             (by_job.get(job) or crossing[job]).folded.append(f"{f.rule_id} {f.node_id}")
             out.folded.append(f)
-        elif job and size.get(job, 0) >= MIN_RANKS and not _rests_on(f, standing[node], layer_of):
+        elif job and _judged(job, size, out.judgement) and not _rests_on(f, standing[node], layer_of):
             shared.setdefault((job, f.layer), []).append(f)
         else:
             kept.append(f)
@@ -158,6 +159,13 @@ def relative_findings(
     out.explain += [f for f in kept if f.rule_id not in (JOB_RULE, SWITCH_RULE)]
     out.findings = kept + list(job_findings.values()) + switch_findings
     return out
+
+
+def _judged(job: str, size: Mapping[str, int], judgement: JobJudgement) -> bool:
+    """A job judged as a whole: MIN_RANKS nodes or more, or MIN_RANKS ranks or more the detector
+    judged (2 nodes of 8 ranks: no node stands out of two, but 16 ranks with none holding the others
+    back say the job's waits are its own)."""
+    return size.get(job, 0) >= MIN_RANKS or job in judgement.judged
 
 
 def _rests_on(f: ModelFinding, standing: np.ndarray, layer_of: np.ndarray) -> bool:
