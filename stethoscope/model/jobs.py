@@ -12,16 +12,16 @@ those over the recent steps (a checkpoint or a hiccup of a step or two moves no 
 reference a robust z-score: (value - median) / max(1.4826 MAD, FLOOR). A rank's reference is the
 job's ranks on other nodes and itself: a job runs several ranks a node (8 on an 8-GPU node), and a
 node's fault (its disk, its NFS mount) holds all of them, which in a job of two nodes would set the
-median itself; with one rank a node, and for a job on one node, it is all the job's ranks. A
-culprit is a rank whose compute or input stands out by Z and by at least SHARE of the step, by Z
-standard errors of a level too (the job's ranks' typical step-to-step spread over the root of the
-steps: where the input wait varies widely from step to step, some rank's median lies high by chance
-while the ranks' medians, by chance close together, make a small MAD), while
-its collective time is lower than its peers' by at least half that (it holds them back, it does not
-wait with them); it holds back the ranks whose collective time exceeds its own by half its excess.
-More than a quarter of a job standing out is not a culprit but a job whose ranks differ (pipeline
-stages), counted in nodes (culprits on more than a quarter of the job's nodes) and, on a node, in
-ranks (more than a quarter of its ranks of the job, unless all of them: the node's own fault).
+median itself; with one rank a node, and for a job on one node, it is all the job's ranks. A culprit
+is a rank whose compute or input stands out by Z and by at least SHARE of the step, by Z standard
+errors of a level too (the job's ranks' typical step-to-step spread over the root of the steps:
+where the input wait varies widely from step to step, some rank's median lies high by chance while
+the ranks' medians, by chance close together, make a small MAD), while its collective time is lower
+than its peers' by at least half that (it holds them back, it does not wait with them); it holds
+back the ranks whose collective time exceeds its own by half its excess. More than a quarter of a
+job standing out is not a culprit but a job whose ranks differ (pipeline stages), counted in nodes
+(culprits on more than a quarter of the job's nodes) and, on a node, in ranks (more than a quarter
+of its ranks of the job, unless all of them: the node's own fault).
 
 Deterministic, numpy only, no training: beside the ONNX graphs, each is measured against the other
 (`stethoscope model evaluate`, benchmarks/model_jobs.py)."""
