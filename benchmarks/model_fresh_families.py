@@ -15,7 +15,7 @@ there).
     .venv/bin/python benchmarks/model_fresh_families.py [--seed 2026] [--per-family 200] [--set N]
         [--json OUT] [--note TEXT]
 
---set N scores an earlier set kept apart as stethoscope_training/families_setN.py (not one that is
+--set N scores an earlier set kept apart as stethoscope_training/retired_holdouts/setNN.py (not one that is
 training data now), checking that it regenerates the data its earlier scoring had.
 """
 
@@ -127,7 +127,8 @@ def main() -> None:
         "--set",
         type=int,
         default=fresh.SET,
-        help=f"an earlier set kept as stethoscope_training/families_setN.py (default: current, {fresh.SET})",
+        help=f"an earlier set kept as stethoscope_training/retired_holdouts/setNN.py "
+        f"(default: current, {fresh.SET})",
     )
     parser.add_argument(
         "--json", type=Path, help=f"default {RESULT} (another set: model_fresh_setN.json beside it)"

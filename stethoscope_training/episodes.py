@@ -20,24 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from stethoscope.model.metadata import CLASSES, FEATURES, STEP_SECONDS, STEPS
-from stethoscope_training import (
-    families,
-    families_composed,
-    families_healthy_variety,
-    families_set1,
-    families_set2,
-    families_set3,
-    families_set4,
-    families_set5,
-    families_set6,
-    families_set7,
-    families_set8,
-    families_set9,
-    families_set10,
-    families_set11,
-    families_set12,
-    families_set13,
-)
+from stethoscope_training import families, families_composed, families_healthy_variety
 from stethoscope_training.families import (
     CAPTURE,
     GPUS,
@@ -52,6 +35,21 @@ from stethoscope_training.families import (
     Window,
     replay,
     shifted,
+)
+from stethoscope_training.retired_holdouts import (
+    set01,
+    set02,
+    set03,
+    set04,
+    set05,
+    set06,
+    set07,
+    set08,
+    set09,
+    set10,
+    set11,
+    set12,
+    set13,
 )
 
 __all__ = [
@@ -78,19 +76,19 @@ __all__ = [
 GENERATOR_VERSION = 13
 FAMILIES = {
     **families.CORE_FAMILIES,
-    **families_set1.SET1,
-    **families_set2.SET2,
-    **families_set3.SET3,
-    **families_set4.SET4,
-    **families_set5.SET5,
-    **families_set6.SET6,
-    **families_set7.SET7,
-    **families_set8.SET8,
-    **families_set9.SET9,
-    **families_set10.SET10,
-    **families_set11.SET11,
-    **families_set12.SET12,
-    **families_set13.SET13,
+    **set01.SET1,
+    **set02.SET2,
+    **set03.SET3,
+    **set04.SET4,
+    **set05.SET5,
+    **set06.SET6,
+    **set07.SET7,
+    **set08.SET8,
+    **set09.SET9,
+    **set10.SET10,
+    **set11.SET11,
+    **set12.SET12,
+    **set13.SET13,
     **families_healthy_variety.HEALTHY_VARIETY,
     **families_composed.COMPOSED,
 }

@@ -1,8 +1,8 @@
-"""Fresh families (set 14): the clean hold-out of generator version 13, written before that model
-was trained, from what these conditions look like on a real node rather than from the training
-families; no training, validation or model selection has seen them. (Sets 1-13, the hold-outs of
-generator versions 1-12, are training data now: families_set1..13.) Same signals, aggregation,
-sample loss and masking as stethoscope_training.episodes; split "fresh". Scored by
+"""Fresh families (set 14): the clean hold-out of generator version 13, written before that model was
+trained, from what these conditions look like on a real node rather than from the training families;
+no training, validation or model selection has seen them. (Sets 1-13, the hold-outs of generator
+versions 1-12, are training data now: stethoscope_training/retired_holdouts/.) Same signals,
+aggregation, sample loss and masking as stethoscope_training.episodes; split "fresh". Scored by
 benchmarks/model_fresh_families.py, once per model."""
 
 from __future__ import annotations
@@ -193,14 +193,14 @@ def salt(fresh_set: int) -> int:
 
 def families_of(fresh_set: int) -> dict[str, tuple[str, Family]]:
     """The families of a fresh set: this module's for the current one, an earlier set's from
-    stethoscope_training/families_setN.py (ValueError when there is none)."""
+    stethoscope_training/retired_holdouts/setNN.py (ValueError when there is none)."""
     if fresh_set == SET:
         return FRESH
     try:
-        module = importlib.import_module(f"stethoscope_training.families_set{int(fresh_set)}")
+        module = importlib.import_module(f"stethoscope_training.retired_holdouts.set{int(fresh_set):02d}")
         return getattr(module, f"SET{int(fresh_set)}")
     except (ImportError, AttributeError):
-        missing = f"stethoscope_training/families_set{fresh_set}.py"
+        missing = f"stethoscope_training/retired_holdouts/set{int(fresh_set):02d}.py"
         raise ValueError(f"fresh set {fresh_set}: no {missing}") from None
 
 

@@ -173,39 +173,14 @@ def test_earlier_fresh_sets_and_healthy_variety_are_training_families_now(data):
     firmware hang as healthy, a parallel file system's client eviction as healthy and a host CPU
     PROCHOT as communication or storage; once scored, a hold-out becomes training data and the next
     set is the hold-out."""
-    from stethoscope_training import (
-        families_healthy_variety,
-        families_set1,
-        families_set2,
-        families_set3,
-        families_set4,
-        families_set5,
-        families_set6,
-        families_set7,
-        families_set8,
-        families_set9,
-        families_set10,
-        families_set11,
-        families_set12,
-        families_set13,
-        fresh,
-    )
+    import importlib
 
-    added_sets = (
-        families_set1.SET1,
-        families_set2.SET2,
-        families_set3.SET3,
-        families_set4.SET4,
-        families_set5.SET5,
-        families_set6.SET6,
-        families_set7.SET7,
-        families_set8.SET8,
-        families_set9.SET9,
-        families_set10.SET10,
-        families_set11.SET11,
-        families_set12.SET12,
-        families_set13.SET13,
-    )
+    from stethoscope_training import families_healthy_variety, fresh
+
+    added_sets = [
+        getattr(importlib.import_module(f"stethoscope_training.retired_holdouts.set{n:02d}"), f"SET{n}")
+        for n in range(1, 14)
+    ]
     for added in (*added_sets, families_healthy_variety.HEALTHY_VARIETY):
         assert set(added) <= set(episodes.FAMILIES)
     assert not set(fresh.FRESH) & set(episodes.FAMILIES)
