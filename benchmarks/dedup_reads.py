@@ -31,7 +31,7 @@ STRATEGIES = ("group_by", "final")
 
 
 def cycle(store: Store, rules: list, end_ms: int, strategy: str) -> float:
-    engine._Builder.dedup = strategy
+    engine.QueryBuilder.dedup = strategy
     started = time.perf_counter()
     for rule in rules:
         engine.evaluate(store, rule, end_ms)
@@ -79,7 +79,7 @@ def main() -> None:
             }
             phases.append(result)
             print(json.dumps(result), flush=True)
-    engine._Builder.dedup = "group_by"
+    engine.QueryBuilder.dedup = "group_by"
     report = {"nodes": args.nodes, "rows_generated": rows, "rules": len(rules), "phases": phases}
     write_results(args.out, report)
     print(f"wrote {args.out}")

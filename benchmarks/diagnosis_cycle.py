@@ -35,9 +35,9 @@ import numpy as np
 
 from stethoscope import stats
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.diagnose import diagnose
 from stethoscope.diagnosis.engine import evaluate, evaluate_all, readers_wanted
-from stethoscope.diagnosis.model import ModelUse
+from stethoscope.diagnosis.findings import diagnose
+from stethoscope.diagnosis.model_findings import ModelUse
 from stethoscope.diagnosis.rules import load_rules
 from stethoscope.diagnosis.unknown import Fleet, survey
 from stethoscope.inventory import Host

@@ -42,7 +42,7 @@ def main() -> int:
         collect_pcie,
         collect_tuning,
     )
-    from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import (
+    from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import (
         CollectorError,
         Context,
     )

@@ -185,9 +185,9 @@ def raw_ceiling(seconds: float = 5.0) -> dict:
 def hold(rate: int, duration: float) -> dict:
     from stethoscope.store.client import Store
     from stethoscope.store.writer import Writer
-    from stethoscope.telemetry.collector import WRITE_TIMEOUT, Collector
     from stethoscope.telemetry.keyring import Keyring
     from stethoscope.telemetry.metric_set import load_sets
+    from stethoscope.telemetry.udp_collector import WRITE_TIMEOUT, Collector
 
     nodes = int(rate * PERIOD / (1 + wire.REDUNDANCY))
     work = Path(tempfile.mkdtemp(prefix="stream-scale-"))

@@ -179,7 +179,7 @@ def data_hash(arrays: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-def _assemble(w: Window) -> tuple[np.ndarray, np.ndarray]:
+def assemble(w: Window) -> tuple[np.ndarray, np.ndarray]:
     """Aggregate a window as the node part does, lose samples, carry and mask as read_windows does."""
     rng, n = w.rng, w.n
     values = w.node.copy()
@@ -265,7 +265,7 @@ def generate(
             window = family(rng, hw, per_family)
             if name not in RULES_MISS:  # those look normal on their own node, by definition
                 _aer_trickle(window, np.random.default_rng(stream.spawn(1)[0]))
-        x, mask = _assemble(window)
+        x, mask = assemble(window)
         if name in HELD_OUT or name in REPLAYED:
             split = np.full(per_family, "test")
         else:

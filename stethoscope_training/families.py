@@ -132,7 +132,7 @@ class Window:
         return np.clip((t - self.onset[:, None] + 1) / ramp, 0.0, 1.0)
 
 
-def _base(rng: np.random.Generator, hw: Hardware, n: int, busy: np.ndarray) -> Window:
+def healthy_window(rng: np.random.Generator, hw: Hardware, n: int, busy: np.ndarray) -> Window:
     """Healthy signals of n nodes whose GPU load follows busy [n, T] (0 idle, 1 training)."""
     T, G = STEPS, GPUS
     noise = rng.uniform(0.5, 2.0, (n, 1))
@@ -202,7 +202,7 @@ def _base(rng: np.random.Generator, hw: Hardware, n: int, busy: np.ndarray) -> W
     )
 
 
-def _slow(w: Window, extra_ms: np.ndarray) -> None:
+def step_slower(w: Window, extra_ms: np.ndarray) -> None:
     """A step that takes extra_ms [n, T] longer: the GPUs wait that share of the step."""
     before = w.step_ms.copy()
     w.step_ms = w.step_ms + extra_ms
@@ -211,25 +211,25 @@ def _slow(w: Window, extra_ms: np.ndarray) -> None:
     w.power = w.hw.idle_power + (w.power - w.hw.idle_power) * (0.4 + 0.6 * share)
 
 
-def _collectives_slower(w: Window, extra: np.ndarray) -> None:
+def collectives_slower(w: Window, extra: np.ndarray) -> None:
     """The job's collectives take extra_ms [n, T] longer, and so its step."""
     w.comm_ms = w.comm_ms + extra
-    _slow(w, extra)
+    step_slower(w, extra)
 
 
-def _input_slower(w: Window, extra: np.ndarray) -> None:
+def input_slower(w: Window, extra: np.ndarray) -> None:
     """The job waits extra_ms [n, T] longer for its input, and so its step."""
     w.data_ms = w.data_ms + extra
-    _slow(w, extra)
+    step_slower(w, extra)
 
 
-def _port_waits(w: Window, factor: np.ndarray) -> None:
+def port_waits_longer(w: Window, factor: np.ndarray) -> None:
     """The IB port waits to send `factor` [n, T] times as long."""
     xmit = w.node[:, :, F["ib_port_xmit_wait_per_second"]]
     w.node[:, :, F["ib_port_xmit_wait_per_second"]] = np.rint(xmit * factor)
 
 
-def _busy(rng: np.random.Generator, n: int, kind: str) -> np.ndarray:
+def busy_pattern(rng: np.random.Generator, n: int, kind: str) -> np.ndarray:
     t = np.arange(STEPS)[None, :]
     if kind == "idle":
         return np.zeros((n, STEPS))
@@ -244,16 +244,16 @@ def _busy(rng: np.random.Generator, n: int, kind: str) -> np.ndarray:
 
 
 def healthy_idle(rng, hw, n):
-    return _base(rng, hw, n, _busy(rng, n, "idle"))
+    return healthy_window(rng, hw, n, busy_pattern(rng, n, "idle"))
 
 
 def healthy_training(rng, hw, n):
-    return _base(rng, hw, n, _busy(rng, n, "load"))
+    return healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
 
 
 def healthy_power_capped(rng, hw, n):
     """An administrator's lower power limit: flat power at the limit, lower clocks, a slower step."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     limit = rng.uniform(0.6, 0.9, (n, 1, 1))
     w.power = w.hw.cap_power * limit + (w.power - w.hw.cap_power)
     clock = w.hw.load_clock * limit**0.7 + (w.clock - w.hw.load_clock)
@@ -266,8 +266,8 @@ def healthy_power_capped(rng, hw, n):
 
 def healthy_transition(rng, hw, n):
     """A job starts (with slow first steps: compilation, warm-up) or ends inside the window."""
-    busy = _busy(rng, n, "edge")
-    w = _base(rng, hw, n, busy)
+    busy = busy_pattern(rng, n, "edge")
+    w = healthy_window(rng, hw, n, busy)
     t = np.arange(STEPS)[None, :]
     first = np.argmax(busy > 0.5, axis=1)[:, None]
     started = busy[:, :1] < 0.5
@@ -277,17 +277,17 @@ def healthy_transition(rng, hw, n):
     return w
 
 
-def _fault(w: Window, low: int = 20, high: int = 100) -> Window:
+def fault_onsets(w: Window, low: int = 20, high: int = 100) -> Window:
     w.onset = w.rng.integers(low, high, w.n)
     w.severity = w.rng.uniform(0.15, 1.0, w.n)
     return w
 
 
-def _sev(w: Window) -> np.ndarray:
+def severity_of(w: Window) -> np.ndarray:
     return w.severity[:, None]
 
 
-def _bursts(w: Window, on: float, off: float) -> np.ndarray:
+def burst_steps(w: Window, on: float, off: float) -> np.ndarray:
     """[n, T] 0/1: bursts of ~on steps every ~off steps."""
     state = np.zeros((w.n, STEPS))
     p_start, p_stop = 1.0 / off, 1.0 / on
@@ -299,7 +299,7 @@ def _bursts(w: Window, on: float, off: float) -> np.ndarray:
     return state
 
 
-def _rate(w: Window, name: str, level: np.ndarray, on: np.ndarray) -> None:
+def counter_rate(w: Window, name: str, level: np.ndarray, on: np.ndarray) -> None:
     """Counter rate at level [n, 1] (per second, bursty) where on [n, T] > 0."""
     value = level * on * w.rng.lognormal(0, 0.5, (w.n, STEPS))
     counted = np.rint(value * STEP_SECONDS) / STEP_SECONDS  # whole errors per 5-s period
@@ -307,68 +307,68 @@ def _rate(w: Window, name: str, level: np.ndarray, on: np.ndarray) -> None:
 
 
 def _link_base(rng, hw, n):
-    return _base(rng, hw, n, np.where(rng.random((n, 1)) < 0.75, 1.0, 0.0) * np.ones((n, STEPS)))
+    return healthy_window(rng, hw, n, np.where(rng.random((n, 1)) < 0.75, 1.0, 0.0) * np.ones((n, STEPS)))
 
 
 def rdma_drop_storm(rng, hw, n):
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 10, n))
-    _rate(w, "rdma_qps_dropped_per_second", 10 ** (0.5 + 3 * s), on)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after(rng.integers(1, 10, n))
+    counter_rate(w, "rdma_qps_dropped_per_second", 10 ** (0.5 + 3 * s), on)
     w.comm_ms = w.comm_ms * (1 + on * (0.3 + 1.5 * s))
-    _slow(w, w.comm_ms - w.comm_ms / (1 + on * (0.3 + 1.5 * s)))
+    step_slower(w, w.comm_ms - w.comm_ms / (1 + on * (0.3 + 1.5 * s)))
     return w
 
 
 def ib_symbol_errors(rng, hw, n):
-    w = _fault(_link_base(rng, hw, n))
-    s, on = _sev(w), w.after()
-    _rate(w, "ib_symbol_errors_per_second", 10 ** (0.3 + 2.5 * s), on)
+    w = fault_onsets(_link_base(rng, hw, n))
+    s, on = severity_of(w), w.after()
+    counter_rate(w, "ib_symbol_errors_per_second", 10 ** (0.3 + 2.5 * s), on)
     extra = w.comm_ms * on * 0.6 * s
-    _collectives_slower(w, extra)
+    collectives_slower(w, extra)
     return w
 
 
 def aer_storm(rng, hw, n):
-    w = _fault(_link_base(rng, hw, n))
-    s, on = _sev(w), w.after(rng.integers(1, 20, n))
-    _rate(w, "pcie_aer_correctable_errors_per_second", 10 ** (0.7 + 3 * s), on)
+    w = fault_onsets(_link_base(rng, hw, n))
+    s, on = severity_of(w), w.after(rng.integers(1, 20, n))
+    counter_rate(w, "pcie_aer_correctable_errors_per_second", 10 ** (0.7 + 3 * s), on)
     extra = w.comm_ms * on * 0.3 * s
-    _collectives_slower(w, extra)
+    collectives_slower(w, extra)
     return w
 
 
 def allreduce_centre(rng, hw, n):
     """The node every ring waits on: its own GPUs, links and disk look normal, only the job's
     collective time (and so its step) grows."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 30, n))
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after(rng.integers(1, 30, n))
     extra = w.comm_ms * on * (0.6 + 3.0 * s)
-    _collectives_slower(w, extra)
+    collectives_slower(w, extra)
     return w
 
 
 def congested_neighbour(rng, hw, n):
     """A node behind the slow centre's switch: its port waits to send, its collectives slow down."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 20, n))
-    _port_waits(w, 1 + on * (3 + 40 * s))
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after(rng.integers(1, 20, n))
+    port_waits_longer(w, 1 + on * (3 + 40 * s))
     extra = w.comm_ms * on * (0.4 + 2.0 * s)
-    _collectives_slower(w, extra)
+    collectives_slower(w, extra)
     return w
 
 
 def flapping_link(rng, hw, n):
     """Held out: a link that comes and goes: bursts of symbol errors and drops, collectives spike."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after() * _bursts(w, on=3, off=10)
-    _rate(w, "ib_symbol_errors_per_second", 10 ** (0.5 + 2 * s), on)
-    _rate(w, "rdma_qps_dropped_per_second", 10 ** (0.3 + 2 * s), on)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after() * burst_steps(w, on=3, off=10)
+    counter_rate(w, "ib_symbol_errors_per_second", 10 ** (0.5 + 2 * s), on)
+    counter_rate(w, "rdma_qps_dropped_per_second", 10 ** (0.3 + 2 * s), on)
     extra = w.comm_ms * on * (0.5 + 2 * s)
-    _collectives_slower(w, extra)
+    collectives_slower(w, extra)
     return w
 
 
-def _disk_warm(w: Window, on: np.ndarray, degrees: np.ndarray) -> None:
+def disk_warmer(w: Window, on: np.ndarray, degrees: np.ndarray) -> None:
     disk = w.node[:, :, F["disk_temperature_celsius"]]
     w.node[:, :, F["disk_temperature_celsius"]] = np.rint(disk + on * degrees)
 
@@ -376,43 +376,43 @@ def _disk_warm(w: Window, on: np.ndarray, degrees: np.ndarray) -> None:
 def slow_nvme_clean_smart(rng, hw, n):
     """A drive that answers slowly with nothing in SMART: the job waits for data, GPUs idle a bit,
     the drive runs a little warmer."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 15, n))
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after(rng.integers(1, 15, n))
     extra = w.step_ms * on * (0.1 + 0.9 * s) * rng.lognormal(0, 0.2, (n, STEPS))
-    _input_slower(w, extra)
-    _disk_warm(w, on, rng.uniform(1, 6, (n, 1)))
+    input_slower(w, extra)
+    disk_warmer(w, on, rng.uniform(1, 6, (n, 1)))
     return w
 
 
 def nvme_overheat(rng, hw, n):
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(10, 40, n))
-    _disk_warm(w, on, 20 + 25 * s)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after(rng.integers(10, 40, n))
+    disk_warmer(w, on, 20 + 25 * s)
     hot = np.clip((w.node[:, :, F["disk_temperature_celsius"]] - 65) / 10, 0, 1)
     extra = w.step_ms * hot * (0.1 + 0.8 * s)
-    _input_slower(w, extra)
+    input_slower(w, extra)
     return w
 
 
 def nvme_latency_ramp(rng, hw, n):
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 70)
-    s, on = _sev(w), w.after(rng.integers(30, 80, n))
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 10, 70)
+    s, on = severity_of(w), w.after(rng.integers(30, 80, n))
     extra = w.step_ms * on * (0.1 + 1.2 * s)
-    _input_slower(w, extra)
-    _disk_warm(w, on, rng.uniform(0, 3, (n, 1)))
+    input_slower(w, extra)
+    disk_warmer(w, on, rng.uniform(0, 3, (n, 1)))
     return w
 
 
 def data_stall_bursts(rng, hw, n):
     """Held out: input stalls that come and go (a shared file system's hiccups)."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after() * _bursts(w, on=2, off=8)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after() * burst_steps(w, on=2, off=8)
     extra = w.step_ms * on * (0.3 + 2.5 * s)
-    _input_slower(w, extra)
+    input_slower(w, extra)
     return w
 
 
-def _gpu_slow(w: Window, gpus: np.ndarray, factor: np.ndarray) -> None:
+def gpus_slower(w: Window, gpus: np.ndarray, factor: np.ndarray) -> None:
     """Slow the chosen GPUs [n, G] by factor [n, T] (clock and power); the job's step follows the
     slowest, the other ranks wait for it in the collectives."""
     f = np.where(gpus[:, None, :], factor[:, :, None], 1.0)
@@ -426,7 +426,7 @@ def _gpu_slow(w: Window, gpus: np.ndarray, factor: np.ndarray) -> None:
     w.util = np.rint(w.util * waiting)
 
 
-def _others_wait(w: Window, gpu: np.ndarray, extra: np.ndarray) -> None:
+def others_wait(w: Window, gpu: np.ndarray, extra: np.ndarray) -> None:
     """Every step takes extra [n, T] ms longer because the GPUs `gpu` [n, 1, G] hold it up, their
     clock and power as before: the other GPUs idle in the collectives meanwhile."""
     waiting = (w.step_ms / (w.step_ms + extra))[:, :, None]
@@ -435,36 +435,36 @@ def _others_wait(w: Window, gpu: np.ndarray, extra: np.ndarray) -> None:
     w.step_ms = w.step_ms + extra
 
 
-def _some_gpus(w: Window, low: int, high: int) -> np.ndarray:
+def some_gpus(w: Window, low: int, high: int) -> np.ndarray:
     count = w.rng.integers(low, high + 1, w.n)
     order = np.argsort(w.rng.random((w.n, GPUS)), axis=1)
     return order < count[:, None]
 
 
 def straggler_gpu(rng, hw, n):
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 10, n))
-    _gpu_slow(w, _some_gpus(w, 1, 1), 1 - on * (0.08 + 0.4 * s))
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after(rng.integers(1, 10, n))
+    gpus_slower(w, some_gpus(w, 1, 1), 1 - on * (0.08 + 0.4 * s))
     return w
 
 
 def thermal_throttle(rng, hw, n):
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(5, 30, n))
-    gpus = _some_gpus(w, 1, 3)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after(rng.integers(5, 30, n))
+    gpus = some_gpus(w, 1, 3)
     heat = np.where(gpus[:, None, :], on[:, :, None] * (w.hw.load_temp * 0.45 + 12 * s[:, :, None]), 0)
     w.temp = np.rint(w.temp + heat)
     hot = np.clip((w.temp.max(axis=2) - (w.hw.load_temp + 22)) / 8, 0, 1)
-    _gpu_slow(w, gpus, 1 - hot * (0.1 + 0.4 * s))
+    gpus_slower(w, gpus, 1 - hot * (0.1 + 0.4 * s))
     return w
 
 
 def power_brake(rng, hw, n):
     """The board's power brake (HW slowdown): every GPU drops to a fraction of its power and clock."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after()
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after()
     factor = 1 - on * (0.45 + 0.4 * s)
-    _gpu_slow(w, np.ones((n, GPUS), dtype=bool), factor)
+    gpus_slower(w, np.ones((n, GPUS), dtype=bool), factor)
     w.temp = np.rint(w.hw.idle_temp + (w.temp - w.hw.idle_temp) * (0.4 + 0.6 * factor[:, :, None]))
     w.util = np.where(on[:, :, None] > 0, np.clip(w.util + 3, 0, 100), w.util)
     return w
@@ -472,9 +472,9 @@ def power_brake(rng, hw, n):
 
 def clock_decay(rng, hw, n):
     """Held out: a slow loss of clock on a few GPUs over minutes (degrading cooling or VRM)."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 60)
-    s, on = _sev(w), w.after(rng.integers(40, 90, n))
-    _gpu_slow(w, _some_gpus(w, 2, 4), 1 - on * (0.1 + 0.35 * s))
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 5, 60)
+    s, on = severity_of(w), w.after(rng.integers(40, 90, n))
+    gpus_slower(w, some_gpus(w, 2, 4), 1 - on * (0.1 + 0.35 * s))
     return w
 
 
@@ -574,7 +574,7 @@ def replay(
     from a random offset per GPU, cycling through the idle or the at-the-cap samples of the
     capture's earlier half (training) or later half (test); on another class the samples are mapped
     onto its ranges. The node's other signals are healthy synthetic."""
-    w = _base(rng, hw, n, _busy(rng, n, "load" if load else "idle"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load" if load else "idle"))
     samples = capture.load if load else capture.idle
     half = len(samples) // 2
     samples = samples[:half] if early else samples[half:]

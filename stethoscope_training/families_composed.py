@@ -15,8 +15,17 @@ import dataclasses
 import numpy as np
 
 from stethoscope.model.metadata import STEPS
-from stethoscope_training.families import F, Family, Window, _base, _busy, _disk_warm, _input_slower, _slow
-from stethoscope_training.families_healthy_variety import _load_following
+from stethoscope_training.families import (
+    F,
+    Family,
+    Window,
+    busy_pattern,
+    disk_warmer,
+    healthy_window,
+    input_slower,
+    step_slower,
+)
+from stethoscope_training.families_healthy_variety import load_following
 
 ARRAYS = ("temp", "power", "clock", "util", "node", "job", "step_ms", "comm_ms", "data_ms")
 
@@ -38,7 +47,7 @@ def load_swings(w: Window) -> None:
     wave = 1 - rng.uniform(0.1, 0.5, (n, 1)) * (
         0.5 + 0.5 * np.sin(2 * np.pi * t / rng.uniform(2, 12, (n, 1)))
     )
-    _load_following(w, np.where(rng.random((n, 1)) < 0.5, walk, wave))
+    load_following(w, np.where(rng.random((n, 1)) < 0.5, walk, wave))
 
 
 def pace_change(w: Window) -> None:
@@ -66,8 +75,8 @@ def routine_stalls(w: Window) -> None:
     saving = (t + rng.integers(0, 40, (n, 1))) % rng.integers(15, 41, (n, 1)) < rng.integers(1, 4, (n, 1))
     stall = w.step_ms * saving * rng.uniform(0.3, 1.5, (n, 1))
     w.data_ms = w.data_ms + 0.5 * stall
-    _slow(w, stall)
-    _disk_warm(w, saving.astype(float), rng.uniform(1, 4, (n, 1)))
+    step_slower(w, stall)
+    disk_warmer(w, saving.astype(float), rng.uniform(1, 4, (n, 1)))
 
 
 def one_stall(w: Window) -> None:
@@ -76,15 +85,15 @@ def one_stall(w: Window) -> None:
     rng, n = w.rng, w.n
     stall = _stretch(rng, n, 1, 6) * w.step_ms * rng.uniform(0.5, 5, (n, 1))
     on_input = rng.random((n, 1)) < 0.5
-    _input_slower(w, stall * on_input)
-    _slow(w, stall * ~on_input)
+    input_slower(w, stall * on_input)
+    step_slower(w, stall * ~on_input)
 
 
 def host_stretch(w: Window) -> None:
     """For half a minute to two minutes each step takes 10-40 % longer for nothing the node's parts
     show (a profiler, the host busy with something else): profiler_stretch."""
     rng, n = w.rng, w.n
-    _slow(w, w.step_ms * _stretch(rng, n, 6, 24) * rng.uniform(0.1, 0.4, (n, 1)))
+    step_slower(w, w.step_ms * _stretch(rng, n, 6, 24) * rng.uniform(0.1, 0.4, (n, 1)))
 
 
 def job_gap(w: Window) -> None:
@@ -133,7 +142,7 @@ CHANGES = (
 
 
 def healthy_composed(rng, hw, n):
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     count = rng.integers(2, 5, n)
     order = np.argsort(rng.random((n, len(CHANGES))), axis=1)
     for k, change in enumerate(CHANGES):

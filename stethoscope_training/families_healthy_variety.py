@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from stethoscope.model.metadata import STEPS
-from stethoscope_training.families import Family, _base, _busy
+from stethoscope_training.families import Family, busy_pattern, healthy_window
 
 
-def _load_following(w, level: np.ndarray) -> None:
+def load_following(w, level: np.ndarray) -> None:
     """GPU utilisation, power, clock and temperature following a load level [n, T] in 0..1 while
     the job's pace stays (the work per step is the same; the GPUs are idle in between)."""
     hw, lv = w.hw, level[:, :, None]
@@ -27,26 +27,26 @@ def _load_following(w, level: np.ndarray) -> None:
 def healthy_load_wander(rng, hw, n):
     """A job whose GPU load wanders (memory-bound phases, uneven micro-batches): utilisation and
     power drift between about half and full, now and then a level change; the step time holds."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     walk = np.cumsum(rng.normal(0, 0.04, (n, STEPS)), axis=1)
     t = np.arange(STEPS)[None, :]
     shift = np.where(t >= rng.integers(0, STEPS, (n, 1)), rng.uniform(-0.3, 0.3, (n, 1)), 0.0)
     level = np.clip(rng.uniform(0.6, 1.0, (n, 1)) + walk + shift, 0.45, 1.0)
-    _load_following(w, level)
+    load_following(w, level)
     return w
 
 
 def healthy_periodic_load(rng, hw, n):
     """A job with a periodic load (gradient accumulation, pipeline stages, an interleaved data
     phase): the GPU signals swing with a period of 2-12 samples at their own depth; pace steady."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     t = np.arange(STEPS)[None, :]
     period = rng.uniform(2.0, 12.0, (n, 1))
     depth = rng.uniform(0.1, 0.5, (n, 1))
     wave = 0.5 + 0.5 * np.sin(2 * np.pi * t / period + rng.uniform(0, 2 * np.pi, (n, 1)))
     square = rng.random((n, 1)) < 0.4  # a schedule that switches rather than swings
     wave = np.where(square, (wave > 0.5).astype(float), wave)
-    _load_following(w, 1 - depth * wave)
+    load_following(w, 1 - depth * wave)
     return w
 
 
@@ -55,7 +55,7 @@ def healthy_phase_change(rng, hw, n):
     curriculum stage, a smaller model stage): from a step on, or for a stretch, each step takes a
     different time (shorter or longer), its collectives and input in proportion; the GPUs stay as
     busy, or idle in the shorter forward-only steps' gaps."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     t = np.arange(STEPS)[None, :]
     start = rng.integers(5, STEPS - 10, (n, 1))
     stretch = np.where(rng.random((n, 1)) < 0.5, rng.integers(8, 40, (n, 1)), STEPS)
@@ -69,7 +69,7 @@ def healthy_phase_change(rng, hw, n):
     w.comm_ms = np.where(phase, w.comm_ms * comm, w.comm_ms)
     w.data_ms = np.where(phase, w.data_ms * data, w.data_ms)
     lighter = np.where(factor < 1, rng.uniform(0.8, 1.0, (n, 1)), 1.0)
-    _load_following(w, np.where(phase, lighter, 1.0))
+    load_following(w, np.where(phase, lighter, 1.0))
     return w
 
 

@@ -12,24 +12,24 @@ import importlib
 import numpy as np
 
 from stethoscope.model.metadata import CLASSES, STEPS
-from stethoscope_training.episodes import ARRAYS, Episodes, _assemble, data_hash, hardware, manifest
+from stethoscope_training.episodes import ARRAYS, Episodes, assemble, data_hash, hardware, manifest
 from stethoscope_training.families import (
     CAPTURE,
     Capture,
     F,
     Family,
     Window,
-    _base,
-    _busy,
-    _collectives_slower,
-    _fault,
-    _gpu_slow,
-    _input_slower,
-    _port_waits,
-    _rate,
-    _sev,
-    _slow,
-    _some_gpus,
+    busy_pattern,
+    collectives_slower,
+    counter_rate,
+    fault_onsets,
+    gpus_slower,
+    healthy_window,
+    input_slower,
+    port_waits_longer,
+    severity_of,
+    some_gpus,
+    step_slower,
 )
 
 SPLIT = "fresh"
@@ -44,7 +44,7 @@ def healthy_activation_recompute(rng, hw, n):
     longer sequence): all window long the part of each step outside its collectives takes 25-40 %
     longer than a job of its size would take, with the GPUs as busy, as hot and as close to the cap
     as ever, and its collectives and input as long as before; nothing is wrong."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     compute = w.step_ms - w.comm_ms
     w.step_ms = w.comm_ms + compute * rng.uniform(1.25, 1.4, (n, 1))
     return w
@@ -55,11 +55,11 @@ def healthy_fully_sharded_gathers(rng, hw, n):
     collectives take 45-70 % of each step, mostly hidden behind the compute, so the GPUs stay 85-97 %
     busy; the ports carry two to four times a typical job's traffic and wait that much longer to
     send, varying more from sample to sample (a spread of 0.3-0.5). The same all window long."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     share = rng.uniform(0.45, 0.7, (n, 1))
     w.comm_ms = w.comm_ms * share / np.median(w.comm_ms / w.step_ms, axis=1, keepdims=True)
     spread = rng.uniform(0.3, 0.5, (n, 1))
-    _port_waits(w, rng.uniform(2, 4, (n, 1)) * rng.lognormal(0, 1, (n, STEPS)) ** spread)
+    port_waits_longer(w, rng.uniform(2, 4, (n, 1)) * rng.lognormal(0, 1, (n, STEPS)) ** spread)
     w.util = np.rint(w.util * rng.uniform(0.9, 0.97, (n, 1, 1)))
     return w
 
@@ -68,7 +68,7 @@ def healthy_loss_scale_skipped_steps(rng, hw, n):
     """Mixed-precision training whose loss scaler overflows now and then: a skipped step runs no
     optimizer update and takes 10-25 % less, one sample in 12-30 at random; the GPUs stay busy
     throughout. Nothing is wrong."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     skipped = rng.random((n, STEPS)) < 1 / rng.uniform(12, 30, (n, 1))
     w.step_ms = np.where(skipped, w.step_ms * (1 - rng.uniform(0.1, 0.25, (n, 1))), w.step_ms)
     return w
@@ -82,15 +82,15 @@ def qp_retry_exhausted_reconnects(rng, hw, n):
     runs out of retries and NCCL tears it down and reconnects: every 30 s to two minutes a collective
     stalls for 1.4-6 s, the port counts a few dropped packets then (4-15 a second, bursty) and waits
     less to send while the queue pair is rebuilt; between the reconnects everything is as before."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
-    s = _sev(w)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 10, 80)
+    s = severity_of(w)
     t = np.arange(STEPS)[None, :]
     every = rng.integers(6, 25, (n, 1))
     hit = ((t - w.onset[:, None]) % every == 0) & (t >= w.onset[:, None])
     stall = 1000 + 5000 * s * rng.uniform(0.5, 1.0, (n, STEPS))
-    _collectives_slower(w, hit * stall)
-    _port_waits(w, np.where(hit, rng.uniform(0.3, 0.7, (n, 1)), 1.0))
-    _rate(w, "rdma_qps_dropped_per_second", 2 + 13 * s, hit.astype(float))
+    collectives_slower(w, hit * stall)
+    port_waits_longer(w, np.where(hit, rng.uniform(0.3, 0.7, (n, 1)), 1.0))
+    counter_rate(w, "rdma_qps_dropped_per_second", 2 + 13 * s, hit.astype(float))
     return w
 
 
@@ -99,14 +99,14 @@ def nic_pcie_link_retrained_narrow(rng, hw, n):
     (32-100 a second for 10-20 s) and retrains at half its width: from then on the NIC moves data at
     half the rate, so the collectives take 35-90 % longer and the port, fed more slowly, waits a
     third to half as long to send; no error is counted after the burst."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 90)
-    s = _sev(w)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 10, 90)
+    s = severity_of(w)
     t = np.arange(STEPS)[None, :]
     burst = (t >= w.onset[:, None]) & (t < w.onset[:, None] + rng.integers(2, 5, (n, 1)))
-    _rate(w, "pcie_aer_correctable_errors_per_second", 20 + 80 * s, burst.astype(float))
+    counter_rate(w, "pcie_aer_correctable_errors_per_second", 20 + 80 * s, burst.astype(float))
     after = w.after()
-    _port_waits(w, 1 - after * (0.5 + 0.17 * s))
-    _collectives_slower(w, w.comm_ms * after * (0.25 + 0.65 * s))
+    port_waits_longer(w, 1 - after * (0.5 + 0.17 * s))
+    collectives_slower(w, w.comm_ms * after * (0.25 + 0.65 * s))
     return w
 
 
@@ -118,10 +118,10 @@ def local_cache_miss_remote_fetch(rng, hw, n):
     loader fetches every sample from the object store instead: within half a minute the input takes
     4.4-12 times as long, varying widely from sample to sample (a spread of 0.6), and the step with
     it; the local drive, idle now, cools by 2-5 C over 100-245 s."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
-    s, on = _sev(w), w.after(rng.integers(1, 6, n))
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 10, 80)
+    s, on = severity_of(w), w.after(rng.integers(1, 6, n))
     slower = w.data_ms * on * (2 + 9 * s) * rng.lognormal(0, 0.6, (n, STEPS))
-    _input_slower(w, slower)
+    input_slower(w, slower)
     disk = F["disk_temperature_celsius"]
     cooled = w.after(rng.integers(20, 50, n)) * rng.uniform(2, 5, (n, 1))
     w.node[:, :, disk] = np.rint(w.node[:, :, disk] - cooled)
@@ -133,9 +133,9 @@ def readahead_lost_after_remount(rng, hw, n):
     from then on every sample's read is several small requests, each waiting its turn: the input
     wait grows by one to three times itself plus 9-30 % of a step, steadily, and the step by as
     much, the GPUs waiting meanwhile; the drive is as warm as before and nothing is counted."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 90)
-    s, on = _sev(w), w.after()
-    _input_slower(w, on * (w.data_ms * (0.6 + 2.4 * s) + w.step_ms * (0.05 + 0.25 * s)))
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 10, 90)
+    s, on = severity_of(w), w.after()
+    input_slower(w, on * (w.data_ms * (0.6 + 2.4 * s) + w.step_ms * (0.05 + 0.25 * s)))
     return w
 
 
@@ -151,9 +151,9 @@ def numa_misbind_after_restart(rng, hw, n):
     t = np.arange(STEPS)[None, :]
     end = rng.integers(15, STEPS - 30, (n, 1))
     start = end + rng.integers(2, 7, (n, 1))
-    w = _base(rng, hw, n, ((t < end) | (t >= start)).astype(float))
+    w = healthy_window(rng, hw, n, ((t < end) | (t >= start)).astype(float))
     w.onset, w.severity = start[:, 0], rng.uniform(0.15, 1.0, n)
-    _slow(w, w.step_ms * (t >= start) * (0.1 + 0.35 * _sev(w)))
+    step_slower(w, w.step_ms * (t >= start) * (0.1 + 0.35 * severity_of(w)))
     return w
 
 
@@ -162,13 +162,13 @@ def one_gpu_temperature_sensor_frozen(rng, hw, n):
     with it: the reading stays where it was, but the GPU heats and its firmware pulls its clock down
     by 8-25 % over the next one to four minutes, its power with it; every step waits for it and the
     other GPUs idle in the collectives meanwhile."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s = _sev(w)
-    gpu = _some_gpus(w, 1, 1)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s = severity_of(w)
+    gpu = some_gpus(w, 1, 1)
     frozen = w.temp[np.arange(n), w.onset][:, None, :]
     after = (np.arange(STEPS)[None, :] >= w.onset[:, None])[:, :, None]
     w.temp = np.where(gpu[:, None, :] & after, frozen, w.temp)
-    _gpu_slow(w, gpu, 1 - w.after(rng.integers(12, 48, n)) * (0.05 + 0.2 * s))
+    gpus_slower(w, gpu, 1 - w.after(rng.integers(12, 48, n)) * (0.05 + 0.2 * s))
     return w
 
 
@@ -219,7 +219,7 @@ def generate(
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS}
     for (name, (cls, family)), stream in zip(chosen.items(), root.spawn(len(chosen)), strict=True):
         window: Window = family(np.random.default_rng(stream), hw, per_family)
-        x, mask = _assemble(window)
+        x, mask = assemble(window)
         parts["x"].append(x)
         parts["mask"].append(mask)
         parts["label"].append(np.full(per_family, CLASSES.index(cls), dtype=np.int64))

@@ -16,7 +16,7 @@ them; congestion behind a switch lengthens the transfer
 of every job crossing it, and the nodes behind it wait to transmit. Jobs start (slow first steps),
 end, restart (a gap, then slow steps again), checkpoint (all ranks, or rank 0 alone while the
 others wait), and some report their step time only. The node part (GPU temperature, power, clocks,
-utilisation, IB, RDMA, AER, NVMe) is the episode generator's healthy node (families._base,
+utilisation, IB, RDMA, AER, NVMe) is the episode generator's healthy node (families.healthy_window,
 calibrated on the real H200 capture) with each node's transmit waits set by its job's traffic.
 
 numpy only and deterministic for a seed; no ONNX, no store."""
@@ -36,7 +36,7 @@ from stethoscope.model.metadata import FEATURES, STEP_SECONDS, STEPS
 from stethoscope.model.path import Place
 from stethoscope.model.ranks import TIMES, Ranks
 from stethoscope_training.episodes import STREAM_CARRY, carry
-from stethoscope_training.families import GPUS, F, Hardware, _base
+from stethoscope_training.families import GPUS, F, Hardware, healthy_window
 
 SIZES = (4, 8, 16, 32, 64)
 SIZE_WEIGHTS = (0.3, 0.3, 0.2, 0.13, 0.07)
@@ -415,7 +415,7 @@ def simulate(
             sent = np.repeat(job.active[:, None], 3, axis=1)
             sent[:, 1:] &= not job.step_only
             rank_sent.append(sent)
-    w = _base(rng, hw, count, busy)
+    w = healthy_window(rng, hw, count, busy)
     values = w.node.astype(np.float64)
     for job in jobs:  # a job's traffic sets its nodes' transmit waits
         level = 10 ** rng.uniform(3, 5)

@@ -1,7 +1,7 @@
 """The rules alone on labelled episodes (what `stethoscope model evaluate` prints beside the model):
 each episode becomes one synthetic node in a scratch embedded database, the shipped rules diagnose
 them all at the episodes' common end, and each node's most severe finding names a class: the one its
-rule speaks for (diagnosis.model.rule_class, as "model agrees" pairs them).
+rule speaks for (diagnosis.model_findings.rule_class, as "model agrees" pairs them).
 
 The episodes carry the model's 12 stream features and nothing else, so a rule that also reads
 another metric (a counter's total, SMART, transmit discards) cannot fire here: the rules-alone
@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.diagnose import diagnose
+from stethoscope.diagnosis.findings import diagnose
 from stethoscope.diagnosis.levels import SEVERITY_ORDER
-from stethoscope.diagnosis.model import rule_class
+from stethoscope.diagnosis.model_findings import rule_class
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.model.metadata import CLASSES
 from stethoscope.store.batch import MetricColumns

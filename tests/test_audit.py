@@ -231,7 +231,7 @@ def test_a_bad_lead_target_is_exit_2(history, capsys, target):
 
 
 def test_fault_confirm_takes_node_device_and_layer_from_the_stored_finding(history, capsys):
-    from stethoscope.diagnosis.diagnose import finding_id
+    from stethoscope.diagnosis.findings import finding_id
 
     node, device = "node08", "mlx5_1/1"
     fid = finding_id("rdma_qp_in_error", node, device)
@@ -284,7 +284,6 @@ def test_db_init_adds_the_fault_tables_to_a_database_from_before_them(store, cap
 
 def test_a_fault_older_than_the_raw_ttl_replays_from_its_kept_window(store, capsys):
     # a quarter ago: the raw rows are long gone; fault_windows kept them (as `fault add` copied then)
-    from stethoscope.store.batch import METRIC_COLUMNS
     from stethoscope.store.faults import Fault
 
     shift = 90 * 86_400_000
@@ -297,7 +296,7 @@ def test_a_fault_older_than_the_raw_ttl_replays_from_its_kept_window(store, caps
     kept = MetricColumns()
     for node, metric, device, labels, value, at in old:
         kept.append(node, metric, device, dict(labels), value, at - shift)
-    store._insert("fault_windows", kept.columns(), METRIC_COLUMNS)
+    store.insert_metrics(kept, table="fault_windows")
     store.command(f"ALTER TABLE {db}.metrics DELETE WHERE node_id = 'node08' SETTINGS mutations_sync = 1")
     node, device, layer, lead, _series = FAULTS["qp_error"]
     fault = Fault(node, "qp_error", layer, IMPACT - shift, device)
@@ -324,7 +323,7 @@ def _fault_row(fault) -> dict:
         ({"rule_id": "model.storage"}, "network", "", False),
         ({"rule_id": "model.compute"}, "compute", "gpu0", True),
         # the outlier detector: the class its largest deviation's feature speaks for (model_layer, as
-        # diagnosis.model writes it), not that metric's catalog band: AER is the compute band's
+        # diagnosis.model_findings writes it), not that metric's catalog band: AER is the compute band's
         ({"rule_id": "model.outlier", "model_layer": "communication",
           "explanation": {"rdma_qps_dropped_per_second": 70, "ib_port_xmit_wait_per_second": 3}},
          "network", "", True),

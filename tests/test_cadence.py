@@ -15,8 +15,8 @@ from test_telemetry_rules import CASES, GPU0, RULES, stream
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.cadence import Cadence
-from stethoscope.diagnosis.diagnose import diagnose
 from stethoscope.diagnosis.engine import evaluate
+from stethoscope.diagnosis.findings import diagnose
 from stethoscope.diagnosis.rules import load_rules
 from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms

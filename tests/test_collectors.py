@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import collect_gpu, collect_nvlink
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import Context
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import Context
 
 from conftest import REAL, fixture_text
 

@@ -254,14 +254,14 @@ def test_composed_healthy_episodes_combine_two_to_four_benign_changes(monkeypatc
         "CHANGES",
         tuple(recording(k, c) for k, c in enumerate(families_composed.CHANGES)),
     )
-    base = families_composed._base
+    base = families_composed.healthy_window
 
     def marked(*args):
         w = base(*args)
         w.noise = np.arange(w.n, dtype=float)[:, None]  # no change reads it
         return w
 
-    monkeypatch.setattr(families_composed, "_base", marked)
+    monkeypatch.setattr(families_composed, "healthy_window", marked)
     _, _, hw = episodes.hardware("h200", 40, None)
     families_composed.healthy_composed(np.random.default_rng(3), hw, 40)
     per_episode = touched.sum(axis=1)

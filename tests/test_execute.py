@@ -165,7 +165,7 @@ def test_a_template_error_fails_its_action_only(tmp_path, db, http_standin):
 
 def test_a_node_outside_the_inventory_never_reaches_a_playbook(tmp_path, db):
     from stethoscope.catalog import Catalog
-    from stethoscope.diagnosis.diagnose import diagnose as evaluate_all
+    from stethoscope.diagnosis.findings import diagnose as evaluate_all
     from stethoscope.diagnosis.rules import load_rules
     from stethoscope.inventory import load_inventory
     from stethoscope.remediation.executor import Context, Executor

@@ -23,9 +23,9 @@ from stethoscope.store.ingest import parse_ndjson
 from stethoscope.store.spool import Spool
 from stethoscope.store.writer import Writer
 from stethoscope.telemetry import wire
-from stethoscope.telemetry.collector import Collector
 from stethoscope.telemetry.keyring import Keyring
 from stethoscope.telemetry.metric_set import load_sets
+from stethoscope.telemetry.udp_collector import Collector
 from stethoscope.timeutil import MAX_MS, MIN_MS
 
 SETTINGS = settings(

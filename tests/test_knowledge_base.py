@@ -442,7 +442,7 @@ def test_fires_and_does_not(store, rule_id):
 
 
 def test_preexisting_xids_give_one_info_finding_per_node_and_no_critical(store):
-    from stethoscope.diagnosis.diagnose import diagnose
+    from stethoscope.diagnosis.findings import diagnose
 
     # a node's first read: three codes already in the log on gpu1, emitted at 0 with their old counts
     for code, count in (("48", 3), ("79", 1), ("13", 7)):
@@ -517,7 +517,7 @@ def test_diagnose_cli_json_and_exit_codes(tmp_path):
 
 
 def test_the_same_data_and_rules_give_the_same_findings(store):
-    from stethoscope.diagnosis.diagnose import diagnose, printable
+    from stethoscope.diagnosis.findings import diagnose, printable
 
     for rule_id, (firing, _quiet) in CASES.items():
         for spec in firing:

@@ -70,9 +70,6 @@ def test_the_layering_check_sees_an_upward_import(tmp_path: Path) -> None:
 
 
 TRAINING = PACKAGE.parent / "stethoscope_training"
-# the episode generator's kit: its families' building blocks (families._base, _fault, ...) are shared
-# by the families of every set, written as one generator
-GENERATOR_KIT = ("families", "episodes")
 
 
 def _private_imports(path: Path) -> list[str]:
@@ -91,20 +88,53 @@ def _private_imports(path: Path) -> list[str]:
 
 def test_no_private_name_is_imported_from_another_module() -> None:
     """Regression: model/ranks.py imported features._label inside a function (around an import cycle),
-    from_store.py features._hw_classes and finetune's _rehearsal, _train_heads, _write_classifier: a
-    name one module uses from another is public in it. The runtime, and the training side where it
-    builds on the runtime or on training's own machinery; the generator's kit is one generator."""
+    from_store.py features._hw_classes and finetune's _rehearsal, _train_heads, _write_classifier, and
+    every family module the generator kit's helpers (families._base, _fault, ... 180 imports): a
+    name one module uses from another is public in it, in the runtime and in training alike."""
     wrong = {
         str(path.relative_to(PACKAGE.parent)): names
         for path in sorted(PACKAGE.rglob("*.py")) + sorted(TRAINING.rglob("*.py"))
+        if (names := _private_imports(path))
+    }
+    assert wrong == {}
+
+
+def _private_uses(path: Path) -> list[str]:
+    """`module.name` for each private name a file imports from our packages, or reads as an attribute
+    of one of our modules it imported (`engine._matches`)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    modules: dict[str, str] = {}  # local name -> our module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("stethoscope"):
+            for alias in node.names:
+                modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("stethoscope") and alias.asname:
+                    modules[alias.asname] = alias.name
+    found = _private_imports(path)
+    for node in ast.walk(tree):
         if (
-            names := [
-                name
-                for name in _private_imports(path)
-                if path.is_relative_to(PACKAGE)
-                or not name.startswith(tuple(f"stethoscope_training.{kit}" for kit in GENERATOR_KIT))
-            ]
-        )
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            found.append(f"{modules[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_tests_benchmarks_and_tools_use_public_names_only() -> None:
+    """Regression: tests/test_rules_in_parallel.py patched engine._matches and read engine._cores,
+    and benchmarks/dedup_reads.py set engine._Builder.dedup: what another file needs is public where it
+    lives."""
+    top = PACKAGE.parent
+    wrong = {
+        str(path.relative_to(top)): names
+        for folder in ("tests", "benchmarks", "tools")
+        for path in sorted((top / folder).rglob("*.py"))
+        if (names := _private_uses(path))
     }
     assert wrong == {}
 
@@ -175,9 +205,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_circles_even_through_function_level_imports() -> None:
-    """Regression: diagnosis/model.py imported diagnose.py inside two functions (diagnose imports
-    model), report/board.py board_html inside write() (board_html imports board): the shared names
-    live below both now (diagnosis/levels.py, report/board_cells.py) and every import is acyclic."""
+    """Regression: diagnosis/model.py (model_findings.py now) imported diagnose.py (findings.py
+    now) inside two functions (diagnose imported model), report/board.py board_html inside write()
+    (board_html imports board): the shared names live below both now (diagnosis/levels.py,
+    report/board_cells.py) and every import is acyclic."""
     assert cycles(import_graph([PACKAGE, TRAINING])) == []
 
 

@@ -18,15 +18,15 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils import (
     collect_nvlink,
     collect_rdma,
 )
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import Context
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import Context
 from stethoscope.catalog import Catalog
 from stethoscope.paths import h200_capture
 from stethoscope.store.batch import Batch
 from stethoscope.store.writer import WriteReport
 from stethoscope.telemetry.agent import Agent, CaptureSource
-from stethoscope.telemetry.collector import Collector
 from stethoscope.telemetry.keyring import Keyring
 from stethoscope.telemetry.metric_set import load_sets
+from stethoscope.telemetry.udp_collector import Collector
 
 from conftest import FIXTURES, fixture_text
 

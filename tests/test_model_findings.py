@@ -14,8 +14,8 @@ import pytest
 from test_cli import cli
 
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.diagnose import diagnose, render
-from stethoscope.diagnosis.model import ModelUse
+from stethoscope.diagnosis.findings import diagnose, render
+from stethoscope.diagnosis.model_findings import ModelUse
 from stethoscope.diagnosis.rules import load_rules
 from stethoscope.model import metadata
 from stethoscope.model.findings import model_findings
@@ -352,7 +352,7 @@ def test_an_aer_storm_rule_finding_carries_the_models_communication_finding_thou
 ):
     """Regression: pairing by catalog band alone put pcie_ rules in compute, and the lab's node06 got
     a second alarm from the model for the AER storm its rule had already raised."""
-    from stethoscope.diagnosis.model import pair, rule_class
+    from stethoscope.diagnosis.model_findings import pair, rule_class
 
     catalog = Catalog.load()
     rules = load_rules(TOP / "rules" / "pcie", catalog).rules

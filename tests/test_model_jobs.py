@@ -122,8 +122,8 @@ def test_each_rank_reads_back_from_the_store_as_the_scene_s_windows(store) -> No
 
 
 def test_diagnose_words_the_job_and_switch_findings_and_never_drains_a_switch(store) -> None:
-    from stethoscope.diagnosis.diagnose import diagnose
-    from stethoscope.diagnosis.model import ModelUse
+    from stethoscope.diagnosis.findings import diagnose
+    from stethoscope.diagnosis.model_findings import ModelUse
 
     at = END_MS
     for kind, seed, prefix in (("straggler", 3, "a-"), ("switch_congestion", 5, "b-")):
@@ -163,8 +163,8 @@ def test_a_switch_s_finding_is_the_switch_s_not_a_node_named_after_it(store) -> 
     row named after the switch, /metrics counted it as a node and an incident could take it for a
     host's; the rules' correlated findings say `switch:<name>`, and so does it now."""
     from stethoscope.catalog import Catalog
-    from stethoscope.diagnosis.diagnose import diagnose
-    from stethoscope.diagnosis.model import ModelUse
+    from stethoscope.diagnosis.findings import diagnose
+    from stethoscope.diagnosis.model_findings import ModelUse
     from stethoscope.remediation.incidents import keeps_own
     from stethoscope.report.board import collect
 

@@ -24,10 +24,10 @@ from stethoscope.model.metadata import load, metadata_path
 from stethoscope.store.client import Store
 from stethoscope.store.writer import Writer
 from stethoscope.telemetry.agent import Agent, CaptureSource
-from stethoscope.telemetry.collector import Collector
 from stethoscope.telemetry.job import Reporter
 from stethoscope.telemetry.keyring import Keyring
 from stethoscope.telemetry.metric_set import load_sets
+from stethoscope.telemetry.udp_collector import Collector
 
 TOP = Path(__file__).resolve().parents[1]
 CAPTURE = TOP / "tests/fixtures/real/h200-vm/under-load/query_gpu_timeseries_2hz.csv"

@@ -28,7 +28,7 @@ def test_a_remediation_playbook_spools_into_the_executors_spool_at_once_while_se
     callback waited for the embedded database serve holds, then spooled into a folder serve never
     replays (`--spool-dir`)."""
     from stethoscope.catalog import Catalog
-    from stethoscope.diagnosis.diagnose import diagnose as evaluate_all
+    from stethoscope.diagnosis.findings import diagnose as evaluate_all
     from stethoscope.diagnosis.rules import load_rules
     from stethoscope.inventory import load_inventory
     from stethoscope.remediation.executor import Context, Executor

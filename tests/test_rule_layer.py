@@ -38,7 +38,7 @@ def test_the_audit_replays_a_fault_with_the_rules_of_its_layer_only():
 
 def test_the_board_the_model_pairing_and_fault_confirm_read_the_one_function():
     from stethoscope.cli import fault
-    from stethoscope.diagnosis import model
+    from stethoscope.diagnosis import model_findings
     from stethoscope.report import board
 
-    assert board.rule_layer is model.rule_layer is fault.rule_layer is audit.rule_layer is rule_layer
+    assert board.rule_layer is model_findings.rule_layer is fault.rule_layer is audit.rule_layer is rule_layer

@@ -99,7 +99,7 @@ def test_a_rule_that_fails_while_the_store_answers_costs_that_rule_only(tmp_path
     from stethoscope.store.client import StoreError
 
     rules = shipped_rules()
-    real_matches = engine._matches
+    real_matches = engine.rule_matches
 
     def one_fails(store, rule, *args):
         if rule is rules[3]:
@@ -146,7 +146,7 @@ def test_a_store_that_stops_answering_stops_the_rules_not_started_yet(tmp_path, 
 @pytest.mark.parametrize(("value", "readers"), [("1", 1), ("3", 3), ("", None)])
 def test_stethoscope_readers_sets_how_many_connections_read(monkeypatch, value, readers):
     monkeypatch.setenv(engine.READERS_VARIABLE, value)
-    expected = readers if readers is not None else max(1, min(engine.MAX_READERS, engine._cores()))
+    expected = readers if readers is not None else max(1, min(engine.MAX_READERS, engine.usable_cores()))
     assert engine.readers_wanted() == expected
 
 

@@ -19,9 +19,9 @@ import pytest
 from stethoscope.store.client import Store
 from stethoscope.store.writer import Writer
 from stethoscope.telemetry import wire
-from stethoscope.telemetry.collector import Collector
 from stethoscope.telemetry.keyring import Keyring
 from stethoscope.telemetry.metric_set import load_sets
+from stethoscope.telemetry.udp_collector import Collector
 
 from conftest import TOP
 

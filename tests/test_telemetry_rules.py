@@ -12,9 +12,9 @@ from stethoscope.diagnosis.engine import evaluate
 from stethoscope.diagnosis.rules import load_rules
 from stethoscope.store.writer import WriteReport
 from stethoscope.telemetry import wire
-from stethoscope.telemetry.collector import Collector
 from stethoscope.telemetry.keyring import Keyring
 from stethoscope.telemetry.metric_set import load_sets
+from stethoscope.telemetry.udp_collector import Collector
 from stethoscope.timeutil import now_ms
 
 from conftest import TOP

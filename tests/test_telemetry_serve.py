@@ -349,7 +349,7 @@ def _free_udp_port() -> int:
 
 def test_a_finding_from_the_stream_alone_is_capped_at_l3_and_never_drains(store, tmp_path: Path) -> None:
     from stethoscope.catalog import Catalog
-    from stethoscope.diagnosis.diagnose import diagnose
+    from stethoscope.diagnosis.findings import diagnose
     from stethoscope.diagnosis.rules import load_rules
     from stethoscope.remediation.stream_cap import cap_stream_only, stream_only_metrics
     from stethoscope.store.batch import MetricColumns
@@ -387,7 +387,7 @@ def test_a_finding_from_the_stream_alone_is_capped_at_l3_and_never_drains(store,
 
 def test_a_model_finding_raised_to_l4_by_the_inventory_is_capped_in_serve_and_never_drains() -> None:
     # the model reads the stream: its evidence is the stream's alone, whatever level the inventory sets
-    from stethoscope.diagnosis.diagnose import LEVEL_ACTIONS, action_label
+    from stethoscope.diagnosis.findings import LEVEL_ACTIONS, action_label
     from stethoscope.remediation.stream_cap import cap_stream_only
 
     plan = LEVEL_ACTIONS["L4"]

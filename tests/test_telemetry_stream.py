@@ -17,10 +17,10 @@ import pytest
 from stethoscope.store.client import Store
 from stethoscope.store.writer import Writer
 from stethoscope.telemetry import wire
-from stethoscope.telemetry.collector import Collector
 from stethoscope.telemetry.keyring import Keyring
 from stethoscope.telemetry.lab import lab_agents, run_agents
 from stethoscope.telemetry.metric_set import load_sets
+from stethoscope.telemetry.udp_collector import Collector
 
 TOP = Path(__file__).resolve().parents[1]
 NODES = {1: "node01", 2: "node02", 3: "node05"}  # an H200 without IB, one with IB + AER, an A100

@@ -33,7 +33,7 @@ def _imported(path: Path) -> set[str]:
 def test_serving_and_diagnosing_load_no_generator_and_no_torch() -> None:
     probe = (
         "import sys, json\n"
-        "import stethoscope.serve, stethoscope.cli.main, stethoscope.diagnosis.model\n"
+        "import stethoscope.serve, stethoscope.cli.main, stethoscope.diagnosis.model_findings\n"
         "import stethoscope.model.findings, stethoscope.model.features\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('stethoscope_training') "
         "or m == 'torch' or m.rsplit('.', 1)[-1].startswith(('families', 'episodes', 'fresh', 'nets')))))\n"

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.diagnose import diagnose
+from stethoscope.diagnosis.findings import diagnose
 from stethoscope.diagnosis.unknown import (
     DEVICE_RULE,
     FLEET_NODE,

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.diagnose import diagnose
+from stethoscope.diagnosis.findings import diagnose
 from stethoscope.diagnosis.rules import load_rules
 from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import (
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import (
     CollectorError,
     result,
     run_checked,

@@ -4,7 +4,10 @@
 
 from __future__ import annotations
 
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import CollectorError, result
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import (
+    CollectorError,
+    result,
+)
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.smartctl import (
     EXIT_CANNOT_READ,

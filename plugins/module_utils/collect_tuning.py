@@ -8,7 +8,10 @@ from __future__ import annotations
 import hashlib
 import re
 
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import CollectorError, result
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import (
+    CollectorError,
+    result,
+)
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.metric_rows import add, metric
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvme_feature import parse_get_feature
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError

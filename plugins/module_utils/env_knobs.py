@@ -10,7 +10,7 @@ import re
 import signal
 import subprocess
 
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import CollectorError
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import CollectorError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.infiniband import parse_ibv_devinfo
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvme_feature import parse_get_feature
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import CollectorError
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import CollectorError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvidia_smi import parse_query_xml
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
 

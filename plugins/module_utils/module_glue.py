@@ -4,7 +4,10 @@
 
 from __future__ import annotations
 
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import CollectorError, Context
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import (
+    CollectorError,
+    Context,
+)
 
 COMMON_ARGUMENT_SPEC = {
     "root": {"type": "path", "default": "/"},

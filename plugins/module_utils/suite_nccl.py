@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.bench_result import bench_result
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.bench_runner import run_and_parse
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import CollectorError
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import CollectorError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.metric_rows import metric
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nccl_tests import parse_nccl_tests
 

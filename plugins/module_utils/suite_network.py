@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.bench_result import bench_result
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.bench_runner import run_and_parse
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import CollectorError
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import CollectorError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.perftest import parse_perftest
 
 LATENCY_TESTS = ("ib_write_lat", "ib_read_lat", "ib_send_lat")

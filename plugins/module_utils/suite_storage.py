@@ -10,7 +10,7 @@ from collections import namedtuple
 
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.bench_result import bench_result
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.bench_runner import run_and_parse
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import CollectorError
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import CollectorError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.fio_json import parse_fio_json
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.fio_latency_log import (
     latency_jump,

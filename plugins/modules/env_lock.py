@@ -108,7 +108,7 @@ import sys
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import env_knobs
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import CollectorError
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import CollectorError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import (
     argument_spec,
     make_context,

@@ -59,7 +59,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector import CollectorError
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import CollectorError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.fingerprint import (
     count_change,
     fingerprint,

@@ -15,9 +15,9 @@ from typing import Any
 
 from stethoscope.catalog import Catalog, CatalogError
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
-from stethoscope.diagnosis.diagnose import RULE_FAILED
+from stethoscope.diagnosis.findings import RULE_FAILED
 from stethoscope.diagnosis.levels import SEVERITY_ORDER
-from stethoscope.diagnosis.model import ModelUse, level_of
+from stethoscope.diagnosis.model_findings import ModelUse, level_of
 from stethoscope.diagnosis.rules import LoadResult, load_rules
 from stethoscope.diagnosis.ruleset import RuleSet
 from stethoscope.diagnosis.unknown import Fleet

@@ -206,7 +206,7 @@ def _stop_on_signals(stop: Any) -> None:
 def _collector(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet]) -> int:
     import threading
 
-    from stethoscope.telemetry.collector import WRITE_TIMEOUT, Collector
+    from stethoscope.telemetry.udp_collector import WRITE_TIMEOUT, Collector
 
     listen = _address(args.listen, "--listen")
     spool_dir = args.spool_dir or default_spool_dir()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.diagnose import diagnose
+from stethoscope.diagnosis.findings import diagnose
 from stethoscope.diagnosis.layers import CLASS_LAYERS, rule_layer
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.store.client import Store

@@ -77,7 +77,7 @@ def _regex(pattern: str) -> str:
     return "^" + "".join(".*" if c == "*" else c if c.isalnum() else "\\" + c for c in pattern) + "$"
 
 
-class _Builder:
+class QueryBuilder:
     """Builds the SQL of one rule; values travel as query parameters, never spliced in."""
 
     # How raw rows are read once per (series, timestamp): GROUP BY, as exact as FINAL and several times
@@ -446,7 +446,7 @@ def rule_query(
     catalog = catalog or default_catalog()
     kinds = {catalog.enclosing(metric) for metric in rule.metrics}
     (outer,) = kinds if len(kinds) == 1 else (None,)
-    builder = _Builder(database, at_ms, raw_ttl_seconds, nodes, rollup=via == "rollup")
+    builder = QueryBuilder(database, at_ms, raw_ttl_seconds, nodes, rollup=via == "rollup")
     body = builder.node(rule.when, outer.pattern if outer else None)
     # one match per node (and enclosing device): the first condition's value, every condition's values
     sql = (
@@ -470,7 +470,7 @@ def sample_counts(
 ) -> dict[tuple[str, str], int]:
     """Per node of `nodes` and device, the samples (timestamps, each once) of the series `condition`
     reads in the `seconds` before `at_ms`: what says whether fresh data stands behind a silence."""
-    builder = _Builder(store.database, at_ms, RAW_TTL_SECONDS, nodes)
+    builder = QueryBuilder(store.database, at_ms, RAW_TTL_SECONDS, nodes)
     table = "bench_results" if condition.metric.startswith("bench_") else "metrics"
     where = [
         *builder.filters(condition),
@@ -511,7 +511,7 @@ def evaluate(
     nodes: Sequence[str] | None = None,
     via: str = "rollup",
 ) -> list[Match]:
-    return _matches(store, rule, at_ms, raw_ttl_seconds, catalog, nodes, _via(store, via))
+    return rule_matches(store, rule, at_ms, raw_ttl_seconds, catalog, nodes, _via(store, via))
 
 
 def _via(store: Store, via: str) -> str:
@@ -520,7 +520,7 @@ def _via(store: Store, via: str) -> str:
     return via
 
 
-def _matches(
+def rule_matches(
     store: Store,
     rule: Rule,
     at_ms: int,
@@ -554,7 +554,7 @@ MAX_READERS = 4
 READERS_VARIABLE = "STETHOSCOPE_READERS"
 
 
-def _cores() -> int:
+def usable_cores() -> int:
     counted = getattr(os, "process_cpu_count", None)  # Python 3.13: the cores this process may use
     if counted is not None:
         return counted() or 1
@@ -569,7 +569,7 @@ def readers_wanted() -> int:
     MAX_READERS. A value that is no whole number of 1 or more is a ConfigError (exit 2)."""
     raw = os.environ.get(READERS_VARIABLE, "").strip()
     if not raw:
-        return max(1, min(MAX_READERS, _cores()))
+        return max(1, min(MAX_READERS, usable_cores()))
     try:
         wanted = int(raw)
     except ValueError:
@@ -641,7 +641,7 @@ def _guarded(
 ) -> list[Match] | RuleFailure:
     """The rule's matches, or its failure when the store still answers (else the store's error)."""
     try:
-        return _matches(store, rule, at_ms, RAW_TTL_SECONDS, catalog, nodes, via)
+        return rule_matches(store, rule, at_ms, RAW_TTL_SECONDS, catalog, nodes, via)
     except SchemaMissing:
         raise
     except Exception as exc:

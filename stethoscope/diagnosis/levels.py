@@ -1,5 +1,5 @@
 """What a finding is called and what its level does, below both kinds of finding (the rules' in
-diagnose.py, the model's in model.py): severities in order, each level's default actions, a
+findings.py, the model's in model_findings.py): severities in order, each level's default actions, a
 finding's id and an action's printed label."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """One finding of the learned diagnosis (docs/design.md "Learned diagnosis"), as findings.py makes
-it and diagnosis/model.py turns it into a diagnosis finding."""
+it and diagnosis/model_findings.py turns it into a diagnosis finding."""
 
 from __future__ import annotations
 

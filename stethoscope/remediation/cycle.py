@@ -18,7 +18,7 @@ from typing import Any
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.cadence import Cadence
-from stethoscope.diagnosis.diagnose import (
+from stethoscope.diagnosis.findings import (
     RULE_FAILED,
     diagnose,
     held_finding,
@@ -27,7 +27,7 @@ from stethoscope.diagnosis.diagnose import (
 )
 from stethoscope.diagnosis.hysteresis import HELD, Held, Previous, held_reason, settle_all
 from stethoscope.diagnosis.levels import SEVERITY_ORDER
-from stethoscope.diagnosis.model import ModelUse
+from stethoscope.diagnosis.model_findings import ModelUse
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.diagnosis.unknown import Fleet
 from stethoscope.remediation.ledger import Ledger

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stethoscope.diagnosis.diagnose import held_finding, printable, template_context
+from stethoscope.diagnosis.findings import held_finding, printable, template_context
 from stethoscope.diagnosis.levels import action_label
 from stethoscope.diagnosis.rules import Action, Rule, parse_duration
 from stethoscope.inventory import Inventory

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stethoscope.catalog import Catalog, default_catalog
-from stethoscope.diagnosis.diagnose import RULE_FAILED, held_finding
+from stethoscope.diagnosis.findings import RULE_FAILED, held_finding
 from stethoscope.diagnosis.hysteresis import HELD, Held, held_reason, settle_all
 from stethoscope.diagnosis.levels import SEVERITY_ORDER, action_label
 from stethoscope.diagnosis.rules import Action, Rule

@@ -19,9 +19,9 @@ from typing import Any
 
 from stethoscope.bench import baseline
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.diagnose import diagnose
+from stethoscope.diagnosis.findings import diagnose
 from stethoscope.diagnosis.layers import CLASS_LAYERS, rule_layer
-from stethoscope.diagnosis.model import ModelUse, agrees
+from stethoscope.diagnosis.model_findings import ModelUse, agrees
 from stethoscope.diagnosis.rules import Rule, load_rules
 from stethoscope.paths import rules_dir
 from stethoscope.report import board_html

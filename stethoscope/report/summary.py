@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.diagnose import diagnose
-from stethoscope.diagnosis.model import ModelUse
+from stethoscope.diagnosis.findings import diagnose
+from stethoscope.diagnosis.model_findings import ModelUse
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.diagnosis.unknown import Fleet
 from stethoscope.store.client import Store

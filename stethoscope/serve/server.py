@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from stethoscope.catalog import Catalog
-from stethoscope.diagnosis.diagnose import RULE_FAILED
+from stethoscope.diagnosis.findings import RULE_FAILED
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.remediation.cycle import CycleResult, Cycles
 from stethoscope.report import board
@@ -39,9 +39,9 @@ from stethoscope.serve.sweeps import Sweeper
 from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
 from stethoscope.store.writer import Writer
-from stethoscope.telemetry.collector import WRITE_TIMEOUT, Collector
 from stethoscope.telemetry.keyring import Keyring
 from stethoscope.telemetry.metric_set import MetricSet
+from stethoscope.telemetry.udp_collector import WRITE_TIMEOUT, Collector
 from stethoscope.timeutil import iso
 
 log = logging.getLogger(__name__)

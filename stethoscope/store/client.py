@@ -385,9 +385,12 @@ class Store:
             raise _failure(self.dsn, exc) from None
 
     # writes -----------------------------------------------------------------------------------
-    def insert_metrics(self, metrics: MetricColumns) -> int:
+    def insert_metrics(self, metrics: MetricColumns, table: str = "metrics") -> int:
+        """Metric rows into `metrics`, or into `fault_windows` (the same columns: a fault's kept rows)."""
+        if table not in ("metrics", "fault_windows"):
+            raise ValueError(f"{table}: not a table of metric rows")
         if len(metrics):
-            self._insert("metrics", metrics.columns(), METRIC_COLUMNS)
+            self._insert(table, metrics.columns(), METRIC_COLUMNS)
         return len(metrics)
 
     def insert_rows(self, table: str, rows: list[dict[str, Any]]) -> int:

@@ -14,17 +14,17 @@ from stethoscope_training.families import (
     GPUS,
     F,
     Family,
-    _base,
-    _busy,
-    _collectives_slower,
-    _disk_warm,
-    _fault,
-    _gpu_slow,
-    _input_slower,
-    _port_waits,
-    _rate,
-    _sev,
-    _some_gpus,
+    busy_pattern,
+    collectives_slower,
+    counter_rate,
+    disk_warmer,
+    fault_onsets,
+    gpus_slower,
+    healthy_window,
+    input_slower,
+    port_waits_longer,
+    severity_of,
+    some_gpus,
 )
 
 # --- healthy -----------------------------------------------------------------------------------
@@ -34,7 +34,7 @@ def healthy_pipeline_bubbles(rng, hw, n):
     """A pipeline-parallel job: each stage idles in the pipeline's bubbles, so utilisation and power
     swing with the micro-batch schedule (a period of a few 5-s samples, as the agent's reads alias
     it), the clock rises a little in the troughs; step time and collectives steady."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     t = np.arange(STEPS)[None, :]
     period = rng.uniform(2.2, 6.0, (n, 1))
     depth = rng.uniform(0.15, 0.4, (n, 1))
@@ -50,7 +50,7 @@ def healthy_eval_phase(rng, hw, n):
     """A training job that stops for an evaluation pass inside the window: for 10-30 steps the
     steps are forward-only (a third to half as long), collectives small, the input pipeline reads
     the evaluation set (a larger share of the shorter step); then training resumes."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     t = np.arange(STEPS)[None, :]
     start = rng.integers(10, STEPS - 35, (n, 1))
     evaluating = (t >= start) & (t < start + rng.integers(10, 31, (n, 1)))
@@ -66,7 +66,7 @@ def healthy_eval_phase(rng, hw, n):
 def healthy_dataloader_jitter(rng, hw, n):
     """A job reading from a shared file system: the input wait varies from step to step all window
     long (heavy-tailed, a few per cent of the step, now and then a tenth), with nothing changing."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     tail = rng.lognormal(0, rng.uniform(0.6, 1.0, (n, 1)), (n, STEPS))
     wait = w.step_ms * rng.uniform(0.01, 0.04, (n, 1)) * tail
     wait = np.minimum(wait, 0.12 * w.step_ms)
@@ -81,23 +81,23 @@ def healthy_dataloader_jitter(rng, hw, n):
 def switch_uplink_congestion(rng, hw, n):
     """An oversubscribed uplink on the node's leaf switch as other jobs ramp up: the port waits to
     send more and more over minutes, the collectives slow with it; no errors anywhere."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 60)
-    s = _sev(w)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 5, 60)
+    s = severity_of(w)
     ramp = w.after(rng.integers(20, 60, n))
-    _port_waits(w, 1 + ramp * (2 + 20 * s))
+    port_waits_longer(w, 1 + ramp * (2 + 20 * s))
     extra = w.comm_ms * ramp * (0.2 + 1.3 * s) * rng.lognormal(0, 0.15, (n, STEPS))
-    _collectives_slower(w, extra)
+    collectives_slower(w, extra)
     return w
 
 
 def nic_pcie_replays(rng, hw, n):
     """The NIC's PCIe link replaying packets (a marginal riser): a steady trickle of correctable AER
     errors, a few per second, and collectives a little slower from the lost link bandwidth."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 8, n))
-    _rate(w, "pcie_aer_correctable_errors_per_second", 10 ** (0.2 + 1.5 * s), on)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after(rng.integers(1, 8, n))
+    counter_rate(w, "pcie_aer_correctable_errors_per_second", 10 ** (0.2 + 1.5 * s), on)
     extra = w.comm_ms * on * (0.1 + 0.6 * s)
-    _collectives_slower(w, extra)
+    collectives_slower(w, extra)
     return w
 
 
@@ -107,28 +107,28 @@ def nic_pcie_replays(rng, hw, n):
 def remote_fs_slowdown(rng, hw, n):
     """The shared file system the job reads from slows down (a busy metadata server): the input
     wait climbs over a few minutes to a plateau; the local drives see nothing, so no disk signal."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 70)
-    s = _sev(w)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 10, 70)
+    s = severity_of(w)
     ramp = w.after(rng.integers(6, 30, n))
     extra = w.step_ms * ramp * (0.15 + 1.2 * s) * rng.lognormal(0, 0.3, (n, STEPS))
-    _input_slower(w, extra)
+    input_slower(w, extra)
     return w
 
 
 def drive_thermal_cycling(rng, hw, n):
     """A local NVMe in a hot spot that throttles in cycles: it heats while the job streams from it,
     throttles (reads slow, the step waits), cools, and again."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 50)
-    s = _sev(w)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 5, 50)
+    s = severity_of(w)
     t = np.arange(STEPS)[None, :]
     period = rng.integers(10, 24, (n, 1))
     since = t - w.onset[:, None]
     phase = np.where(since >= 0, (since % period) / period, 0.0)
     heat = np.where(since >= 0, np.sin(np.pi * phase), 0.0)
-    _disk_warm(w, heat, 12 + 20 * s)
+    disk_warmer(w, heat, 12 + 20 * s)
     hot = np.clip((w.node[:, :, F["disk_temperature_celsius"]] - 62) / 8, 0, 1)
     extra = w.step_ms * hot * (0.2 + 1.0 * s)
-    _input_slower(w, extra)
+    input_slower(w, extra)
     return w
 
 
@@ -139,21 +139,21 @@ def clocks_locked_low(rng, hw, n):
     """One or two GPUs whose application clocks were locked low (a stray `nvidia-smi -lgc` or a
     leftover profiling setting): at a step their clock drops to 55-80 % and stays, their power
     falls with it; the job waits for them."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after()
-    _gpu_slow(w, _some_gpus(w, 1, 2), 1 - on * (0.2 + 0.25 * s))
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after()
+    gpus_slower(w, some_gpus(w, 1, 2), 1 - on * (0.2 + 0.25 * s))
     return w
 
 
 def lost_power_supply(rng, hw, n):
     """One of the node's power supplies fails: the half of the GPUs on its rail are held to a lower
     power limit (clocks fall to what that power allows), the job runs at their pace."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 4, n))
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after(rng.integers(1, 4, n))
     half = np.zeros((n, GPUS), dtype=bool)
     half[:, : GPUS // 2] = True
     half = np.where(rng.random((n, 1)) < 0.5, half, ~half)
-    _gpu_slow(w, half, 1 - on * (0.15 + 0.35 * s))
+    gpus_slower(w, half, 1 - on * (0.15 + 0.35 * s))
     w.temp = np.where(half[:, None, :], np.rint(w.temp - on[:, :, None] * (3 + 6 * s[:, :, None])), w.temp)
     return w
 

@@ -12,18 +12,18 @@ import numpy as np
 from stethoscope.model.metadata import STEPS
 from stethoscope_training.families import (
     Family,
-    _base,
-    _busy,
-    _collectives_slower,
-    _disk_warm,
-    _fault,
-    _gpu_slow,
-    _input_slower,
-    _others_wait,
-    _port_waits,
-    _rate,
-    _sev,
-    _some_gpus,
+    busy_pattern,
+    collectives_slower,
+    counter_rate,
+    disk_warmer,
+    fault_onsets,
+    gpus_slower,
+    healthy_window,
+    input_slower,
+    others_wait,
+    port_waits_longer,
+    severity_of,
+    some_gpus,
 )
 
 # --- healthy -----------------------------------------------------------------------------------
@@ -33,12 +33,12 @@ def healthy_epoch_boundary(rng, hw, n):
     """An epoch ends inside the window: the data loader reshuffles and restarts its workers, so for
     2-6 samples each step waits one to six steps' time for its input and the GPUs idle meanwhile;
     the drive warms a little while the new shards are read. Then the job goes on as before."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     t = np.arange(STEPS)[None, :]
     start = rng.integers(10, STEPS - 10, (n, 1))
     reshuffle = (t >= start) & (t < start + rng.integers(2, 7, (n, 1)))
-    _input_slower(w, w.step_ms * reshuffle * rng.uniform(1, 6, (n, 1)))
-    _disk_warm(w, reshuffle.astype(float), rng.uniform(1, 3, (n, 1)))
+    input_slower(w, w.step_ms * reshuffle * rng.uniform(1, 6, (n, 1)))
+    disk_warmer(w, reshuffle.astype(float), rng.uniform(1, 3, (n, 1)))
     return w
 
 
@@ -46,7 +46,7 @@ def healthy_boost_below_cap(rng, hw, n):
     """A job whose kernels never reach the power limit (a memory-bound model, a small hidden size):
     the GPUs are busy but draw 55-85 % of the way from idle to the cap, run cooler, and boost their
     clocks to or near the maximum. Steady over the window."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     level = rng.uniform(0.55, 0.85, (n, 1, 1))
     w.power = hw.idle_power + (w.power - hw.idle_power) * level
     boost = hw.max_clock - rng.uniform(0, 3, (n, 1, 1)) * hw.clock_step + rng.normal(0, 10, w.clock.shape)
@@ -60,7 +60,7 @@ def healthy_collective_heavy(rng, hw, n):
     """A data-parallel job with large gradients on a small batch: its collectives take some 30-50 %
     of every step from start to end, the IB ports wait to send 3-10 times as long as a typical job's,
     and the GPUs sit idle in the collectives' share. Steady over the window."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     share = rng.uniform(0.4, 0.6, (n, 1))
     compute = w.step_ms - w.comm_ms
     w.comm_ms = w.comm_ms * share / np.maximum(w.comm_ms / w.step_ms, 1e-3)
@@ -68,7 +68,7 @@ def healthy_collective_heavy(rng, hw, n):
     busy = (compute / w.step_ms)[:, :, None]
     w.util = np.rint(w.util * (0.3 + 0.7 * busy))
     w.power = hw.idle_power + (w.power - hw.idle_power) * (0.5 + 0.5 * busy)
-    _port_waits(w, rng.uniform(3, 10, (n, 1)))
+    port_waits_longer(w, rng.uniform(3, 10, (n, 1)))
     return w
 
 
@@ -79,8 +79,8 @@ def sm_resweep_stalls(rng, hw, n):
     """The subnet manager sweeps the fabric again and again from the onset (a flapping port
     elsewhere): two to four times, for 1-3 samples, the job's collectives take 3-15 times as long
     while routes are reprogrammed and the ports wait to send; no error counter moves."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
-    s = _sev(w)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 10, 80)
+    s = severity_of(w)
     t = np.arange(STEPS)[None, :]
     stalled = np.zeros((n, STEPS), dtype=bool)
     for _ in range(3):  # besides the first, up to three more sweeps after it
@@ -89,8 +89,8 @@ def sm_resweep_stalls(rng, hw, n):
         stalled |= keep & (t >= at) & (t < at + rng.integers(1, 4, (n, 1)))
     stalled[np.arange(n), np.minimum(w.onset, STEPS - 1)] = True  # the first sweep at the onset
     stalled &= t >= w.onset[:, None]
-    _port_waits(w, 1 + stalled * rng.uniform(5, 30, (n, 1)))
-    _collectives_slower(w, w.comm_ms * stalled * (2 + 13 * s))
+    port_waits_longer(w, 1 + stalled * rng.uniform(5, 30, (n, 1)))
+    collectives_slower(w, w.comm_ms * stalled * (2 + 13 * s))
     return w
 
 
@@ -98,14 +98,14 @@ def cable_ber_climb(rng, hw, n):
     """A cable whose bit-error rate climbs from the onset (a connector working loose): symbol errors
     rise tenfold every minute or two, the RDMA queue pairs start dropping once they pass a few a
     second, and the collectives slow as retransmissions grow."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 5, 70)
-    s = _sev(w)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 5, 70)
+    s = severity_of(w)
     ramp = w.after(rng.integers(30, 90, n))
     symbols = 10 ** (-1 + (1.5 + 2.5 * s) * ramp)
-    _rate(w, "ib_symbol_errors_per_second", symbols, (ramp > 0).astype(float))
+    counter_rate(w, "ib_symbol_errors_per_second", symbols, (ramp > 0).astype(float))
     drops = np.clip(symbols - 3, 0, None) * rng.uniform(0.1, 0.4, (n, 1))
-    _rate(w, "rdma_qps_dropped_per_second", drops, (drops > 0).astype(float))
-    _collectives_slower(w, w.comm_ms * ramp * (0.1 + 0.8 * s))
+    counter_rate(w, "rdma_qps_dropped_per_second", drops, (drops > 0).astype(float))
+    collectives_slower(w, w.comm_ms * ramp * (0.1 + 0.8 * s))
     return w
 
 
@@ -116,13 +116,13 @@ def prefetch_starvation(rng, hw, n):
     """The data set was moved to a slower tier: the loader's prefetch queue drains faster than it
     fills, so from the onset the input wait builds up over 8-25 samples, drops when a large read
     lands, and builds up again (a saw tooth); the local drive is not involved."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
-    s = _sev(w)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 10, 80)
+    s = severity_of(w)
     t = np.arange(STEPS)[None, :]
     since = np.clip(t - w.onset[:, None], 0, None)
     tooth = (since % rng.integers(8, 26, (n, 1))) / 25.0
     extra = w.step_ms * (t >= w.onset[:, None]) * (0.1 + tooth * (0.3 + 1.5 * s))
-    _input_slower(w, extra * rng.lognormal(0, 0.15, (n, STEPS)))
+    input_slower(w, extra * rng.lognormal(0, 0.15, (n, STEPS)))
     return w
 
 
@@ -130,12 +130,12 @@ def nvme_link_errors(rng, hw, n):
     """The local drive's PCIe link starts taking correctable errors (a marginal riser): AER counts
     rise from the onset and the drive's replayed transfers make the job wait longer for its input;
     the drive a degree or two warmer."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 10, n))
-    _rate(w, "pcie_aer_correctable_errors_per_second", 10 ** (0.3 + 2 * s), on)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after(rng.integers(1, 10, n))
+    counter_rate(w, "pcie_aer_correctable_errors_per_second", 10 ** (0.3 + 2 * s), on)
     extra = w.step_ms * on * (0.15 + 1.2 * s) * rng.lognormal(0, 0.25, (n, STEPS))
-    _input_slower(w, extra)
-    _disk_warm(w, on, rng.uniform(1, 2, (n, 1)))
+    input_slower(w, extra)
+    disk_warmer(w, on, rng.uniform(1, 2, (n, 1)))
     return w
 
 
@@ -145,9 +145,9 @@ def nvme_link_errors(rng, hw, n):
 def two_gpus_clock_capped(rng, hw, n):
     """An operator's clock lock (nvidia-smi -lgc) left on two GPUs after a test: from the onset they
     run at 55-85 % of their clock and draw less, and every step waits for them."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after()
-    _gpu_slow(w, _some_gpus(w, 2, 2), 1 - on * (0.15 + 0.3 * s))
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after()
+    gpus_slower(w, some_gpus(w, 2, 2), 1 - on * (0.15 + 0.3 * s))
     return w
 
 
@@ -155,17 +155,17 @@ def gpu_periodic_stalls(rng, hw, n):
     """One GPU stalls now and then (the driver retiring pages after correctable ECC errors): from
     the onset, every 4-12 samples, for one sample its utilisation and power fall towards idle and
     that step takes 1.5-4 times as long, the other GPUs waiting in the collective."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
-    s = _sev(w)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 10, 80)
+    s = severity_of(w)
     t = np.arange(STEPS)[None, :]
     since = t - w.onset[:, None]
     stall = (since >= 0) & (since % rng.integers(4, 13, (n, 1)) == 0)
-    gpu = _some_gpus(w, 1, 1)[:, None, :]
+    gpu = some_gpus(w, 1, 1)[:, None, :]
     depth = stall[:, :, None] * rng.uniform(0.6, 1.0, (n, 1, 1))
     w.util = np.where(gpu, np.rint(w.util * (1 - depth)), w.util)
     w.power = np.where(gpu, w.power - (w.power - hw.idle_power) * depth * 0.7, w.power)
     extra = w.step_ms * stall * (0.5 + 2.5 * s)
-    _others_wait(w, gpu, extra)
+    others_wait(w, gpu, extra)
     return w
 
 

@@ -15,17 +15,17 @@ from stethoscope.model.metadata import STEPS
 from stethoscope_training.families import (
     F,
     Family,
-    _base,
-    _bursts,
-    _busy,
-    _collectives_slower,
-    _fault,
-    _input_slower,
-    _others_wait,
-    _port_waits,
-    _sev,
-    _slow,
-    _some_gpus,
+    burst_steps,
+    busy_pattern,
+    collectives_slower,
+    fault_onsets,
+    healthy_window,
+    input_slower,
+    others_wait,
+    port_waits_longer,
+    severity_of,
+    some_gpus,
+    step_slower,
 )
 
 # --- healthy -----------------------------------------------------------------------------------
@@ -36,11 +36,11 @@ def healthy_moe_all_to_all_variance(rng, hw, n):
     step, so its all-to-all collectives take from about half to twice their median (lognormal, a
     spread of 0.25-0.5 from episode to episode), the ports wait to send in proportion, and the step
     follows; the GPUs idle in the longer exchanges. The same all window long; nothing is wrong."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     factor = np.exp(rng.normal(0, 1, (n, STEPS)) * rng.uniform(0.25, 0.5, (n, 1)))
     change = w.comm_ms * (factor - 1)
-    _port_waits(w, factor)
-    _collectives_slower(w, np.maximum(change, 0))
+    port_waits_longer(w, factor)
+    collectives_slower(w, np.maximum(change, 0))
     shorter = np.minimum(change, 0)
     w.comm_ms = w.comm_ms + shorter
     w.step_ms = w.step_ms + shorter
@@ -52,10 +52,10 @@ def healthy_tensor_parallel_over_nvlink(rng, hw, n):
     of every step, while the IB ports carry only the small data-parallel reduction and wait a tenth
     to a third as long as a typical job's; the GPUs stay busy through the collectives (NCCL's
     kernels run on them) and the step keeps its pace. The same all window long."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     share = rng.uniform(0.3, 0.5, (n, 1))
     w.comm_ms = w.comm_ms * share / np.median(w.comm_ms / w.step_ms, axis=1, keepdims=True)
-    _port_waits(w, rng.uniform(0.1, 0.33, (n, 1)))
+    port_waits_longer(w, rng.uniform(0.1, 0.33, (n, 1)))
     return w
 
 
@@ -63,7 +63,7 @@ def healthy_liquid_cooled_node(rng, hw, n):
     """A direct-liquid-cooled node: under load its GPUs run 12-20 C cooler than the air-cooled
     capture's, and at the same power cap the cooler silicon holds one to four 15-MHz clock steps
     more; its drives sit 5-10 C cooler too. The same all window long; nothing is wrong."""
-    w = _base(rng, hw, n, _busy(rng, n, "load"))
+    w = healthy_window(rng, hw, n, busy_pattern(rng, n, "load"))
     w.temp = np.rint(w.temp - rng.uniform(12, 20, (n, 1, 1)))
     w.clock = np.minimum(w.clock + hw.clock_step * rng.integers(1, 5, (n, 1, 1)), hw.max_clock)
     disk = F["disk_temperature_celsius"]
@@ -82,11 +82,11 @@ def gpudirect_rdma_lost_after_restart(rng, hw, n):
     t = np.arange(STEPS)[None, :]
     end = rng.integers(15, STEPS - 30, (n, 1))
     start = end + rng.integers(2, 7, (n, 1))
-    w = _base(rng, hw, n, ((t < end) | (t >= start)).astype(float))
+    w = healthy_window(rng, hw, n, ((t < end) | (t >= start)).astype(float))
     w.onset, w.severity = start[:, 0], rng.uniform(0.15, 1.0, n)
-    s, after = _sev(w), (t >= start).astype(float)
-    _port_waits(w, 1 - after * (0.2 + 0.3 * s))
-    _collectives_slower(w, w.comm_ms * after * (0.4 + 0.8 * s))
+    s, after = severity_of(w), (t >= start).astype(float)
+    port_waits_longer(w, 1 - after * (0.2 + 0.3 * s))
+    collectives_slower(w, w.comm_ms * after * (0.4 + 0.8 * s))
     return w
 
 
@@ -95,11 +95,11 @@ def ecmp_hash_collision(rng, hw, n):
     job's: from then on its collectives alternate with the flows' hash, in runs of a few samples,
     some as fast as before and some (about four in ten) 81-200 % slower with the ports waiting 4-12
     times as long to send; nothing is dropped."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
-    s = _sev(w)
-    collide = _bursts(w, on=3, off=4) * w.after()
-    _port_waits(w, 1 + collide * (3 + 8 * s))
-    _collectives_slower(w, w.comm_ms * collide * (0.6 + 1.4 * s))
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 10, 80)
+    s = severity_of(w)
+    collide = burst_steps(w, on=3, off=4) * w.after()
+    port_waits_longer(w, 1 + collide * (3 + 8 * s))
+    collectives_slower(w, w.comm_ms * collide * (0.6 + 1.4 * s))
     return w
 
 
@@ -111,12 +111,12 @@ def degraded_shard_server(rng, hw, n):
     disk in its pool): the samples whose shard lives there, every third to sixth in the loader's
     fixed order, wait 4-10 times their usual input time plus a third of a step to a whole step; the
     other samples and the local drive are as before."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 90)
-    s = _sev(w)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 10, 90)
+    s = severity_of(w)
     t = np.arange(STEPS)[None, :]
     period = rng.integers(3, 7, (n, 1))
     hit = (t % period == rng.integers(0, 6, (n, 1)) % period) & (t >= w.onset[:, None])
-    _input_slower(w, hit * (w.data_ms * (2 + 7 * s) + w.step_ms * (0.2 + 0.8 * s)))
+    input_slower(w, hit * (w.data_ms * (2 + 7 * s) + w.step_ms * (0.2 + 0.8 * s)))
     return w
 
 
@@ -125,7 +125,7 @@ def lock_recovery_backoff(rng, hw, n):
     retries with exponential backoff: stalls of some 1, 2, 4, 8 s and on (from three quarters of a
     second to two at first, as it gets worse; at most 30 s), 30-60 s apart, each adding to one
     sample's input wait and step while the GPUs idle; between the stalls everything is as before."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 70)
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 10, 70)
     extra = np.zeros((n, STEPS))
     gaps = rng.integers(6, 13, n)
     for i in range(n):
@@ -133,7 +133,7 @@ def lock_recovery_backoff(rng, hw, n):
         while at < STEPS:
             extra[i, at] = stall
             stall, at = min(2 * stall, 30_000), at + int(gaps[i])
-    _input_slower(w, extra)
+    input_slower(w, extra)
     return w
 
 
@@ -146,9 +146,9 @@ def host_memory_ce_storm(rng, hw, n):
     every minute or two: in a spell every step takes 20-50 % longer and the GPUs wait for the host
     between kernels (utilisation and power fall with the step, clocks hold); the collectives and the
     input take as long as before, and between spells nothing shows."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")), 10, 80)
-    spell = _bursts(w, on=7, off=16) * w.after()
-    _slow(w, w.step_ms * spell * (0.15 + 0.35 * _sev(w)))
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")), 10, 80)
+    spell = burst_steps(w, on=7, off=16) * w.after()
+    step_slower(w, w.step_ms * spell * (0.15 + 0.35 * severity_of(w)))
     return w
 
 
@@ -158,15 +158,15 @@ def gpu_memory_clock_stuck_low(rng, hw, n):
     cap, runs 7-14 C cooler and, with power to spare, boosts its SM clock to the maximum, all while
     fully busy; every step takes 1.6-3 times as long and the other GPUs wait for it in the
     collectives."""
-    w = _fault(_base(rng, hw, n, _busy(rng, n, "load")))
-    s, on = _sev(w), w.after(rng.integers(1, 4, n))
-    gpu, o, sg = _some_gpus(w, 1, 1)[:, None, :], on[:, :, None], s[:, :, None]
+    w = fault_onsets(healthy_window(rng, hw, n, busy_pattern(rng, n, "load")))
+    s, on = severity_of(w), w.after(rng.integers(1, 4, n))
+    gpu, o, sg = some_gpus(w, 1, 1)[:, None, :], on[:, :, None], s[:, :, None]
     starved = hw.cap_power * (0.6 - 0.25 * sg) * (1 + rng.normal(0, 0.01, w.power.shape))
     w.power = np.where(gpu, w.power + o * (starved - w.power), w.power)
     w.temp = np.where(gpu, np.rint(w.temp - o * (6 + 8 * sg)), w.temp)
     boosted = hw.clock_step * np.rint((w.clock + o * (hw.max_clock - w.clock)) / hw.clock_step)
     w.clock = np.where(gpu, boosted, w.clock)
-    _others_wait(w, gpu, w.step_ms * on * (0.4 + 1.6 * s))
+    others_wait(w, gpu, w.step_ms * on * (0.4 + 1.6 * s))
     return w
 
 

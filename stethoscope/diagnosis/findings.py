@@ -23,7 +23,7 @@ from stethoscope.diagnosis.levels import (
     action_label,
     finding_id,
 )
-from stethoscope.diagnosis.model import ModelUse, agrees, finding_dicts, pair
+from stethoscope.diagnosis.model_findings import ModelUse, agrees, finding_dicts, pair
 from stethoscope.diagnosis.rules import Action, Group, Rule
 from stethoscope.diagnosis.unknown import (
     FLEET_RULE,
@@ -229,7 +229,7 @@ def diagnose(
     series report at (`cadence`, else learned from the store now). With
     `nodes` (an inventory's hosts), only those nodes' data is read; with a fleet (the inventory given),
     UNKNOWN also answers for its nodes that say nothing; with a model, its findings too, each beside
-    the rule finding of its layer on its node where there is one (diagnosis.model)."""
+    the rule finding of its layer on its node where there is one (diagnosis.model_findings)."""
     cadence = cadence if cadence is not None else Cadence.learn(store, at_ms, nodes)
     ordered = sorted(cadence.fit_all(rules), key=lambda r: r.rule_id)
     evaluation = evaluate_all(store, ordered, at_ms, nodes=nodes)
