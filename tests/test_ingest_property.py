@@ -65,7 +65,7 @@ bad_fields = st.one_of(
     st.fixed_dictionaries({"timestamp": st.integers(10**11, 10**400) | st.integers(-(10**400), -(10**10))}),
     st.fixed_dictionaries({"node_id": st.one_of(st.just(""), st.integers(), st.lists(names, max_size=2))}),
     st.fixed_dictionaries(
-        {"labels": st.one_of(st.lists(text, max_size=2), st.dictionaries(names, st.lists(text)))}
+        {"labels": st.one_of(st.lists(text, max_size=2), st.dictionaries(names, st.lists(text), min_size=1))}
     ),
     st.fixed_dictionaries({"metric_name": st.one_of(names, st.integers(), st.lists(names, max_size=1))}),
 )

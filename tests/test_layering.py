@@ -122,11 +122,23 @@ def _private_uses(path: Path) -> list[str]:
             and not node.attr.startswith("__")
         ):
             found.append(f"{modules[node.value.id]}.{node.attr}")
+        elif (  # monkeypatch.setattr(engine, "_matches", ...)
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "setattr"
+            and len(node.args) >= 2
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id in modules
+            and isinstance(node.args[1], ast.Constant)
+            and str(node.args[1].value).startswith("_")
+            and not str(node.args[1].value).startswith("__")
+        ):
+            found.append(f"{modules[node.args[0].id]}.{node.args[1].value}")
     return found
 
 
 def test_tests_benchmarks_and_tools_use_public_names_only() -> None:
-    """Regression: tests/test_rules_in_parallel.py patched engine._matches and read engine._cores,
+    """Regression: tests/test_rules_in_parallel.py patched engine._matches and _reach and read _cores,
     and benchmarks/dedup_reads.py set engine._Builder.dedup: what another file needs is public where it
     lives."""
     top = PACKAGE.parent

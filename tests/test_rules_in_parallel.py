@@ -108,7 +108,7 @@ def test_a_rule_that_fails_while_the_store_answers_costs_that_rule_only(tmp_path
             )
         return real_matches(store, rule, *args)
 
-    monkeypatch.setattr(engine, "_matches", one_fails)
+    monkeypatch.setattr(engine, "rule_matches", one_fails)
     with Store(f"chdb://{tmp_path / 'db'}") as store:
         store.init_schema()
         evaluation = engine.evaluate_all(store, rules, now_ms(), readers=readers)
@@ -132,10 +132,10 @@ def test_a_store_that_stops_answering_stops_the_rules_not_started_yet(tmp_path, 
         time.sleep(0.05)
         return []
 
-    monkeypatch.setattr(engine, "_matches", slow_or_failing)
+    monkeypatch.setattr(engine, "rule_matches", slow_or_failing)
     monkeypatch.setattr(Store, "answers", lambda self: False)  # the server is gone, not the rule wrong
     # the failing rule is the last in the rules' order and the first to be read (the costliest)
-    monkeypatch.setattr(engine, "_reach", lambda item: int(item is rules[-1].when))
+    monkeypatch.setattr(engine, "read_reach", lambda item: int(item is rules[-1].when))
     with Store(f"chdb://{tmp_path / 'db'}") as store:
         store.init_schema()
         with pytest.raises(StoreError, match="timed out"):

@@ -411,7 +411,7 @@ class QueryBuilder:
             )
         # the costliest condition streams on the left; the others are built first, and an empty one
         # ends the query before the costly one is read (most conditions match nothing most of the time)
-        order = sorted(range(len(parts)), key=lambda i: -_reach(group.items[i]))
+        order = sorted(range(len(parts)), key=lambda i: -read_reach(group.items[i]))
         left = order[0]
         query = f"({parts[left]}) AS t{left}"
         for index in order[1:]:
@@ -425,10 +425,10 @@ class QueryBuilder:
         return self.leaf(item, enclosing) if isinstance(item, Condition) else self.group(item, enclosing)
 
 
-def _reach(item: Condition | Group) -> int:
+def read_reach(item: Condition | Group) -> int:
     """Seconds of rows a condition reads: how costly it is, roughly."""
     if isinstance(item, Group):
-        return sum(_reach(child) for child in item.items)
+        return sum(read_reach(child) for child in item.items)
     return item.window_seconds + item.history_seconds * (item.baseline == "node")
 
 
@@ -620,7 +620,7 @@ def evaluate_all(
             idle.put(handle)
         with ThreadPoolExecutor(max_workers=count, thread_name_prefix="rules") as pool:
             # the costliest first, so that no long rule is left running alone at the end
-            costliest = sorted(range(len(rules)), key=lambda i: -_reach(rules[i].when))
+            costliest = sorted(range(len(rules)), key=lambda i: -read_reach(rules[i].when))
             futures = {pool.submit(one, rules[i]): i for i in costliest}
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             failed = sorted((futures[f], f) for f in done if f.exception() is not None)
