@@ -3,8 +3,9 @@
 of each fault class and of healthy nodes written before the model was trained (set 1: after it was
 trained and chosen), so a clean hold-out (the test split's HELD_OUT families were seen while the
 architecture was chosen). Once scored, a set becomes training data for the next model; each
-scoring is a results file of its own, written whole by its run (an earlier file's `history`, from
-before benchmarks/provenance.py, is read only to check that a set regenerates the data it scored).
+scoring is a results file of its own, written whole by its run (the scorings from before
+benchmarks/provenance.py, results/model_fresh_history.json, are read only to check that a set
+regenerates the data it scored).
 Scored as `stethoscope model evaluate` scores (stethoscope_training/evaluate.py): per-class precision,
 recall, F1, macro-F1, confusion, healthy false findings; and per family: the share found (the
 classifier names the class, or the outlier detector fires on a feature of its layer), the
@@ -15,8 +16,8 @@ there).
     .venv/bin/python benchmarks/model_fresh_families.py [--seed 2026] [--per-family 200] [--set N]
         [--json OUT] [--note TEXT]
 
---set N scores an earlier set kept apart as stethoscope_training/retired_holdouts/setNN.py (not one that is
-training data now), checking that it regenerates the data its earlier scoring had.
+--set N scores an earlier set kept apart as stethoscope_training/retired_holdouts/setNN.py (not one
+that is training data now), checking that it regenerates the data its earlier scoring had.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from stethoscope.paths import project_root
 from stethoscope_training import episodes, evaluate, fresh
 
 RESULT = project_root() / "benchmarks" / "results" / "model_fresh_families.json"
+HISTORY = RESULT.with_name("model_fresh_history.json")  # the scorings from before runs wrote whole files
 
 
 def per_family(out: evaluate.Outputs, eps: episodes.Episodes) -> dict[str, dict]:
@@ -60,7 +62,7 @@ def per_family(out: evaluate.Outputs, eps: episodes.Episodes) -> dict[str, dict]
     return families
 
 
-# what makes two scorings the same one (an earlier file's entry or `history`, read to check)
+# what makes two scorings the same one (an earlier file's entry or HISTORY's, read to check)
 SAME_SCORING = ("model_fingerprint", "fresh_set", "fresh_seed", "per_family", "fresh_data_hash")
 
 
@@ -74,12 +76,17 @@ def fingerprint(meta) -> str:
     return digest.hexdigest()[:16]
 
 
-def _scorings(path: Path) -> list[dict]:
+def _read(path: Path) -> dict:
     try:
-        earlier = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
-        return []
-    return [h for h in [*earlier.get("history", []), earlier] if isinstance(h, dict)]
+        return {}
+
+
+def _scorings(path: Path) -> list[dict]:
+    """The scorings from before runs wrote whole files, then the one `path` holds."""
+    earlier = _read(HISTORY).get("scorings", [])
+    return [h for h in [*earlier, _read(path)] if isinstance(h, dict) and h]
 
 
 def scored_data_hash(fresh_set: int, seed: int, per_family: int) -> str | None:

@@ -31,11 +31,13 @@ def test_fresh_families_reuse_no_training_family_name():
 
 
 def _scorings(fresh_set: int) -> list[dict]:
-    """Every recorded scoring of a set: the benchmark's current entry and history, and the files
-    beside it named for the set (each of which must be that set's)."""
+    """Every recorded scoring of a set: the benchmark's current file, the scorings from before runs
+    wrote whole files, and the files beside them named for the set (each of which must be that
+    set's)."""
     results = TOP / "benchmarks" / "results"
     doc = json.loads((results / "model_fresh_families.json").read_text())
-    found = [e for e in [doc, *doc["history"]] if e.get("fresh_set") == fresh_set]
+    history = json.loads((results / "model_fresh_history.json").read_text())["scorings"]
+    found = [e for e in [doc, *history] if e.get("fresh_set") == fresh_set]
     for name in (f"model_fresh_set{fresh_set}.json", f"model_fresh_set{fresh_set}_by_*.json"):
         for path in sorted(results.glob(name)):
             entry = json.loads(path.read_text())

@@ -182,11 +182,12 @@ def test_the_stamp_check_flags_a_file_without_its_run(tmp_path):
 # that is a dict selects the first list entry holding those items. Each number in the text is one
 # figure, compared as README rounds it (a percentage's figure is the file's percent).
 FRESH = "model_fresh_families.json"
+HISTORY = "model_fresh_history.json"
 
 
 def _scoring_of_set(number: int) -> list[tuple]:
-    """A fresh set's history entry: macro-F1, healthy false findings, each class's fault precision."""
-    entry = ("history", {"fresh_set": number})
+    """A fresh set's earlier scoring: macro-F1, healthy false findings, each class's fault precision."""
+    entry = ("scorings", {"fresh_set": number})
     return [
         (*entry, "macro_f1"),
         (*entry, "healthy_false_findings_percent"),
@@ -196,7 +197,7 @@ def _scoring_of_set(number: int) -> list[tuple]:
 
 QUOTES: list[tuple[str, list[tuple], str]] = [
     *(
-        (FRESH, [("history", {"fresh_set": n}, key) for key in keys], text)
+        (HISTORY, [("scorings", {"fresh_set": n}, key) for key in keys], text)
         for n, keys, text in [
             (1, ["macro_f1", "healthy_false_findings_percent"], "0.633 / 86 %"),
             (2, ["macro_f1", "healthy_false_findings_percent"], "0.756 / 65 %"),
@@ -212,13 +213,13 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
         ]
     ),
     (
-        FRESH,
+        HISTORY,
         _scoring_of_set(12),
         "Version 11 on set 12: 0.765 / 0.83 %, fault precision 0.833 (communication), 0.6525\n"
         "(storage), 1.000 (compute)",
     ),
     (
-        FRESH,
+        HISTORY,
         _scoring_of_set(13),
         "Version 12 on set 13: 0.765 / 21.7 %, fault precision 0.636 (communication), 0.983 (storage),\n"
         "0.962 (compute)",
