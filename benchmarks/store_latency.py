@@ -29,7 +29,9 @@ from provenance import write_results  # noqa: E402
 
 from stethoscope.catalog import Catalog  # noqa: E402
 from stethoscope.diagnosis.rules import load_rules  # noqa: E402
+from stethoscope.remediation.cycle import Cycles  # noqa: E402
 from stethoscope.serve import Server  # noqa: E402
+from stethoscope.store.client import Store  # noqa: E402
 from stethoscope.telemetry.keyring import Keyring  # noqa: E402
 from stethoscope.telemetry.metric_set import load_sets  # noqa: E402
 
@@ -48,9 +50,9 @@ def main() -> int:
     catalog = Catalog.load()
     rules = load_rules(TOP / "rules", catalog).rules
     metric_set = load_sets()["gpu_node"]
+    dsn = f"chdb://{work / 'db'}"
     server = Server(
-        dsn=f"chdb://{work / 'db'}",
-        database="latency",
+        store=Store(dsn, "latency"),
         spool_dir=work / "spool",
         keyring=Keyring({i: f"sim{i:05d}" for i in range(args.nodes)}, [SECRET]),
         sets={metric_set.id: metric_set},
@@ -59,6 +61,7 @@ def main() -> int:
         interval=args.cycle,
         rules=lambda: rules,
         catalog=catalog,
+        cycles=Cycles(dsn, "latency", catalog, long_running=True, beat_seconds=args.cycle),
     ).start()
     assert server.collector is not None
     cycles = threading.Thread(target=server.run, daemon=True)
