@@ -1,6 +1,7 @@
 """The job scenes' families (stethoscope_training/jobs.py): what the job-relative detector's
-constants were chosen on (split "validation", `scenes(seed)`), beside the held-out set written
-before that (job_fresh.py, split "fresh"). One fault a scene, or none.
+constants were chosen on (split "validation", `scenes(seed)`), beside job_fresh.py's sets (split
+"fresh": jobs-1, written before the constants were first chosen and read since; jobs-2, the
+hold-out). One fault a scene, or none.
 
 The ranges: a straggler computes 6-50 % longer (the episode generator's straggler GPU: 8-48 %), at
 its normal clock and power; an input stall adds 10-200 % of the step to one rank's input wait; a

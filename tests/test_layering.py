@@ -89,8 +89,9 @@ def _private_imports(path: Path) -> list[str]:
 def test_no_private_name_is_imported_from_another_module() -> None:
     """Regression: model/ranks.py imported features._label inside a function (around an import cycle),
     from_store.py features._hw_classes and finetune's _rehearsal, _train_heads, _write_classifier, and
-    every family module the generator kit's helpers (families._base, _fault, ... 180 imports): a
-    name one module uses from another is public in it, in the runtime and in training alike."""
+    every family module imported the generator kit's helpers (families._base, _fault, ... 180
+    imports): a name one module uses from another is public in it, in the runtime and in training
+    alike."""
     wrong = {
         str(path.relative_to(PACKAGE.parent)): names
         for path in sorted(PACKAGE.rglob("*.py")) + sorted(TRAINING.rglob("*.py"))
@@ -100,8 +101,10 @@ def test_no_private_name_is_imported_from_another_module() -> None:
 
 
 def _private_uses(path: Path) -> list[str]:
-    """`module.name` for each private name a file imports from our packages, or reads as an attribute
-    of one of our modules it imported (`engine._matches`)."""
+    """`module.name` for each private name a file imports from our packages, reads as an attribute of
+    one of our modules it imported by name (`engine._matches`), or patches on one
+    (`monkeypatch.setattr(engine, "_matches", ...)`). Not seen: attributes of instances
+    (`store._client`), dotted strings, code in subprocess strings."""
     tree = ast.parse(path.read_text(), filename=str(path))
     modules: dict[str, str] = {}  # local name -> our module
     for node in ast.walk(tree):
@@ -135,6 +138,22 @@ def _private_uses(path: Path) -> list[str]:
         ):
             found.append(f"{modules[node.args[0].id]}.{node.args[1].value}")
     return found
+
+
+def test_the_public_names_check_sees_each_form_it_claims(tmp_path: Path) -> None:
+    source = tmp_path / "uses.py"
+    source.write_text(
+        "from stethoscope.diagnosis import engine\n"
+        "from stethoscope.diagnosis.engine import _hidden\n"
+        "engine._matches\n"
+        "monkeypatch.setattr(engine, '_reach', None)\n"
+        "engine.evaluate\n"
+    )
+    assert sorted(_private_uses(source)) == [
+        "stethoscope.diagnosis.engine._hidden",
+        "stethoscope.diagnosis.engine._matches",
+        "stethoscope.diagnosis.engine._reach",
+    ]
 
 
 def test_tests_benchmarks_and_tools_use_public_names_only() -> None:

@@ -98,7 +98,7 @@ def test_evaluate_prints_per_class_scores_and_the_confusion_matrix(small_episode
     printed = capsys.readouterr().out
     assert "precision" in printed and "confusion" in printed and "false findings on healthy" in printed
     # the job scenes: the graphs, the job-relative detector and both, side by side
-    assert f"job scenes (held-out set {job_fresh.SET}" in printed and job_fresh.SET == "jobs-2"
+    assert f"job scenes (held-out set {job_fresh.SET}" in printed
     assert "graphs  detector  combined" in printed and "straggler culprit found" in printed
     assert "peers with a finding of their own %" in printed
 

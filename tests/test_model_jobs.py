@@ -312,3 +312,24 @@ def test_a_job_of_two_nodes_of_eight_ranks_waiting_together_gets_no_communicatio
         scene = _scene("healthy", seed, ranks_per_node=(8, 8), sizes=(2, 4, 8), size_weights=(0.5, 0.3, 0.2))
         run = from_windows(graphs, scene.windows(), scene.topology)
         assert [f.node_id for f in run.findings if f.layer == "communication"] == [], seed
+
+
+def test_a_stall_on_a_job_of_one_node_of_eight_ranks_stays_that_node_s_finding(graphs) -> None:
+    # one node holds all the job's ranks: its stall holds them alike, so no rank stands out and the
+    # graphs' storage finding is the node's, not a job's shared state ("1 of its 1 nodes") as before
+    for seed in (500, 502, 503):  # 501: the graphs see no fault on it, before or after
+        scene = _scene(
+            "input_stall",
+            seed,
+            sizes=(1, 4),
+            size_weights=(0.5, 0.5),
+            ranks_per_node=(8, 8),
+            fault_job_sizes=(1,),
+            severity=(0.5, 1.0),
+            onset=(20, 30),
+        )
+        node = scene.node_ids[scene.truth["node"]]
+        run = from_windows(graphs, scene.windows(), scene.topology)
+        assert [(f.rule_id, f.layer) for f in run.findings if f.node_id == node] == [
+            ("model.storage", "storage")
+        ], seed

@@ -182,6 +182,7 @@ def test_the_stamp_check_flags_a_file_without_its_run(tmp_path):
 # that is a dict selects the first list entry holding those items. Each number in the text is one
 # figure, compared as README rounds it (a percentage's figure is the file's percent).
 FRESH = "model_fresh_families.json"
+JOB_FAULTS = ("straggler", "input_stall", "switch_congestion")
 HISTORY = "model_fresh_history.json"
 
 
@@ -292,6 +293,56 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
         "| healthy jobs with any finding | 10.96 % | 0.98 % | 0.98 % |",
     ),
     (
+        "model_jobs.json",
+        [
+            (
+                "fresh",
+                "paths",
+                "combined",
+                "families",
+                f"fresh2.{family}",
+                "healthy_jobs_with_finding_percent",
+            )
+            for family in ("healthy_input_heavy_multi_rank", "healthy_everything", "healthy_large_fleet")
+        ],
+        "node: 8.9 % of them get an input-stall culprit; 3.6 % of the jobs of the variant that mixes\n"
+        "  pipeline stages, heavy input, a neighbour's traffic spells and restarts; 0.23 %",
+    ),
+    (
+        "model_jobs.json",
+        [
+            ("fresh", "paths", "combined", "wrong_switch_findings"),
+            ("development", "paths", "combined", "wrong_switch_findings"),
+        ],
+        "- 3 switch findings on a switch without congestion (as on jobs-1: 2)",
+    ),
+    (
+        "model_jobs.json",
+        [("fresh", "switch_lead", key) for key in ("named_before_impact", "scenes", "median_lead_s")],
+        "in 49 of 80 scenes, median lead\n10 s",
+    ),
+    (
+        "model_jobs.json",
+        [
+            ("development", "paths", "combined", "healthy_jobs_with_finding_percent"),
+            *(("development", "paths", "combined", kind, "culprit_recall") for kind in JOB_FAULTS),
+            *(("multi_rank", "paths", "combined", kind, "culprit_recall") for kind in JOB_FAULTS),
+            ("multi_rank", "paths", "combined", "peers_with_own_finding_percent"),
+            ("multi_rank", "paths", "combined", "healthy_jobs_with_finding_percent"),
+        ],
+        "0.35 % of its healthy jobs with a finding now, recall\nunchanged (1.000 / 0.912 / 0.988); the "
+        "multi-rank families: 1.000 / 1.000 / 1.000, peers 0.09 %,\nhealthy jobs 0.26 %",
+    ),
+    (
+        "model_jobs.json",
+        [
+            *(("validation", "paths", "combined", kind, "culprit_recall") for kind in JOB_FAULTS),
+            ("validation", "paths", "combined", "peers_with_own_finding_percent"),
+            ("validation", "paths", "combined", "healthy_jobs_with_finding_percent"),
+        ],
+        "0.983 / 1.000 / 1.000, peers 0.00 %, healthy jobs 0.07 %",
+    ),
+    (
         "model_inference.json",
         [
             ("nodes",),
@@ -372,7 +423,7 @@ NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
 # numbers inside a quote that are not figures of the file (prose around them)
 PROSE = re.compile(
     r"`[^`]*`|version \d+ on set \d+:|Version \d+ on set \d+:|set \d+:|jobs\s+of 8|"
-    r"three fleets|jobs\s+of\s+8|\(seed[^)]*\)"
+    r"three fleets|jobs\s+of\s+8|\(seed[^)]*\)|jobs-\d"
 )
 
 

@@ -44,7 +44,7 @@ FLOOR = 0.01  # of the step: the spread a lockstep job's ranks are never judged 
 Z = 4.0
 SHARE = 0.03  # a culprit's extra compute or input wait, as a share of the step
 CORROBORATION = 0.5  # its collective time lower than its peers' by at least this part of its excess
-STEADY = Z  # and its excess in standard errors of a level: more than a rank's steps' noise gives
+STEADY = Z  # its excess in standard errors of a rank's level: as sure against the steps' noise as Z
 WAITS = 0.5  # a peer it holds back waits at least this part of the culprit's excess longer than it
 KINDS = {"compute": "compute", "input": "storage"}  # what the culprit spends longer on -> model class
 
@@ -160,8 +160,14 @@ def _level_error(share: np.ndarray, level: np.ndarray) -> np.ndarray:
     """[r, 3] the standard error of each rank's level (the median over its recent steps of its
     deviation from the job's median) were it as noisy as the job's ranks typically are: 1.2533 times
     the median over the ranks of their deviations' robust standard deviation step to step, over the
-    square root of its steps. Pooled, so that a rank is judged against its peers' noise: its own
-    fault (a stall on some steps) does not hide itself by making its steps vary."""
+    square root of its steps. Pooled, so that a rank whose fault comes and goes (a stall on some
+    steps) is not judged against its own swings.
+
+    The normal-theory error of a median: steps taken as independent. Input waits are closer to
+    lognormal and come in runs (prefetch queues), so a healthy rank's level passes STEADY errors
+    more often than a normal tail says, the more so in a job of many ranks; and where one node holds
+    much of a job (2 nodes of 8 ranks) its faulty ranks widen the pool. What the hold-out measured
+    is with these limits (README "Synchronous jobs")."""
     steps = (~np.isnan(share)).sum(axis=1)
     spread = 1.4826 * nanmedian(np.abs(share - level[:, None, :]), axis=1)  # [r, 3]
     typical = np.median(spread, axis=0)  # [3]

@@ -14,16 +14,17 @@ A graph's finding on a node
   feature of the finding's class (jobs.stands_out: from its job's nodes in any node feature, from the
   nodes behind its switch of its class and state in those a job does not set): folded, a peer that
   only waits;
-- of another judged job (MIN_RANKS nodes or more, or MIN_RANKS ranks the detector judged), on a
-  node that does not stand out so: the job's shared state, not the node's; when half the job's
-  nodes or more get the same class and the job slowed down over the window (its step SLOWED times
-  as long in the recent steps as in the first ones: a checkpoint's pause or a warm-up passes, a
-  shared cause stays), one finding for the job (on its first node) stands for them, else they are
-  dropped;
+- of another judged job (MIN_RANKS nodes or more, or ranks on two nodes or more the detector judged
+  against MIN_RANKS ranks elsewhere), on a node that does not stand out so: the job's shared state,
+  not the node's; when half the job's nodes or more get the same class and the job slowed down over
+  the window (its step SLOWED times as long in the recent steps as in the first ones: a checkpoint's
+  pause or a warm-up passes, a shared cause stays), one finding for the job (on its first node)
+  stands for them, else they are dropped;
 - anywhere else: kept as it is."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -145,7 +146,11 @@ def relative_findings(
         elif job and (job in by_job or job in crossing) and not _rests_on(f, standing[node], layer_of):
             (by_job.get(job) or crossing[job]).folded.append(f"{f.rule_id} {f.node_id}")
             out.folded.append(f)
-        elif job and _judged(job, size, out.judgement) and not _rests_on(f, standing[node], layer_of):
+        elif (
+            job
+            and _judged(job, size, out.judgement, windows.ranks.node)
+            and not _rests_on(f, standing[node], layer_of)
+        ):
             shared.setdefault((job, f.layer), []).append(f)
         else:
             kept.append(f)
@@ -161,11 +166,16 @@ def relative_findings(
     return out
 
 
-def _judged(job: str, size: Mapping[str, int], judgement: JobJudgement) -> bool:
-    """A job judged as a whole: MIN_RANKS nodes or more, or MIN_RANKS ranks or more the detector
-    judged (2 nodes of 8 ranks: no node stands out of two, but 16 ranks with none holding the others
-    back say the job's waits are its own)."""
-    return size.get(job, 0) >= MIN_RANKS or job in judgement.judged
+def _judged(job: str, size: Mapping[str, int], judgement: JobJudgement, rank_nodes: np.ndarray) -> bool:
+    """A job judged as a whole: MIN_RANKS nodes or more, or ranks on two nodes or more that the
+    detector judged each against MIN_RANKS of the job's ranks on other nodes and itself (2 nodes of 8
+    ranks: no node stands out of two, but 16 ranks with none holding the others back say the job's
+    waits are its own). A job on one node is not: its node's fault holds all its ranks alike."""
+    if size.get(job, 0) >= MIN_RANKS:
+        return True
+    members = judgement.judged.get(job, [])
+    per_node = Counter(rank_nodes[members].tolist())
+    return len(per_node) > 1 and all(len(members) - count + 1 >= MIN_RANKS for count in per_node.values())
 
 
 def _rests_on(f: ModelFinding, standing: np.ndarray, layer_of: np.ndarray) -> bool:

@@ -1,7 +1,7 @@
 """The first clean hold-out's nine families (fresh set 1). They were written after the model of
 generator version 1 had been trained and chosen, and scored it once (macro-F1 0.633: healthy
-workloads unlike the training ones read as faults; benchmarks/results/model_fresh_families.json's
-`history`). Since generator version 2 they are training families (stethoscope_training.episodes), and
+workloads unlike the training ones read as faults; benchmarks/results/model_fresh_history.json).
+Since generator version 2 they are training families (stethoscope_training.episodes), and
 stethoscope_training.fresh holds the current hold-out."""
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The second clean hold-out's nine families (fresh set 2). They were written before the model of
 generator version 2 was trained and scored it once (macro-F1 0.756: every fault class found at
 0.94-1.0 recall, but healthy jobs whose GPU load swings or whose pace changes read as faults;
-benchmarks/results/model_fresh_families.json's `history`). Since generator version 3 they are
-training families (stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the current
-hold-out."""
+benchmarks/results/model_fresh_history.json). Since generator version 3 they are training families
+(stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the current hold-out."""
 
 from __future__ import annotations
 

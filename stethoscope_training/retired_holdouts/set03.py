@@ -1,9 +1,8 @@
 """The third clean hold-out's nine families (fresh set 3). They were written before the model of
 generator version 3 was trained and scored it once (macro-F1 0.730, 32 % of healthy episodes with a
 finding: routine checkpoint saves read as a storage fault, a hung GPU read as healthy;
-benchmarks/results/model_fresh_families.json's `history`). Since generator version 4 they are
-training families (stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the current
-hold-out."""
+benchmarks/results/model_fresh_history.json). Since generator version 4 they are training families
+(stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the current hold-out."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The fourth clean hold-out's nine families (fresh set 4). They were written before the model of
 generator version 4 was trained and scored it once (macro-F1 0.881, 3.3 % of healthy episodes with a
 finding: a GPU that gets less done at the same clock and power read as a communication fault;
-benchmarks/results/model_fresh_families.json's `history`). Since generator version 5 they are
-training families (stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the current
-hold-out."""
+benchmarks/results/model_fresh_history.json). Since generator version 5 they are training families
+(stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the current hold-out."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The fifth clean hold-out's nine families (fresh set 5). They were written before the model of
 generator version 5 was trained and scored it once (macro-F1 0.675, 18.2 % of healthy episodes with
 a finding: a drive's PCIe link errors and a GPU's periodic stalls read as communication faults, an
-epoch boundary's one input stall as a storage fault; benchmarks/results/model_fresh_families.json's
-`history`). Since generator version 6 they are training families
-(stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the current hold-out."""
+epoch boundary's one input stall as a storage fault; benchmarks/results/model_fresh_history.json).
+Since generator version 6 they are training families (stethoscope_training.episodes.FAMILIES);
+stethoscope_training.fresh holds the current hold-out."""
 
 from __future__ import annotations
 

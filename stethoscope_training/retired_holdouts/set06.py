@@ -2,9 +2,8 @@
 generator version 6 was trained and scored it once (macro-F1 0.800, 22.8 % of healthy episodes with
 a finding: a profiler's stretch of slower steps read as a communication fault, a rank that came back
 on the far NIC after a restart read as storage or healthy;
-benchmarks/results/model_fresh_families.json's `history`). Since generator version 7 they are
-training families (stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the current
-hold-out."""
+benchmarks/results/model_fresh_history.json). Since generator version 7 they are training families
+(stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the current hold-out."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The seventh clean hold-out's nine families (fresh set 7). They were written before the model of
 generator version 7 was trained and scored it once (macro-F1 0.889, 21.3 % of healthy episodes with
 a finding: gradient accumulation's alternating collectives read as a communication fault;
-benchmarks/results/model_fresh_families.json's `history`). Since generator version 8 they are
-training families (stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the current
-hold-out."""
+benchmarks/results/model_fresh_history.json). Since generator version 8 they are training families
+(stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the current hold-out."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The eighth clean hold-out's nine families (fresh set 8). They were written before the model of
 generator version 8 was trained and scored it once (macro-F1 0.905, 30.5 % of healthy episodes with
 a finding: a scheduled checkpoint upload over the fabric read as a communication fault;
-benchmarks/results/model_fresh_families.json's `history`). Since generator version 9 they are
-training families (stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the current
-hold-out."""
+benchmarks/results/model_fresh_history.json). Since generator version 9 they are training families
+(stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the current hold-out."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The ninth clean hold-out's nine families (fresh set 9). They were written before the model of
 generator version 9 was trained and scored it once (macro-F1 0.830, 15.5 % of healthy episodes with
 a finding: periodic host pauses read as a storage fault, a GPU off the bus whose job hangs read as
-healthy; benchmarks/results/model_fresh_families.json's `history`). Since generator version 10 they
-are training families (stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the
-current hold-out."""
+healthy; benchmarks/results/model_fresh_history.json). Since generator version 10 they are training
+families (stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the current
+hold-out."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The tenth clean hold-out's nine families (fresh set 10). They were written before the model of
 generator version 10 was trained and scored it (macro-F1 0.977, 0.17 % of healthy episodes with a
-finding; benchmarks/results/model_fresh_families.json's `history`; again, with the detector
-recalibrated and the classifier unchanged, in model_fresh_set10.json: the same). The same model was
-then scored on fresh set 11, to see whether set 10's result held on families written after it.
-Since generator version 11 both sets are training families (stethoscope_training.episodes.FAMILIES)."""
+finding; benchmarks/results/model_fresh_history.json; again, with the detector recalibrated and the
+classifier unchanged, in model_fresh_set10.json: the same). The same model was then scored on fresh
+set 11, to see whether set 10's result held on families written after it. Since generator version 11
+both sets are training families (stethoscope_training.episodes.FAMILIES)."""
 
 from __future__ import annotations
 

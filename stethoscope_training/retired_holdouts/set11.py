@@ -1,9 +1,9 @@
 """The eleventh clean hold-out's nine families (fresh set 11). They were written after set 10 scored
 the model of generator version 10 (the one shipped until version 11), as a second hold-out for the
-same model, and scored it (macro-F1 0.881, 7.67 % of healthy episodes with a finding: an HCA firmware
-hang read as healthy half the time, a shared leaf's traffic spells and an async local checkpoint read
-as faults; benchmarks/results/model_fresh_families.json's `history`). Since generator version 11 they
-are training families (stethoscope_training.episodes.FAMILIES), with set 10's;
+same model, and scored it (macro-F1 0.881, 7.67 % of healthy episodes with a finding: an HCA
+firmware hang read as healthy half the time, a shared leaf's traffic spells and an async local
+checkpoint read as faults; benchmarks/results/model_fresh_history.json). Since generator version 11
+they are training families (stethoscope_training.episodes.FAMILIES), with set 10's;
 stethoscope_training.fresh holds the current hold-out."""
 
 from __future__ import annotations

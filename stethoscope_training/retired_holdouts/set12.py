@@ -2,9 +2,9 @@
 generator version 11 was trained and scored it once (macro-F1 0.765, 0.83 % of healthy episodes with
 a finding: a parallel file system evicting its client read as healthy 84 % of the time, a host CPU
 PROCHOT never read as compute, 198 of 200 as communication or storage;
-benchmarks/results/model_fresh_families.json's `history`). Version 10 scored 0.780 / 0.50 % on it for
-comparison (benchmarks/results/model_fresh_set12_by_version10.json). Since generator version 12 they
-are training families (stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the
+benchmarks/results/model_fresh_history.json). Version 10 scored 0.780 / 0.50 % on it for comparison
+(benchmarks/results/model_fresh_set12_by_version10.json). Since generator version 12 they are
+training families (stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the
 current hold-out."""
 
 from __future__ import annotations

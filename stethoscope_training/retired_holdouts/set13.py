@@ -1,8 +1,8 @@
 """The thirteenth clean hold-out's nine families (fresh set 13). They were written before the model of
-generator version 12 was trained and scored it once (macro-F1 0.765, 21.67 % of healthy episodes with
-a finding, all of them the mixture-of-experts job's, read as communication 130 times of 200; GPUDirect
-RDMA lost at a restart found 20 %; the host DIMM's correctable-error storm read as compute 28 %;
-benchmarks/results/model_fresh_families.json's `history`). Version 11 scored 0.728 / 25.5 % on it for
+generator version 12 was trained and scored it once (macro-F1 0.765, 21.67 % of healthy episodes
+with a finding, all of them the mixture-of-experts job's, read as communication 130 times of 200;
+GPUDirect RDMA lost at a restart found 20 %; the host DIMM's correctable-error storm read as compute
+28 %; benchmarks/results/model_fresh_history.json). Version 11 scored 0.728 / 25.5 % on it for
 comparison (benchmarks/results/model_fresh_set13_by_version11.json). Since generator version 13 they
 are training families (stethoscope_training.episodes.FAMILIES); stethoscope_training.fresh holds the
 current hold-out."""
