@@ -1,8 +1,9 @@
 """The job scenes' hold-out sets (issue 21). Set "jobs-1": variants written before the job-relative
 detector's constants were first chosen on job_families.py's validation scenes, and not used to
-choose those (STEADY, chosen after it was read, was: see below). Same simulation (stethoscope_training/jobs.py), other conditions: what a straggler, an input
-stall and a congested switch also look like in a real fleet, and healthy work that a job-relative
-view might take for a fault. Scored by benchmarks/model_jobs.py and `stethoscope model evaluate`.
+choose those (STEADY, chosen after it was read, was: see below). Same simulation
+(stethoscope_training/jobs.py), other conditions: what a straggler, an input stall and a congested
+switch also look like in a real fleet, and healthy work that a job-relative view might take for a
+fault. Scored by benchmarks/model_jobs.py and `stethoscope model evaluate`.
 
 - straggler_hot: the straggler's GPUs also run hot and clock lower (a failing fan), so the graphs
   see it too;

@@ -356,9 +356,9 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
         ],
         "`benchmarks/model_inference.py` (`benchmarks/results/model_inference.json`): 2,000 nodes in 250\n"
         "jobs of 8 (three fleets side by side with a straggler, an input stall and a congested switch, all\n"
-        "three named and nothing else), read and judged as `diagnose` does: 1.44 s, the median of the warm\n"
-        "runs (the read 0.83 s, the two graphs 0.36 s, the job-relative layer 0.15 s; the first, cold run\n"
-        "2.7 s), load average 2.25",
+        "three named and nothing else), read and judged as `diagnose` does: 1.47 s, the median of the warm\n"
+        "runs (the read 0.94 s, the two graphs 0.34 s, the job-relative layer 0.16 s; the first, cold run\n"
+        "3.5 s), load average 0.65",
     ),
     (
         "early_warning_lead.json",
