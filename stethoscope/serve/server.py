@@ -167,12 +167,12 @@ class Server:
             self.state.last_error = f"{type(exc).__name__}: {redact(str(exc))}"
             self._log_cycle(at_ms, time.monotonic() - started, None)
             return
+        self._write_board(at_ms, rules, result)  # first: a cycle /healthz counts has its board served
         self.state.cycles += 1
         self.state.last_at = time.time()
         self.state.last_error = None
         self.state.last = result
         self.state.findings = result.findings
-        self._write_board(at_ms, rules, result)
         self._log_cycle(at_ms, time.monotonic() - started, result)
 
     def _write_board(self, at_ms: int, rules: list[Rule], result: CycleResult) -> None:
