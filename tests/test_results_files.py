@@ -399,7 +399,7 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
     (
         "model_train.json",
         [("train_s",)],
-        "Training takes 543 s",
+        "Training takes 343 s",
     ),
     (
         "model_train.json",
