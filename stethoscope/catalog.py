@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from stethoscope.bounded_yaml import RULE_FILE_MAX_BYTES, load_bounded
 from stethoscope.paths import rules_dir
 
 KINDS = ("gauge", "counter", "events")
@@ -182,7 +183,7 @@ class Catalog:
     def load(cls, path: str | Path | None = None) -> Catalog:
         path = Path(path) if path else default_path()
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            data = load_bounded(path, RULE_FILE_MAX_BYTES, "metric catalog") or {}
         except (OSError, yaml.YAMLError) as exc:
             raise CatalogError(f"{path}: {exc}") from None
         return cls(

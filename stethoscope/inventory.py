@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stethoscope.bounded_yaml import INVENTORY_FILE_MAX_BYTES, YamlTooLarge, check_bounded
 from stethoscope.names import is_node_name
 from stethoscope.paths import project_root
 
@@ -56,6 +57,7 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
     path = Path(path) if path else default_inventory()
     if not path.exists():
         raise InventoryError(f"inventory {path}: no such file")
+    check_inventory_bounds(path)
     loader = DataLoader()
     manager = InventoryManager(loader=loader, sources=[str(path)])
     variables = VariableManager(loader=loader, inventory=manager)
@@ -72,6 +74,36 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
     if not hosts:
         raise InventoryError(f"inventory {path}: no hosts")
     return Inventory(path.resolve(), hosts, _all_group_settings(loader, manager, path))
+
+
+def inventory_files(path: Path) -> list[Path]:
+    """The files Ansible reads for the inventory source `path`: the file, or every file of the
+    folder, and the group_vars and host_vars beside it (hidden ones, a .git, left out as it does)."""
+    folder = path if path.is_dir() else path.parent
+    found = set(_visible_files(path)) if path.is_dir() else {path}
+    for beside in ("group_vars", "host_vars"):
+        found.update(_visible_files(folder / beside))
+    return sorted(found)
+
+
+def _visible_files(folder: Path) -> list[Path]:
+    return [
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    ]
+
+
+def check_inventory_bounds(path: Path) -> None:
+    """InventoryError, before Ansible reads a file, when one is past a bound of bounded_yaml (size,
+    aliases, expansion, depth): Ansible's own YAML loader has none."""
+    for file in inventory_files(path):
+        try:
+            check_bounded(file, INVENTORY_FILE_MAX_BYTES, "inventory file")
+        except YamlTooLarge as exc:
+            raise InventoryError(f"inventory {exc.where()}") from None
+        except OSError as exc:
+            raise InventoryError(f"inventory {file}: {exc.strerror}") from None
 
 
 # role variables the controller reads too: the agents' period sets UNKNOWN's line for the stream

@@ -9,14 +9,18 @@ stethoscope/`); building the wheel copies what they point at, so the same paths 
 
 State: $STETHOSCOPE_HOME/.stethoscope when that is set; else `.stethoscope` of the current directory
 when it is a stethoscope checkout (`make demo`, `make test`); else ${XDG_STATE_HOME:-~/.local/state}/
-stethoscope. Never the checkout the package happens to live in when run from elsewhere. The models
+stethoscope. Never the checkout the package happens to live in when run from elsewhere. It is
+created 0700: it holds the findings, the evidence and the raw metrics. The models
 `model finetune` writes are state too (`own_models_dir`): installed from a wheel, the shipped
 models/ is site-packages, read-only and replaced by an upgrade."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+
+from stethoscope.private_files import private_dir
 
 COLLECTION = ("ansible_collections", "aicluster", "stethoscope")
 
@@ -93,7 +97,16 @@ def project_root() -> Path:
 
 
 def state_dir() -> Path:
-    """$STETHOSCOPE_HOME/.stethoscope, else ./.stethoscope in a checkout, else the XDG state folder."""
+    """$STETHOSCOPE_HOME/.stethoscope, else ./.stethoscope in a checkout, else the XDG state folder;
+    created 0700 when missing, so whatever writes in it first (the database, the spool, findings.log),
+    it is its owner's only. One that cannot be created is its writers' to report."""
+    folder = _state_location()
+    with contextlib.suppress(OSError):
+        private_dir(folder)
+    return folder
+
+
+def _state_location() -> Path:
     env = os.environ.get("STETHOSCOPE_HOME")
     if env:
         return Path(env).expanduser().resolve() / ".stethoscope"

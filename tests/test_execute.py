@@ -138,6 +138,7 @@ def test_log_alert_and_api_call_with_retries_under_one_transaction(tmp_path, db,
     assert {r.headers["Idempotency-Key"] for r in switch_api.requests} == {txn}
     assert switch_api.requests[-1].json() == {"node_id": "node03", "port": "sda"}
     (line,) = (tmp_path / "findings.log").read_text().splitlines()
+    assert (tmp_path / "findings.log").stat().st_mode & 0o777 == 0o600  # it names nodes and faults
     assert json.loads(line)["message"] == f"node03 sda worn ({txn})"
     rows = table(
         db,

@@ -37,15 +37,34 @@ SECRET = b"property-test-secret-0123456789"
 
 text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=8)
 names = st.text(alphabet="abcdefghij-_0123456789", min_size=1, max_size=8)
+# node, device and label names as stethoscope.names accepts them: no leading '-' or '_' (an option, a
+# hidden name), label values with no template braces, control or bidi characters
+node_names = st.from_regex(r"[a-j0-9][a-j0-9_-]{0,7}", fullmatch=True)
+label_keys = st.from_regex(r"[a-j_][a-j0-9_]{0,7}", fullmatch=True)
+label_text = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Cf"), blacklist_characters="{}"), max_size=8
+)
+# what a node that reports templates, options and terminal escapes as names sends
+hostile_names = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "device": st.sampled_from(
+                ["/dev/{{ lookup('pipe', 'id') }}", "-rf", "a/../b", "sd\x1b[2Ja", "gpu 0"]
+            )
+        }
+    ),
+    st.fixed_dictionaries({"node_id": st.sampled_from(["{{ 7 * 7 }}", "-n", "node 1", "node\u202e1"])}),
+    st.fixed_dictionaries({"labels": st.sampled_from([{"k": "{% raw %}"}, {"bad key": "v"}, {"k": "a\nb"}])}),
+)
 good_values = st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(2**53), 2**53)
 good_rows = st.fixed_dictionaries(
     {
-        "node_id": names,
+        "node_id": node_names,
         "metric_name": st.sampled_from(
             ["gpu_power_watts", "gpu_temperature_celsius", "nvme_critical_warning"]
         ),
-        "device": st.one_of(st.none(), names),
-        "labels": st.dictionaries(names, text, max_size=3),
+        "device": st.one_of(st.none(), node_names),
+        "labels": st.dictionaries(label_keys, label_text, max_size=3),
         "value": good_values,
         "timestamp": st.integers(NOW_S - 20 * 86400, NOW_S),
     }
@@ -68,8 +87,9 @@ bad_fields = st.one_of(
         {"labels": st.one_of(st.lists(text, max_size=2), st.dictionaries(names, st.lists(text), min_size=1))}
     ),
     st.fixed_dictionaries({"metric_name": st.one_of(names, st.integers(), st.lists(names, max_size=1))}),
+    hostile_names,
 )
-# what the metrics table itself cannot hold (an unknown metric or an empty node_id it can: ingest's own rules)
+# what the metrics table itself cannot hold (an unknown metric it can: ingest's own rule)
 unfit_fields = st.one_of(
     st.fixed_dictionaries({"value": st.sampled_from([math.inf, -math.inf, math.nan])}),
     st.fixed_dictionaries(
@@ -84,6 +104,7 @@ unfit_fields = st.one_of(
         {"labels": st.one_of(st.lists(text, max_size=2), st.dictionaries(names, st.integers(), min_size=1))}
     ),
     st.fixed_dictionaries({"metric_name": st.one_of(st.integers(), st.lists(names, max_size=1))}),
+    hostile_names,
 )
 garbage = st.text(
     alphabet=st.characters(blacklist_characters="\n\r", blacklist_categories=("Cs",)), max_size=30

@@ -57,6 +57,34 @@ PASTED = """
 """
 
 
+# a message template that cannot render whatever the value: a division by zero
+DIVIDES = """
+- rule_id: gpu_warm_ratio
+  description: a GPU runs warm (test; its message divides by zero)
+  severity: warning
+  message: "{{ node_id }} at {{ 100 / (value - value) }} %"
+  trigger:
+    - {metric: gpu_temperature_celsius, operator: ">", threshold: 30, window: 5m, aggregate: last}
+"""
+NESTED = """
+- rule_id: gpu_warm_loops
+  description: a GPU runs warm (test; its message loops for hours)
+  severity: warning
+  message: "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+  trigger:
+    - {metric: gpu_temperature_celsius, operator: ">", threshold: 30, window: 5m, aggregate: last}
+"""
+OVERFLOW = """
+- rule_id: aer_burst
+  description: correctable AER errors (test; the shipped message's `value | int`)
+  severity: warning
+  message: "{{ node_id }} {{ device }}: {{ value | int }} correctable errors"
+  trigger:
+    - {metric: pcie_aer_correctable_errors_total, operator: ">", threshold: 0, window: 10m,
+       aggregate: delta}
+"""
+
+
 def rule_dir(tmp_path, **files: str):
     folder = tmp_path / "rules"
     folder.mkdir(exist_ok=True)
@@ -150,6 +178,66 @@ def test_an_executed_rule_failed_finding_resolves_once_the_rule_runs_again(tmp_p
     assert "rule_failed" not in mended.stdout and status() == "resolved"
 
 
+def test_a_message_that_divides_by_zero_or_loops_costs_its_rule_only(tmp_path, tmp_dsn):
+    """Regression: rendering a finding's message was outside the per-rule containment: a division by
+    a zero value ended the cycle (exit 3), and nested loops held it for hours."""
+    seed(tmp_dsn, ("node03", "gpu_temperature_celsius", "gpu0", 95.0))
+    started = time.monotonic()
+    result = diagnose(tmp_dsn, rule_dir(tmp_path, hot=HOT, divides=DIVIDES, nested=NESTED))
+    assert time.monotonic() - started < 60
+    assert result.returncode == 1, result.stderr
+    findings = json.loads(result.stdout)
+    by_rule = {(f["rule_id"], f["device"]): f for f in findings}
+    assert ("gpu_hot", "gpu0") in by_rule
+    # each failing rule still names its node, with a plain message, and is told as a failure
+    assert (
+        by_rule[("gpu_warm_ratio", "gpu0")]["message"]
+        == "node03 gpu0: a GPU runs warm (test; its message divides by zero)"
+    )
+    assert by_rule[("gpu_warm_loops", "gpu0")]["node_id"] == "node03"
+    divided = json.loads(by_rule[("rule_failed", "gpu_warm_ratio")]["evidence"])
+    assert divided["stage"] == "message" and "ZeroDivisionError" in divided["error"]
+    looped = json.loads(by_rule[("rule_failed", "gpu_warm_loops")]["evidence"])
+    assert looped["stage"] == "message" and "ran past" in looped["error"]
+
+
+def test_a_counter_delta_past_any_float_is_told_per_series_and_costs_its_rule_nothing_else(tmp_path, tmp_dsn):
+    """Regression: five finite rows of 1.7e308 (a counter reset between each) sum to a delta of inf;
+    the shipped `{{ value | int }}` raised OverflowError and ended the cycle."""
+    with Store(tmp_dsn) as store:
+        store.init_schema()
+        batch = MetricColumns()
+        start = at_ms() - 300_000
+        for step, value in enumerate([1.7e308, 0.0, 1.7e308, 0.0, 1.7e308, 0.0, 1.7e308]):
+            batch.append(
+                "node01",
+                "pcie_aer_correctable_errors_total",
+                "0000:17:00.0",
+                {},
+                value,
+                start + step * 30_000,
+            )
+        for step, value in enumerate([0.0, 4.0, 9.0]):
+            batch.append(
+                "node02",
+                "pcie_aer_correctable_errors_total",
+                "0000:17:00.0",
+                {},
+                value,
+                start + step * 30_000,
+            )
+        batch.append("node03", "gpu_temperature_celsius", "gpu0", {}, 95.0, at_ms() - 1000)
+        store.insert_metrics(batch)
+    result = diagnose(tmp_dsn, rule_dir(tmp_path, hot=HOT, overflow=OVERFLOW))
+    assert result.returncode == 1, result.stderr
+    by_rule = {(f["rule_id"], f["node_id"]): f for f in json.loads(result.stdout)}
+    assert ("gpu_hot", "node03") in by_rule
+    assert by_rule[("aer_burst", "node02")]["message"] == "node02 0000:17:00.0: 9 correctable errors"
+    assert ("aer_burst", "node01") not in by_rule
+    told = json.loads(by_rule[("rule_failed", "controller")]["evidence"])
+    assert told["stage"] == "aggregate" and "node01 0000:17:00.0" in told["error"] and "inf" in told["error"]
+
+
 def test_diagnose_exits_3_only_when_every_rule_failed(tmp_path, tmp_dsn):
     seed(tmp_dsn, ("node03", "gpu_temperature_celsius", "gpu0", 40.0))
     result = diagnose(tmp_dsn, rule_dir(tmp_path, pasted=PASTED))
@@ -166,7 +254,8 @@ def test_serve_counts_rule_failures_on_metrics_and_its_cycles_go_on(tmp_path, tm
     command = [
         sys.executable, "-m", "stethoscope.cli", "--dsn", tmp_dsn, "--spool-dir", str(tmp_path / "spool"),
         "serve", "--inventory", str(inventory), "--secret-file", str(secret), "--no-sweep", "--no-model",
-        "--rules", str(rule_dir(tmp_path, hot=HOT, pasted=PASTED)), "--listen", "127.0.0.1:0",
+        "--rules", str(rule_dir(tmp_path, hot=HOT, pasted=PASTED, divides=DIVIDES)),
+        "--listen", "127.0.0.1:0",
         "--http", "127.0.0.1:0", "--interval", "1",
     ]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=TOP)
@@ -193,5 +282,6 @@ def test_serve_counts_rule_failures_on_metrics_and_its_cycles_go_on(tmp_path, tm
         if proc.poll() is None:
             proc.kill()
     assert failures and int(failures[1]) >= 2, metrics
+    assert re.search(r'stethoscope_rule_failures_total\{rule_id="gpu_warm_ratio"\} [1-9]', metrics), metrics
     assert health["status"] == "ok" and health["cycle_failures"] == 0, health
     assert 'stethoscope_findings_open{node="gpu-a",rule_id="gpu_hot",severity="critical"} 1.0' in metrics

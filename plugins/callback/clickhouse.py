@@ -17,6 +17,10 @@ description:
   - A write that fails or runs past I(timeout) is spooled (fsynced NDJSON) and replayed on the next
     write; the play is never failed or stalled by the sink, and results are never modified. After one
     timeout the rest of that play is spooled without waiting.
+  - Rows the spool cannot take either (its disk full or read-only), or that an unexpected error kept
+    from being written, are held in memory (at most I(hold_rows)) and written again at the next flush
+    and at the end of the playbook; one warning says so, and the end-of-run warning counts any that
+    were lost.
   - Items of a looped task (C(results)) are ingested like results of their own. A value that is not a
     finite number (NaN, Inf, text) is counted in the one warning at the end and kept with its reason in
     C(<spool_dir>/rejected/); the other rows of that result are stored.
@@ -74,6 +78,18 @@ options:
     ini:
       - section: callback_clickhouse
         key: timeout
+  hold_rows:
+    description:
+      - Rows held in memory when they can be neither stored nor spooled, until a later flush writes
+        them; beyond it the oldest are dropped and counted as lost in the end-of-run warning.
+    type: int
+    default: 2000000
+    version_added: "0.2.0"
+    env:
+      - name: STETHOSCOPE_HOLD_ROWS
+    ini:
+      - section: callback_clickhouse
+        key: hold_rows
 """
 
 import json
@@ -89,6 +105,7 @@ try:
     from stethoscope.paths import default_spool_dir
     from stethoscope.store.batch import Batch
     from stethoscope.store.dsn import ConfigError, redact
+    from stethoscope.store.hold import Hold, held_rows
     from stethoscope.store.result_rows import carries_rows, rows_from_result
     from stethoscope.store.spool import Spool
     from stethoscope.store.writer import Writer
@@ -130,6 +147,8 @@ class CallbackModule(CallbackBase):
         self.disabled = IMPORT_ERROR is not None
         self._batch = Batch() if not self.disabled else None
         self._writer = None
+        self._hold = None  # rows neither stored nor spooled, written again at the next flush
+        self._held_reason = None  # why the last rows were held
         self._config_error = None
         self._run_id = uuid.uuid4().hex
         self._warned = set()
@@ -151,6 +170,7 @@ class CallbackModule(CallbackBase):
             return
         self._batch_size = max(1, int(self.get_option("batch_size")))
         self._spool_dir = self.get_option("spool_dir")
+        self._hold = Hold(max(0, int(self.get_option("hold_rows"))))
         try:
             self._writer = Writer(
                 self.get_option("dsn"),
@@ -262,12 +282,14 @@ class CallbackModule(CallbackBase):
             return
         self._end_play()
         self._flush()
+        self._give_up_held()
         self._summary()
 
     def _flush(self):
-        if not len(self._batch) and not self._batch.rejected:
+        batch = self._hold.take() if self._hold is not None else Batch()
+        batch.extend(self._batch.take())  # what waited first
+        if not held_rows(batch):
             return
-        batch = self._batch.take()
         if self._writer is None:
             self._keep_rejected(batch)
             return
@@ -279,20 +301,41 @@ class CallbackModule(CallbackBase):
             self._writer = None
             self._keep_rejected(batch)
             return
+        except Exception as exc:  # whatever else the writer raises, the play goes on and the rows wait
+            self._keep(batch, "writing failed unexpectedly (%s: %s)" % (type(exc).__name__, redact(exc)))
+            return
+        if held_rows(report.held):
+            store = " (ClickHouse: %s)" % report.error if report.error else ""
+            self._keep(report.held, "%s%s" % (report.spool_error, store))
         for problem in report.problems:
             self._warn_once("spool:" + problem, "spool: " + problem)
         self._spooled += report.spooled
         if report.timed_out:
             self._timeouts += 1
             self._spool_only = True
-        if (report.error and not self._spool_only) or report.timed_out:
+        if (report.error and report.spooled and not self._spool_only) or report.timed_out:
             self._warn_once(
                 "write-error",
                 "ClickHouse write failed (%s); rows spooled and replayed on the next write" % report.error,
             )
         elif report.replayed:
             self._display.vv("stethoscope: replayed %d spooled rows" % report.replayed)
-        self._display.vv("stethoscope: %s" % json.dumps(report.__dict__))
+        self._display.vv("stethoscope: %s" % json.dumps(report.summary()))
+
+    def _keep(self, batch, why):
+        """Rows neither stored nor spooled wait in memory, bounded, for the next flush."""
+        self._hold.keep(batch)
+        self._held_reason = why
+        self._warn_once(
+            "held",
+            "%s: rows kept in memory and written again at the next flush and at the end of the playbook"
+            % why,
+        )
+
+    def _give_up_held(self):
+        """Rows still held at the end of the playbook go with the process: counted as lost."""
+        if self._hold is not None:
+            self._hold.lost += held_rows(self._hold.take())
 
     def _keep_rejected(self, batch):
         """Under a configuration error the rows go where a person can find them, with the reason."""
@@ -317,5 +360,9 @@ class CallbackModule(CallbackBase):
             )
         if self._spooled:
             parts.append("%d rows spooled in total" % self._spooled)
+        if self._hold is not None and self._hold.lost:
+            parts.append(
+                "%d rows LOST: neither stored nor spooled (%s)" % (self._hold.lost, self._held_reason)
+            )
         if parts:
             self._display.warning("stethoscope: " + "; ".join(parts))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from stethoscope.catalog import Catalog
 from stethoscope.store.client import Store
+from stethoscope.terminal import terminal_safe
 
 RED, YELLOW = 20.0, 10.0
 
@@ -402,4 +403,4 @@ def render_table(rows: list[Row]) -> str:
             f"{r.metric_name:<{metric_w}}{r.label_text:<{labels_w}}"
             f"{r.value:>11.4g}{(r.fleet_median or 0):>11.4g}{r.deviation_percent:>7.1f}  {'; '.join(notes)}"
         )
-    return "\n".join(lines)
+    return "\n".join(map(terminal_safe, lines))

@@ -21,6 +21,7 @@ from stethoscope.store.faults import (
     record,
     stored_finding,
 )
+from stethoscope.terminal import terminal_safe
 from stethoscope.timeutil import iso
 
 COMMANDS = ("fault", "audit")
@@ -89,10 +90,11 @@ def _impact(store: Store, text: str, command: str) -> int | None:
 
 def _store_fault(store: Store, fault: Fault) -> int:
     copied = record(store, fault)
-    print(
+    said = (
         f"recorded fault {fault.fault_id}: {fault.node_id} {fault.device or '-'} {fault.kind} "
         f"({fault.layer}) impact {iso(fault.impact_ms)}; {copied} raw rows kept in fault_windows"
     )
+    print(terminal_safe(said))
     return EXIT_OK
 
 
@@ -150,8 +152,9 @@ def _list(args: argparse.Namespace) -> int:
     if not faults:
         print("no faults recorded")
     for f in faults:
-        print(
+        line = (
             f"{f.fault_id}  {f.as_dict()['impact_at']}  {f.node_id:<12} {f.device or '-':<12} "
             f"{f.kind:<20} {f.layer:<14} {f.source:<9} {f.note}"
         )
+        print(terminal_safe(line))
     return EXIT_OK

@@ -18,6 +18,7 @@ from stethoscope.remediation.retries import RETRIED, attempt_of, reason_of
 from stethoscope.report.summary import initialised
 from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
+from stethoscope.terminal import terminal_safe
 from stethoscope.timeutil import iso, now_ms, to_ms
 
 COMMANDS = ("incidents", "actions")
@@ -74,8 +75,13 @@ def run(args: argparse.Namespace) -> int:
             return _show(found, args.json)
         by = args.by or _user()
         acknowledge(store, found, by, args.note)
-    print(f"incident {found.txn_id} ({found.node_id} {found.device or '-'}) acknowledged by {by}")
+    _say(f"incident {found.txn_id} ({found.node_id} {found.device or '-'}) acknowledged by {by}")
     return EXIT_OK
+
+
+def _say(line: str) -> None:
+    """A line for a person: the nodes' text in it (names, devices, messages, reasons) made safe."""
+    print(terminal_safe(line))
 
 
 def _usage(message: str) -> int:
@@ -110,7 +116,7 @@ def _list(found: list[Incident], as_json: bool, every: bool = False) -> int:
     head = f"{'TXN':<13} {'NODE':<14} {'DEVICE':<10} {'SEVERITY':<9} {'STATUS':<15}"
     print(f"{head} FIRST SEEN / LAST SEEN  RULES")
     for i in found:
-        print(
+        _say(
             f"{i.txn_id:<13} {i.node_id:<14} {i.device or '-':<10} {i.severity:<9} {i.status:<15} "
             f"{iso(i.first_seen_ms)} / {iso(i.last_seen_ms)}  {', '.join(i.rules)}"
         )
@@ -160,7 +166,7 @@ def _actions(states: list[ActionState], args: argparse.Namespace) -> int:
     if not entries:
         print("no actions recorded" + (" matching" if args.status or args.since else ""))
     for e in entries:
-        print(f"{e['started_at']}  {e['txn_id']:<13} {e['target']:<14} {_line(e)}")
+        _say(f"{e['started_at']}  {e['txn_id']:<13} {e['target']:<14} {_line(e)}")
     return EXIT_OK
 
 
@@ -183,19 +189,19 @@ def _show(found: Incident, as_json: bool) -> int:
         ]
         print(json.dumps({**found.as_dict(), "findings": members, "actions": entries}, indent=1))
         return EXIT_OK
-    print(
+    _say(
         f"incident {found.txn_id}: {found.node_id} {found.device or '-'}, {found.severity}, {found.status}; "
         f"first seen {iso(found.first_seen_ms)}, last seen {iso(found.last_seen_ms)}"
     )
     print("findings:")
     for f in found.findings:
-        print(f"  {f.severity:<9} {f.rule_id:<32} {f.device or '-':<10} {f.status:<9} {f.message}")
+        _say(f"  {f.severity:<9} {f.rule_id:<32} {f.device or '-':<10} {f.status:<9} {f.message}")
     print("actions:")
     for e in entries:
         for earlier in e["history"]:
-            print(
+            _say(
                 f"  {earlier.get('at', ''):<29} {e['action']:<30} {earlier.get('status', ''):<9} "
                 f"attempt {earlier.get('attempt')}  {earlier.get('why', '')}".rstrip()
             )
-        print(f"  {e['started_at']:<29} {_line(e)}  ({e['rule_id'] or found.node_id})")
+        _say(f"  {e['started_at']:<29} {_line(e)}  ({e['rule_id'] or found.node_id})")
     return EXIT_OK

@@ -371,6 +371,7 @@ def _rules_check(args: argparse.Namespace) -> int:
 
 def _baseline(args: argparse.Namespace) -> int:
     from stethoscope.bench import baseline
+    from stethoscope.private_files import private_dir, write_private
     from stethoscope.report.baseline_html import render_html
 
     with Store(args.dsn, args.database) as store:
@@ -380,14 +381,14 @@ def _baseline(args: argparse.Namespace) -> int:
         shown = [row for row in shown if row.node_id == args.node]
     print(baseline.render_table(shown))
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "baseline.html").write_text(render_html(rows), encoding="utf-8")
-        print(f"wrote {args.out / 'baseline.html'}")
+        private_dir(args.out)
+        print(f"wrote {write_private(args.out / 'baseline.html', render_html(rows))}")
     return EXIT_OK
 
 
 def _ingest(args: argparse.Namespace, spool_dir: Path) -> int:
     from stethoscope.store.batch import Batch
+    from stethoscope.store.hold import held_rows
     from stethoscope.store.ingest import FUTURE_TOLERANCE_MS, older_than
     from stethoscope.store.ttl import DEFAULT_RAW_TTL_DAYS, read_raw_ttl_days
 
@@ -413,6 +414,13 @@ def _ingest(args: argparse.Namespace, spool_dir: Path) -> int:
             file=sys.stderr,
         )
     report = writer.write(Batch(metrics=parsed.metrics))
+    if held_rows(report.held):  # the store out and the spool's disk full or read-only
+        print(
+            f"stethoscope: ingest: {held_rows(report.held)} rows neither stored nor spooled: "
+            f"{report.spool_error} (store: {report.error}); ingest the file again once there is room",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     if report.error:
         print(
             f"stethoscope: ingest: {report.error}; {report.spooled} rows spooled in {spool_dir}",

@@ -232,8 +232,9 @@ def _collector(args: argparse.Namespace, keyring: Keyring, sets: dict[int, Metri
         f"collector stopped: {stats.datagrams} datagrams, {stats.duplicates} duplicates, "
         f"{sum(stats.rejected.values())} rejected {dict(stats.rejected)}, "
         f"{stats.stored} rows stored, {stats.spooled} spooled"
+        + (f", {collector.hold.lost} LOST (neither stored nor spooled)" if collector.hold.lost else "")
     )
-    return EXIT_OK
+    return EXIT_FAILED if collector.hold.lost else EXIT_OK
 
 
 def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet]) -> int:
@@ -298,12 +299,13 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
         server.run(args.cycles)
     finally:
         server.stop()
-    stats = server.collector.stats
+    stats, lost = server.collector.stats, server.collector.hold.lost
     print(
         f"serve stopped after {time.time() - started:.0f} s: {server.state.cycles} cycles, "
         f"{stats.stored} rows stored, {stats.spooled} spooled"
+        + (f", {lost} LOST (neither stored nor spooled)" if lost else "")
     )
-    return EXIT_OK
+    return EXIT_FAILED if lost else EXIT_OK
 
 
 def _sweeper(args: argparse.Namespace, inventory: Inventory, store: Store, spool_dir: Path) -> Any:

@@ -38,6 +38,7 @@ from stethoscope.store.faults import (
     window_rows,
 )
 from stethoscope.store.schema import single_node_ddl
+from stethoscope.terminal import terminal_safe
 
 STEP_MS = 5 * 60 * 1000
 SCRATCH_TTL_DAYS = 3650
@@ -256,4 +257,4 @@ def render(audit: Audit) -> str:
         impact = r.fault.as_dict()["impact_at"]
         where = f"{r.fault.node_id:<14}{r.fault.device or '-':<14}{r.fault.kind:<24}"
         lines.append(f"{where}{impact:<31}{lead:>15}  {said}")
-    return "\n".join(lines)
+    return "\n".join(map(terminal_safe, lines))

@@ -23,6 +23,7 @@ store answers costs that rule only (a RuleFailure beside the others' matches).
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import weakref
@@ -47,6 +48,8 @@ INCREASES = ("delta", "rate")
 # A fleet of identical recordings has a MAD of 0; the spread is floored at this fraction of the median.
 _MIN_RELATIVE_SPREAD = 0.001
 _MAD_TO_SIGMA = 1.4826
+QUERY, AGGREGATE, MESSAGE = "query", "aggregate", "message"  # RuleFailure.stage
+NONFINITE_SHOWN = 10  # series named in the failure of a rule whose aggregates overflowed
 
 
 @dataclass(frozen=True)
@@ -56,11 +59,14 @@ class RuleFailure:
     rule_id: str
     where: str  # the rule's file:line
     error: str
+    # what failed: its query (nothing of the rule was read), or part of what it read: the
+    # aggregates of some series (AGGREGATE), the rendering of a finding's message (MESSAGE)
+    stage: str = "query"
 
 
 @dataclass
 class Evaluation:
-    matches: list[list[Match]]  # per rule, in the rules' order; [] for a rule that failed
+    matches: list[list[Match]]  # per rule, in the rules' order; [] for a rule whose query failed
     failures: list[RuleFailure] = field(default_factory=list)  # in the rules' order
 
 
@@ -606,7 +612,7 @@ def evaluate_all(
     idle: queue.SimpleQueue[Store] = queue.SimpleQueue()
     opened: list[Store] = []
 
-    def one(rule: Rule) -> list[Match] | RuleFailure:
+    def one(rule: Rule) -> tuple[list[Match], RuleFailure | None]:
         handle = idle.get()
         try:
             return _guarded(handle, rule, at_ms, catalog, nodes, via)
@@ -638,25 +644,43 @@ def evaluate_all(
 
 def _guarded(
     store: Store, rule: Rule, at_ms: int, catalog: Catalog, nodes: Sequence[str] | None, via: str
-) -> list[Match] | RuleFailure:
-    """The rule's matches, or its failure when the store still answers (else the store's error)."""
+) -> tuple[list[Match], RuleFailure | None]:
+    """The rule's matches, and its failure: its query's, when the store still answers (else the
+    store's error is raised), or the series whose aggregates are not finite numbers (a counter's
+    delta past any float), which are told and never matched."""
     try:
-        return rule_matches(store, rule, at_ms, RAW_TTL_SECONDS, catalog, nodes, via)
+        matches = rule_matches(store, rule, at_ms, RAW_TTL_SECONDS, catalog, nodes, via)
     except SchemaMissing:
         raise
     except Exception as exc:
         if isinstance(exc, StoreError) and not store.answers():
             raise
         error = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
-        return RuleFailure(rule.rule_id, f"{rule.file}:{rule.line}", error)
+        return [], RuleFailure(rule.rule_id, f"{rule.file}:{rule.line}", error)
+    finite = [m for m in matches if _is_finite(m)]
+    if len(finite) == len(matches):
+        return matches, None
+    told = [_series(m) for m in matches if not _is_finite(m)]
+    shown = "; ".join(told[:NONFINITE_SHOWN]) + (
+        f"; and {len(told) - NONFINITE_SHOWN} more" if len(told) > NONFINITE_SHOWN else ""
+    )
+    error = f"aggregate not a finite number for {len(told)} series: {shown}"
+    return finite, RuleFailure(rule.rule_id, f"{rule.file}:{rule.line}", error, AGGREGATE)
 
 
-def _gathered(results: list[list[Match] | RuleFailure]) -> Evaluation:
+def _is_finite(match: Match) -> bool:
+    return math.isfinite(match.value) and all(math.isfinite(v) for v in match.values.values())
+
+
+def _series(match: Match) -> str:
+    bad = {k: v for k, v in match.values.items() if not math.isfinite(v)} or {"value": match.value}
+    return f"{match.node_id} {match.device or '-'} " + ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
+
+
+def _gathered(results: list[tuple[list[Match], RuleFailure | None]]) -> Evaluation:
     evaluation = Evaluation([])
-    for result in results:
-        if isinstance(result, RuleFailure):
-            evaluation.failures.append(result)
-            evaluation.matches.append([])
-        else:
-            evaluation.matches.append(result)
+    for matches, failure in results:
+        if failure is not None:
+            evaluation.failures.append(failure)
+        evaluation.matches.append(matches)
     return evaluation

@@ -14,7 +14,7 @@ from typing import Any
 from stethoscope import templating
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.cadence import Cadence, window_of
-from stethoscope.diagnosis.engine import Match, RuleFailure, evaluate_all
+from stethoscope.diagnosis.engine import MESSAGE, QUERY, Match, RuleFailure, evaluate_all
 from stethoscope.diagnosis.hysteresis import Held
 from stethoscope.diagnosis.levels import (
     DEFAULT_LEVEL,
@@ -60,19 +60,35 @@ def template_context(
     }
 
 
-def _message(rule: Rule, finding: dict[str, Any]) -> str:
+def _message(rule: Rule, finding: dict[str, Any]) -> tuple[str, str | None]:
+    """The finding's message, and the error of a template that failed for another reason than a
+    name only an execution defines (a division by a zero value, a loop past the time bound): that
+    costs the rule a `rule_failed` finding, never the cycle, and the finding keeps a plain message."""
     templates = [rule.message] if rule.message else []
     templates += [dict(a.params)["message"] for a in rule.actions if a.type in ("log", "alert")]
     context = template_context(finding)
+    error = None
     for template in templates:
         try:
-            return templating.render(template, context)
-        except templating.TemplateFailure:
+            return templating.render(template, context), error
+        except templating.Undefined:
             continue  # a message naming configured variables renders only when executed
-    return f"{finding['node_id']} {finding['device']}: {rule.description}".replace("  ", " ")
+        except templating.TemplateFailure as exc:
+            error = error or str(exc)
+    plain = f"{finding['node_id']} {finding['device']}: {rule.description}".replace("  ", " ")
+    return plain, error
 
 
-def _finding(rule: Rule, match: Match, at_ms: int, evidence: dict[str, Any] | None = None) -> dict[str, Any]:
+def _finding(
+    rule: Rule,
+    match: Match,
+    at_ms: int,
+    evidence: dict[str, Any] | None = None,
+    literal: str | None = None,
+    failed: list[RuleFailure] | None = None,
+) -> dict[str, Any]:
+    """`literal`: the message as it is (text built from stored data, which is never a template);
+    `failed`: where a message template's failure is told."""
     level = rule.level or DEFAULT_LEVEL[rule.severity]
     if evidence is None:
         evidence = dict(match.values)
@@ -99,7 +115,12 @@ def _finding(rule: Rule, match: Match, at_ms: int, evidence: dict[str, Any] | No
         "rule_message": rule.message,
         "window_seconds": window_of(rule),  # as fitted to the cadence: how long it must stay clear
     }
-    finding["message"] = _message(rule, finding)
+    if literal is not None:
+        finding["message"] = literal
+        return finding
+    finding["message"], error = _message(rule, finding)
+    if error is not None and failed is not None:
+        failed.append(RuleFailure(rule.rule_id, f"{rule.file}:{rule.line}", f"message: {error}", MESSAGE))
     return finding
 
 
@@ -183,11 +204,9 @@ def _unknown_findings(
         if wanted is not None and silence.rule_id != FLEET_RULE and silence.node_id not in wanted:
             continue
         message = _unknown_message(silence, where)
-        # a fleet finding names no host: log and alert, no playbook aimed at a node
-        said = (("message", message),)
-        actions = (Action("log", said), Action("alert", said)) if silence.rule_id == FLEET_RULE else ()
+        # a fleet finding names no host: log and alert (its message as it is), no playbook
+        actions = (Action("log", ()), Action("alert", ())) if silence.rule_id == FLEET_RULE else ()
         rule = Rule(silence.rule_id, "stopped reporting", silence.severity, Group("all", ()), actions, "L2")
-        rule = replace(rule, message=message)
         match = Match(silence.node_id, silence.device, 0.0, nodes=silence.nodes)
         evidence: dict[str, Any] = {"metrics": silence.metrics}
         evidence["last_seen"] = iso(silence.last_seen_ms) if silence.last_seen_ms else None
@@ -195,7 +214,7 @@ def _unknown_findings(
             evidence["nodes"] = silence.nodes
         if silence.devices:
             evidence["devices"] = silence.devices
-        findings.append(_finding(rule, match, at_ms, evidence))
+        findings.append(_finding(rule, match, at_ms, evidence, literal=message))
     if fleet is not None:
         record_new_hosts(store, fleet, at_ms)
     return findings
@@ -204,14 +223,30 @@ def _unknown_findings(
 def failure_finding(failure: RuleFailure, at_ms: int) -> dict[str, Any]:
     """A rule that failed, as a warning on the controller: log and alert, no playbook."""
     error = " ".join(failure.error.split())
-    # the message is rendered as a template, and an error may quote SQL: no template syntax in it
-    said = _capped(f"rule {failure.rule_id} ({failure.where}) failed: {error}").replace("{", "{ ")
-    actions = (Action("log", (("message", said),)), Action("alert", (("message", said),)))
-    rule = Rule(
-        RULE_FAILED, "a rule's evaluation failed", "warning", Group("all", ()), actions, "L2", message=said
-    )
-    evidence = {"rule_id": failure.rule_id, "where": failure.where, "error": _capped(error, ERROR_CAP)}
-    return _finding(rule, Match(CONTROLLER, failure.rule_id, 0.0), at_ms, evidence)
+    said = _capped(f"rule {failure.rule_id} ({failure.where}) failed: {error}")
+    actions = (Action("log", ()), Action("alert", ()))  # the message as it is: an error may quote SQL
+    rule = Rule(RULE_FAILED, "a rule's evaluation failed", "warning", Group("all", ()), actions, "L2")
+    evidence = {
+        "rule_id": failure.rule_id,
+        "where": failure.where,
+        "stage": failure.stage,
+        "error": _capped(error, ERROR_CAP),
+    }
+    finding = _finding(rule, Match(CONTROLLER, failure.rule_id, 0.0), at_ms, evidence, literal=said)
+    finding["unread"] = failure.stage == QUERY  # nothing of the rule was read (not printed)
+    return finding
+
+
+def _one_per_rule(failures: list[RuleFailure]) -> list[RuleFailure]:
+    """A rule's failures as one (its findings share one id): the first error, and how many more."""
+    by_rule: dict[str, list[RuleFailure]] = {}
+    for failure in failures:
+        by_rule.setdefault(failure.rule_id, []).append(failure)
+    joined = []
+    for first, *more in by_rule.values():
+        extra = f" (and {len(more)} more: {more[0].error})" if more else ""
+        joined.append(replace(first, error=first.error + extra))
+    return joined
 
 
 def diagnose(
@@ -233,12 +268,13 @@ def diagnose(
     cadence = cadence if cadence is not None else Cadence.learn(store, at_ms, nodes)
     ordered = sorted(cadence.fit_all(rules), key=lambda r: r.rule_id)
     evaluation = evaluate_all(store, ordered, at_ms, nodes=nodes)
+    failures = list(evaluation.failures)
     findings = [
-        _finding(rule, m, at_ms)
+        _finding(rule, m, at_ms, failed=failures)
         for rule, matches in zip(ordered, evaluation.matches, strict=True)
         for m in matches
     ]
-    for failure in evaluation.failures:
+    for failure in _one_per_rule(failures):
         log.warning("rule %s (%s) failed; the other rules' findings stand", failure.rule_id, failure.where)
         findings.append(failure_finding(failure, at_ms))
     if catalog is not None:

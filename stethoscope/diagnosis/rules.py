@@ -18,6 +18,7 @@ import yaml
 from jinja2 import TemplateSyntaxError
 from jinja2.sandbox import SandboxedEnvironment
 
+from stethoscope.bounded_yaml import RULE_FILE_MAX_BYTES, BoundedSafeLoader, load_bounded
 from stethoscope.catalog import AGGREGATES as KIND_AGGREGATES
 from stethoscope.catalog import Catalog
 
@@ -93,7 +94,7 @@ class LineDict(dict):
     key_lines: dict[str, int]
 
 
-class _LineLoader(yaml.SafeLoader):
+class _LineLoader(BoundedSafeLoader):
     pass
 
 
@@ -517,7 +518,7 @@ def load_rules(path: str | Path, catalog: Catalog) -> LoadResult:
         result.files += 1
         validator = _Validator(file, catalog, sandbox)
         try:
-            data = yaml.load(file.read_text(encoding="utf-8"), Loader=_LineLoader)
+            data = load_bounded(file, RULE_FILE_MAX_BYTES, "rule file", _LineLoader)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             result.errors.append(

@@ -35,6 +35,7 @@ from stethoscope.remediation.lock import ExecutorLock, Heartbeat, lock_path
 from stethoscope.remediation.stream_cap import cap_stream_only, stream_only_metrics
 from stethoscope.store.client import Store
 from stethoscope.telemetry.metric_set import load_sets
+from stethoscope.terminal import terminal_safe, terminal_safe_data
 
 
 @dataclass
@@ -47,6 +48,7 @@ class CycleResult:
     seconds: float = 0.0
     model: ModelUse | None = None
     failed_rules: list[str] = field(default_factory=list)  # the rules whose evaluation failed
+    unread_rules: list[str] = field(default_factory=list)  # of those, the ones whose query failed
 
     @property
     def acted(self) -> bool:
@@ -55,7 +57,7 @@ class CycleResult:
     @property
     def every_rule_failed(self) -> bool:
         """Nothing of the rules was read: the cycle as a whole failed (the other case costs those rules)."""
-        return self.rules > 0 and len(set(self.failed_rules)) >= self.rules
+        return self.rules > 0 and len(set(self.unread_rules)) >= self.rules
 
 
 @dataclass
@@ -112,9 +114,18 @@ class Cycles:
             if not self.long_running:
                 self.close()
         findings.sort(key=lambda f: (-SEVERITY_ORDER[f["severity"]], f["node_id"], f["rule_id"], f["device"]))
-        failed = [f["device"] for f in findings if f["rule_id"] == RULE_FAILED and not f.get("held")]
+        failed = [f for f in findings if f["rule_id"] == RULE_FAILED and not f.get("held")]
         return CycleResult(
-            at_ms, findings, len(rules), executing, standby, time.monotonic() - started, self.model, failed
+            at_ms,
+            findings,
+            len(rules),
+            executing,
+            standby,
+            time.monotonic() - started,
+            self.model,
+            [f["device"] for f in failed],
+            # the rules nothing was read of (a failed query): a message or a series that failed costs less
+            [f["device"] for f in failed if f.get("unread")],
         )
 
     def claim(self) -> None:
@@ -210,7 +221,8 @@ def render_result(result: CycleResult, as_json: bool) -> str:
     if as_json:
         return json.dumps([printable(f, extra) for f in result.findings], indent=1)
     name = result.model.describe() if result.model is not None else ""
-    return render(result.findings, result.rules, executed=result.acted, model=name)
+    shown = terminal_safe_data(result.findings)  # devices, messages, node names are the nodes' text
+    return render(shown, result.rules, executed=result.acted, model=terminal_safe(name))
 
 
 def worst(findings: list[dict[str, Any]]) -> int:

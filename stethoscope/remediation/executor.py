@@ -11,6 +11,8 @@ Incidents act in parallel (`stethoscope_executor_parallel`, default 4), one inci
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import threading
 from collections.abc import Collection
@@ -58,6 +60,7 @@ from stethoscope.templating import TemplateFailure, Undefined, render
 from stethoscope.timeutil import iso, now_ms
 
 __all__ = ["Context", "Executor", "Settings", "new_txn_id"]
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass
@@ -112,6 +115,13 @@ class Settings:
             _number(context, "stethoscope_playbook_timeout", 1800, int),
             max(1, _number(context, "stethoscope_executor_parallel", 4, int)),
         )
+
+
+def _checked_id(name: str, value: Any) -> str:
+    """A transaction or rule id as it may name a folder, a Slurm reason or a ticket label."""
+    if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
+        raise ValueError(f"{name} {value!r} is not an id of letters, digits, '.', '_' and '-'")
+    return value
 
 
 def _number(context: Context, name: str, default: Any, kind: Any) -> Any:
@@ -433,12 +443,16 @@ class Executor:
             return self._playbook(finding, params["playbook"], extra, alert_refusal=not refused_before)
         if action.type == "api_call":
             return self._api_call(finding, params, context)
-        message = render(params.get("message") or finding.get("rule_message") or finding["message"], context)
+        template = params.get("message") or finding.get("rule_message")
+        # without a template of the rule's, the finding's message as it is: it quotes stored data
+        message = render(template, context) if template else finding["message"]
         if action.type == "alert":
             return self._alert(finding, params, context, message)
         entry = {"at": iso(now_ms()), "txn_id": finding["txn_id"], **printable(finding), "message": message}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("a", encoding="utf-8") as log:
+        # findings name nodes and their faults: the log is its owner's alone, wherever it is set
+        descriptor = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(descriptor, "a", encoding="utf-8") as log:
             log.write(json.dumps(entry, sort_keys=True) + "\n")
         return "ok", str(self.log_path), {"message": message}
 
@@ -506,10 +520,14 @@ class Executor:
             ),
             **{k: v for k, v in extra.items()},
             **self.ctx.overrides,
-            "stethoscope_txn_id": finding["txn_id"],
-            "stethoscope_rule_id": finding["rule_id"],
-            "stethoscope_finding": printable(finding),
             "stethoscope_remediate_execute": True,
+        }
+        # the finding is the store's data, which a node wrote: never a template (a device named
+        # `{{ lookup('pipe', ...) }}` would run on the controller), and ids only of their pattern
+        untrusted = {
+            "stethoscope_txn_id": _checked_id("txn_id", finding["txn_id"]),
+            "stethoscope_rule_id": _checked_id("rule_id", finding["rule_id"]),
+            "stethoscope_finding": printable(finding),
         }
         # the callback writes where this process reads, and spools where it replays (serve's spool);
         # an embedded database this process may hold is not waited for
@@ -517,7 +535,7 @@ class Executor:
         draining = f"playbook:{name}" == DRAIN
         try:
             result = run_playbook(
-                name, self.ctx.inventory.path, node, extravars, envvars, self.playbook_timeout
+                name, self.ctx.inventory.path, node, extravars, envvars, self.playbook_timeout, untrusted
             )
         except BaseException:
             if draining:

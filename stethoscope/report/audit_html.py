@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stethoscope.diagnosis.audit import Audit
+from stethoscope.private_files import private_dir, write_private
 from stethoscope.report.board_cells import SYMBOL
 from stethoscope.report.pages import PAGES
 from stethoscope.timeutil import iso, now_ms
@@ -18,8 +19,6 @@ def render_audit(audit: Audit, store_name: str = "", board_page: str = "") -> st
 
 
 def write(audit: Audit, out: Path, store_name: str = "") -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    page = out / "audit.html"
+    private_dir(out)
     board = "index.html" if (out / "index.html").exists() else ""  # `stethoscope report --out DIR`
-    page.write_text(render_audit(audit, store_name, board), encoding="utf-8")
-    return page
+    return write_private(out / "audit.html", render_audit(audit, store_name, board))

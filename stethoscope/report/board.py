@@ -24,11 +24,13 @@ from stethoscope.diagnosis.layers import CLASS_LAYERS, rule_layer
 from stethoscope.diagnosis.model_findings import ModelUse, agrees
 from stethoscope.diagnosis.rules import Rule, load_rules
 from stethoscope.paths import rules_dir
+from stethoscope.private_files import private_dir, write_private
 from stethoscope.report import board_html
 from stethoscope.report.board_cells import SYMBOL, Board, Cell, Event, NodeBoard
 from stethoscope.report.layers import LAYERS, layer_of
 from stethoscope.report.smart import smart_trends
 from stethoscope.store.client import Store
+from stethoscope.terminal import terminal_safe
 from stethoscope.timeutil import iso
 
 DAY_MS = 86_400_000
@@ -265,8 +267,7 @@ def page_name(node_id: str) -> str:
 
 
 def write(board: Board, out: Path, figures_for: int = FIGURES_FOR) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "nodes").mkdir(exist_ok=True)
+    private_dir(out / "nodes")  # and `out` itself, when missing
     if (out / "audit.html").exists():
         board.audit_page = "audit.html"
     if (out / "baseline.html").exists():  # `stethoscope baseline --out` into the same folder
@@ -275,9 +276,9 @@ def write(board: Board, out: Path, figures_for: int = FIGURES_FOR) -> Path:
         drawn = [trend for trend in node.trends if len(trend.values) > 1]  # a trend needs two days
         if drawn:
             node.figure = board_html.trend_svg(drawn)
-    (out / "index.html").write_text(board_html.render_board(board), encoding="utf-8")
+    write_private(out / "index.html", board_html.render_board(board))
     for node in board.nodes:
-        (out / node.page).write_text(board_html.render_node(board, node), encoding="utf-8")
+        write_private(out / node.page, board_html.render_node(board, node))
     return out / "index.html"
 
 
@@ -287,7 +288,8 @@ _COLOUR = {"red": "\033[41;97m", "yellow": "\033[43;30m", "green": "\033[42;30m"
 def render_terminal(board: Board, color: bool = False, limit: int | None = None) -> str:
     if not board.nodes:
         return "no data in the window"
-    width = max(10, *(len(n.node_id) for n in board.nodes[:limit]))
+    names = {n.node_id: terminal_safe(n.node_id) for n in board.nodes[:limit]}
+    width = max(10, *map(len, names.values()))
     days = len(board.days)
     head = " ".join(f"{layer[:days]:<{days}}" for layer in board.layers)
     lines = [f"{'node':<{width}}  {head}   ({board.days[0]} .. {board.days[-1]}, one column a day)"]
@@ -297,7 +299,7 @@ def render_terminal(board: Board, color: bool = False, limit: int | None = None)
             cells = [node.cells[(layer, day)] for day in board.days]
             text = "".join(f"{_COLOUR[c.shown]}{c.symbol}\033[0m" if color else c.symbol for c in cells)
             bands.append(text)
-        lines.append(f"{node.node_id:<{width}}  {' '.join(bands)}")
+        lines.append(f"{names[node.node_id]:<{width}}  {' '.join(bands)}")
     lines.append(
         f"legend: {SYMBOL['red']} red  {SYMBOL['yellow']} yellow  {SYMBOL['green']} green  "
         f"{SYMBOL['grey']} no data / UNKNOWN"

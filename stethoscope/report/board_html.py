@@ -43,7 +43,9 @@ def trend_svg(trends: list[Trend]) -> Markup:
         axes.plot(days, alarm, linestyle="--", color="#e53935", linewidth=1)
     axes.plot([], [], linestyle="--", color="#e53935", label=f"> {GROWTH_ALARM:.0f} % a month")
     axes.set_xlabel(f"days since {origin.isoformat()}")
-    axes.legend(fontsize=7, loc="upper left")
+    for text in axes.legend(fontsize=7, loc="upper left").get_texts():
+        text.set_parse_math(False)  # device names are data: `$` is no math, `_` `^` `\` no syntax
+        text.set_usetex(False)
     figure.tight_layout()
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg")

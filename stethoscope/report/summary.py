@@ -13,6 +13,7 @@ from stethoscope.diagnosis.model_findings import ModelUse
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.diagnosis.unknown import Fleet
 from stethoscope.store.client import Store
+from stethoscope.terminal import terminal_safe
 
 
 @dataclass
@@ -78,4 +79,4 @@ def render(summaries: list[NodeSummary]) -> str:
         first, *rest = item.notable or ["-"]
         lines.append(f"{item.node_id:<{width}} {item.rows:>7} {item.series:>7}  {item.last_seen:<24} {first}")
         lines.extend(f"{'':<{width + 42}} {note}" for note in rest)
-    return "\n".join(lines)
+    return "\n".join(map(terminal_safe, lines))

@@ -15,6 +15,7 @@ from typing import Any
 
 from stethoscope.catalog import Catalog
 from stethoscope.store.client import Store
+from stethoscope.terminal import terminal_safe
 from stethoscope.timeutil import iso
 
 HOUR_MS = 3_600_000
@@ -324,4 +325,4 @@ def render(entries: list[Entry], metric: str, cumulative: bool) -> str:
             f"{i:>3}  {e.node_id:<24} {e.device:<14} {e.value:>14.6g}  {e.at}"
             for i, e in enumerate(entries, 1)
         ]
-    return "\n".join([header, *lines])
+    return "\n".join([header, *map(terminal_safe, lines)])

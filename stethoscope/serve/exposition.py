@@ -1,6 +1,7 @@
 """serve's /metrics in Prometheus' text format, so an existing Prometheus and Alertmanager can alert on
 stethoscope: open findings and incidents per node, the cycle's and the sweeps' durations and
-outcomes, rows stored per second, and the collector's counters."""
+outcomes, rows stored per second, and the collector's counters, its writes' failures and the rows
+they hold at risk in memory."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from stethoscope.catalog import default_catalog
 from stethoscope.diagnosis.levels import SEVERITY_ORDER
 from stethoscope.remediation.incidents import enclosing_device, keeps_own
+from stethoscope.telemetry.udp_collector import WRITE_ERROR_KINDS
 
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 
@@ -67,6 +69,7 @@ class _State:
             yield from _sweeps(self.server.sweeper.stats)
         if self.server.collector is not None:
             yield from _collector(self.server.collector)
+            yield from node_refusal_families(self.server.collector)
 
 
 def _findings(findings: list[dict[str, Any]]):
@@ -151,6 +154,62 @@ def _collector(collector: Any):
     rows.add_metric(["stored"], stats.stored)
     rows.add_metric(["spooled"], stats.spooled)
     yield rows
+    yield from _writes(collector.write_health())
+
+
+def _writes(health: Any):
+    """The collector's writing side: what waits in memory because neither the store nor the spool
+    took it, what was lost, and why writes failed."""
+    at_risk = GaugeMetricFamily(
+        "stethoscope_telemetry_rows_at_risk",
+        "rows neither stored nor spooled (a full or read-only disk), held in memory for the next write",
+    )
+    at_risk.add_metric([], health.rows_at_risk)
+    yield at_risk
+    lost = CounterMetricFamily(
+        "stethoscope_telemetry_rows_lost",
+        "rows dropped beyond the in-memory hold's bound (STETHOSCOPE_HOLD_ROWS) or still held at stop",
+    )
+    lost.add_metric([], health.rows_lost)
+    yield lost
+    yield _counted(
+        "stethoscope_telemetry_write_errors",
+        "failed writes by kind: store (rows spooled), spool (rows held in memory), sink, flush",
+        "kind",
+        {kind: health.errors.get(kind, 0) for kind in WRITE_ERROR_KINDS},
+    )
+    degraded = GaugeMetricFamily(
+        "stethoscope_telemetry_write_degraded",
+        "1 while the last write did not reach the store or rows are held in memory (/healthz says why)",
+    )
+    degraded.add_metric([], 0 if health.state == "ok" else 1)
+    yield degraded
+
+
+def node_refusal_families(collector: Any):
+    """Per node whose MAC verified (a claimed node is never named): its datagrams refused, its streams
+    re-synchronised after its clock or boot counter moved back, its job streams evicted for the cap."""
+    refusals = collector.node_refusals()
+    rejected = CounterMetricFamily(
+        "stethoscope_telemetry_node_packets_rejected",
+        "signed datagrams dropped, per node and reason (stale, replayed)",
+        labels=["node", "reason"],
+    )
+    for (node, reason), count in sorted(refusals.rejected.items()):
+        rejected.add_metric([node, reason], count)
+    yield rejected
+    yield _counted(
+        "stethoscope_telemetry_stream_resyncs",
+        "streams re-synchronised after their signed, fresh datagrams were refused as replayed for a while",
+        "node",
+        refusals.resyncs,
+    )
+    yield _counted(
+        "stethoscope_telemetry_job_streams_evicted",
+        "(job, rank) streams dropped from the replay guard for the per-node cap",
+        "node",
+        refusals.evicted,
+    )
 
 
 def _counted(name: str, documentation: str, label: str, counts: dict[str, int]) -> CounterMetricFamily:

@@ -1,12 +1,16 @@
 """serve's HTTP endpoint: /healthz, /metrics (Prometheus text format), /report (the last board). A
-client that is slow to send its request is timed out; an address already in use is a configuration
-error that names itself (exit 2)."""
+client that is slow to send its request is cut off: each read has a timeout, and the whole request a
+deadline (a client trickling a header line every few seconds would pass every read's timeout). An
+address already in use is a configuration error that names itself (exit 2)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
+import socket
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -14,16 +18,51 @@ from stethoscope.store.dsn import ConfigError
 
 log = logging.getLogger(__name__)
 NODE_PAGE = re.compile(r"/report/nodes/[A-Za-z0-9._-]+\.html")
-CLIENT_TIMEOUT = 10.0  # seconds a client may take to send its request line and headers
+CLIENT_TIMEOUT = 10.0  # seconds each read of a client's request may wait
+REQUEST_DEADLINE = 10.0  # seconds from connecting to the end of the headers, all reads together
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # connections the kernel holds until they are accepted (the default, 5, dropped the 7th of a
+    # burst for a second: a burst of clients slow to send delayed every other one)
+    request_queue_size = 128
 
 
 def bind(address: tuple[str, int], handler_class: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
     try:
-        server = ThreadingHTTPServer(address, handler_class)
+        return _Server(address, handler_class)
     except OSError as exc:
         raise ConfigError(f"--http {address[0]}:{address[1]}: cannot listen there: {exc.strerror}") from None
-    server.daemon_threads = True
-    return server
+
+
+class Deadline:
+    """Shuts a connection down when its client has not sent a whole request in time: a read blocked
+    on it returns at once, and nothing is answered. `stop` when the request is in."""
+
+    def __init__(self, connection: socket.socket, seconds: float) -> None:
+        self.connection = connection
+        self.passed = False
+        self._stopped = False
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._cut_off)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _cut_off(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self.passed = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> bool:
+        """Stop the clock: False when the deadline had already passed (answer nothing)."""
+        self._timer.cancel()
+        with self._lock:
+            self._stopped = True
+            return not self.passed
 
 
 def handler(server: Any) -> type[BaseHTTPRequestHandler]:
@@ -31,8 +70,29 @@ def handler(server: Any) -> type[BaseHTTPRequestHandler]:
 
     class Handler(BaseHTTPRequestHandler):
         timeout = CLIENT_TIMEOUT
+        deadline: Deadline
+
+        def setup(self) -> None:
+            super().setup()
+            self.deadline = Deadline(self.connection, REQUEST_DEADLINE)
+
+        def handle(self) -> None:
+            try:
+                super().handle()
+            except OSError:
+                if not self.deadline.passed:
+                    raise
+                log.debug(
+                    "serve: http: %s cut off: no whole request in %g s", self.client_address, REQUEST_DEADLINE
+                )
+
+        def finish(self) -> None:
+            self.deadline.stop()
+            super().finish()
 
         def do_GET(self) -> None:
+            if not self.deadline.stop():
+                return
             path = self.path.split("?", 1)[0]
             if path == "/healthz":
                 status, body = server.health()

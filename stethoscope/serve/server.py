@@ -42,6 +42,7 @@ from stethoscope.store.writer import Writer
 from stethoscope.telemetry.keyring import Keyring
 from stethoscope.telemetry.metric_set import MetricSet
 from stethoscope.telemetry.udp_collector import WRITE_TIMEOUT, Collector
+from stethoscope.terminal import terminal_safe
 from stethoscope.timeutil import iso
 
 log = logging.getLogger(__name__)
@@ -185,7 +186,7 @@ class Server:
         except Exception as exc:
             self.state.board_error = f"{type(exc).__name__}: {redact(str(exc))}"
             print(
-                f"stethoscope: serve: board not written: {self.state.board_error}",
+                f"stethoscope: serve: board not written: {terminal_safe(self.state.board_error)}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -241,8 +242,10 @@ class Server:
         starting = self.state.last_at is None and time.time() - self.started <= 3 * self.interval + 30
         ok = (fresh or starting) and self.state.last_error is None
         stats = self.collector.stats if self.collector else None
+        writes = self.collector.write_health() if self.collector else None
+        degraded = writes is not None and writes.state != "ok"  # rows not in the store, or at risk
         body: dict[str, Any] = {
-            "status": "ok" if ok else "failing",
+            "status": "failing" if not ok else "degraded" if degraded else "ok",
             "cycles": self.state.cycles,
             "cycle_failures": self.state.failures,
             "last_cycle": self.state.last_at,
@@ -253,6 +256,10 @@ class Server:
                 "stored_rows": stats.stored if stats else 0,
                 "spooled_rows": stats.spooled if stats else 0,
                 "last_write_error": stats.last_error if stats else None,
+                "write_state": writes.state if writes else "ok",
+                "write_problem": writes.reason if writes else None,
+                "rows_at_risk": writes.rows_at_risk if writes else 0,
+                "rows_lost": writes.rows_lost if writes else 0,
             },
         }
         if self.sweeper is not None:
@@ -266,7 +273,7 @@ class Server:
                 "last_hosts": sweeps.last_hosts,
                 "last_error": sweeps.last_error,
             }
-        return (200 if ok else 503), body
+        return (200 if body["status"] == "ok" else 503), body
 
     def metrics(self) -> bytes:
         return self.exposition.render()
@@ -276,7 +283,7 @@ def _line(record: dict[str, Any]) -> str:
     """The cycle's log line as text: `serve: cycle N at T: 0.8 s, ...`."""
     head = f"serve: cycle {record['cycle']} at {record['at']}: {record['seconds']:.2f} s"
     if not record["ok"]:
-        return f"{head}, FAILED: {record['error']}"
+        return f"{head}, FAILED: {terminal_safe(record['error'])}"
     worst = ", ".join(f"{n} {s}" for s, n in record["by_severity"].items())
     parts = [
         f"{record['rules']} rules",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,9 +36,11 @@ class MetricColumns:
         return [getattr(self, name) for name in METRIC_COLUMNS]
 
     def rows(self) -> list[dict[str, Any]]:
-        return [
-            dict(zip(METRIC_COLUMNS, values, strict=True)) for values in zip(*self.columns(), strict=True)
-        ]
+        return list(self.iter_rows())
+
+    def iter_rows(self) -> Iterator[dict[str, Any]]:
+        for values in zip(*self.columns(), strict=True):
+            yield dict(zip(METRIC_COLUMNS, values, strict=True))
 
     @classmethod
     def from_rows(cls, rows: list[dict[str, Any]]) -> MetricColumns:
@@ -71,6 +74,12 @@ class Batch:
         return (
             len(self.metrics) + len(self.facts) + len(self.bench) + len(self.fingerprints) + len(self.nodes)
         )
+
+    def extend(self, other: Batch) -> None:
+        """Add `other`'s rows after these."""
+        self.metrics.extend(other.metrics)
+        for name in ("facts", "bench", "fingerprints", "nodes", "rejected"):
+            getattr(self, name).extend(getattr(other, name))
 
     def take(self) -> Batch:
         """Hand over the content and leave this batch empty."""

@@ -217,6 +217,9 @@ class Store:
             problem = holder.unusable_path(embedded_path(self.dsn))
             if problem:  # the DSN names a path that cannot be a database: a setting to fix, exit 2
                 raise ConfigError(f"embedded database {embedded_path(self.dsn)}: {problem}")
+            outage = holder.unwritable_path(embedded_path(self.dsn))
+            if outage:  # a read-only, full or vanished disk passes: writers spool and retry
+                raise StoreError(f"embedded database {embedded_path(self.dsn)}: {outage}")
         deadline = time.monotonic() + self.open_wait
         announced = False
         while True:

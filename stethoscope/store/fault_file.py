@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from stethoscope.bounded_yaml import RULE_FILE_MAX_BYTES, BoundedSafeLoader, YamlTooLarge, read_bounded
 from stethoscope.catalog import LAYERS
 from stethoscope.store.faults import Fault
 from stethoscope.timeutil import to_ms
@@ -32,7 +33,7 @@ class Parsed:
     errors: list[str] = field(default_factory=list)
 
 
-class _Lines(yaml.SafeLoader):
+class _Lines(BoundedSafeLoader):
     pass
 
 
@@ -86,7 +87,10 @@ def impact_of(text: Any, latest_ms: int | None) -> int:
 def parse(path: Path, known_nodes: set[str], latest_ms: int | None) -> Parsed:
     parsed = Parsed()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path, RULE_FILE_MAX_BYTES, "faults file").decode("utf-8")
+    except YamlTooLarge as exc:
+        parsed.errors.append(exc.where())
+        return parsed
     except (OSError, UnicodeDecodeError) as exc:
         parsed.errors.append(f"{path}: cannot read: {exc}")
         return parsed

@@ -9,6 +9,7 @@ collector's writer): the file stays until the last of its handles closes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -16,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from stethoscope.private_files import private_dir
 from stethoscope.timeutil import iso, now_ms
 
 
@@ -35,19 +37,40 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+# Errors of the disk under a database folder, not of the path given: they pass (space is freed, the
+# disk is remounted writable), so writers spool and retry rather than stop on a setting.
+DISK_OUTAGES = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO})
+
+
 def unusable_path(path: str) -> str | None:
-    """Why `path` cannot be an embedded database folder, or None when it can (it is created here)."""
+    """Why `path` can never be an embedded database folder (a setting to fix), or None when it can
+    (it is created here, unless its disk is out: `unwritable_path` says so)."""
     target = Path(path)
     if target.exists() and not target.is_dir():
         return "not a database: it is a file, not a folder (give a folder path, e.g. .stethoscope/db)"
     if not target.exists():
         try:
-            target.mkdir(parents=True, exist_ok=True)
+            private_dir(target)  # the raw metrics and findings: its owner's only
         except OSError as exc:
-            return f"not a database: the folder cannot be created ({exc.strerror})"
-    if not os.access(target, os.W_OK | os.X_OK):
-        return "not a database: the folder is not writable by this user"
+            if exc.errno not in DISK_OUTAGES:
+                return f"not a database: the folder cannot be created ({exc.strerror})"
     return None
+
+
+def unwritable_path(path: str) -> str | None:
+    """Why the database folder at `path` cannot be written now (a read-only or full disk, its
+    permissions): an outage that passes, not a setting; None when it can be written."""
+    target = Path(path)
+    if not target.is_dir():
+        try:
+            private_dir(target)  # the raw metrics and findings: its owner's only
+        except OSError as exc:
+            return f"the folder is gone and cannot be created now ({exc.strerror})"
+    if os.access(target, os.W_OK | os.X_OK):
+        return None
+    read_only = os.statvfs(target).f_flag & os.ST_RDONLY
+    why = "read-only file system" if read_only else "not writable by this user"
+    return f"the folder is read-only now ({why})"
 
 
 _handles: dict[Path, int] = {}  # holder file -> this process's handles open on its database

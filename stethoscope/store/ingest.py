@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TextIO
 
 from stethoscope.catalog import Catalog
+from stethoscope.names import name_problem
 from stethoscope.store.batch import MetricColumns
 from stethoscope.store.result_rows import INFINITE, NAN, value_problem
 from stethoscope.timeutil import TimeRangeError, now_ms, to_ms
@@ -95,6 +96,9 @@ def _row_problem(row: dict, catalog: Catalog) -> str | None:
     labels = {} if row.get("labels") is None else row["labels"]
     if not isinstance(labels, dict) or not all(isinstance(v, str | int | float) for v in labels.values()):
         return "labels must be an object of texts or numbers"
+    named = name_problem(row["node_id"], row.get("device") or "", labels)
+    if named:
+        return named
     _value, problem = value_problem(row["value"])
     if problem in (NAN, INFINITE):
         return f"value {row['value']!r} is not finite"

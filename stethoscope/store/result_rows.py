@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from stethoscope.names import name_problem
 from stethoscope.store.batch import Batch
 
 NOT_A_NUMBER, NAN, INFINITE = "not a number", "NaN", "Inf"
@@ -73,12 +74,12 @@ def _metric_rows(batch: Batch, node_id: str, part: dict[str, Any], now_ms: int) 
             _reject(batch, "metrics", node_id, "not a metric row (no name)", row)
             continue
         value, problem = value_problem(row.get("value"))
+        device, labels = str(row.get("device") or ""), _labels(row.get("labels"))
+        problem = problem or name_problem(node_id, device, labels)
         if problem:
             _reject(batch, "metrics", node_id, problem, row)
             continue
-        batch.metrics.append(
-            node_id, str(row["name"]), str(row.get("device") or ""), _labels(row.get("labels")), value, now_ms
-        )
+        batch.metrics.append(node_id, str(row["name"]), device, labels, value, now_ms)
 
 
 def _fact_rows(batch: Batch, node_id: str, part: dict[str, Any], run_id: str, now_ms: int) -> None:
@@ -118,6 +119,7 @@ def _bench_rows(batch: Batch, node_id: str, bench: dict[str, Any], run_id: str, 
             repetition = int(item.get("repetition") or 0)
         except (TypeError, ValueError):
             problem = problem or "repetition not an integer"
+        problem = problem or name_problem(node_id, str(item.get("device") or ""), _labels(item.get("labels")))
         if problem:
             _reject(batch, "bench_results", node_id, problem, item)
             continue

@@ -12,11 +12,14 @@ from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
+from stethoscope.names import name_problem
 from stethoscope.store.batch import METRIC_COLUMNS, MetricColumns
 from stethoscope.store.schema import tables
 from stethoscope.timeutil import in_range
 
 Refused = tuple[Any, str]  # a row and why no table can take it
+# the tables whose node, device and labels a node wrote: names checked (stethoscope.names)
+NAMED_TABLES = ("metrics", "bench_results")
 
 
 @cache
@@ -87,6 +90,8 @@ def problem(table: str, row: Any) -> str | None:
         found = _value_problem(name, kind, row[name])
         if found:
             return found
+    if table in NAMED_TABLES:
+        return name_problem(row["node_id"], row["device"], row["labels"])
     return None
 
 
@@ -103,6 +108,18 @@ def split(table: str, rows: Iterable[Any]) -> tuple[list[dict[str, Any]], list[R
     return good, refused
 
 
+def _names_fine(metrics: MetricColumns) -> bool:
+    """Each distinct node, device and labels checked once: a stream's rows share a few of each."""
+    try:
+        pairs = set(zip(metrics.node_id, metrics.device, strict=True))
+        labels = {id(each): each for each in metrics.labels}
+    except TypeError:  # a name that is no text: the row by row check says which
+        return False
+    return all(name_problem(node, device, None) is None for node, device in pairs) and all(
+        name_problem("n", "", each) is None for each in labels.values()
+    )
+
+
 def split_metrics(metrics: MetricColumns) -> tuple[MetricColumns, list[Refused]]:
     """`split` for metric columns, cheap when all is well (the stream writes tens of thousands of rows a
     second): the values and times are checked column by column, rows only when one fails."""
@@ -110,7 +127,7 @@ def split_metrics(metrics: MetricColumns) -> tuple[MetricColumns, list[Refused]]
         fine = all(map(math.isfinite, metrics.value)) and all(map(in_range, metrics.timestamp))
     except (TypeError, OverflowError):  # a value that is no number at all, or past any float
         fine = False
-    if fine:
+    if fine and _names_fine(metrics):
         return metrics, []
     good, refused = split("metrics", metrics.rows())
     kept = MetricColumns()

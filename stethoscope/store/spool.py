@@ -29,7 +29,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,19 +122,16 @@ class Spool:
         return self.dir / "rejected"
 
     # writing ----------------------------------------------------------------------------------
-    def append(self, table: str, rows: list[dict[str, Any]]) -> Path | None:
+    def append(self, table: str, rows: Iterable[dict[str, Any]]) -> Path | None:
+        """Rows into a new file; an iterator (taken as not empty) is written as it goes, so a full
+        disk stops it at the first block rather than after every row was made."""
         if table not in TABLES:
             raise ValueError(f"unknown table {table!r}")
         if not rows:
             return None
         header = {HEADER: {"dsn": self.target.dsn, "database": self.target.database, "table": table}}
         name = f"{table}-{time.time_ns() // 1_000_000}-{os.getpid()}-{next(_seq)}.ndjson"
-        return self._write(self.dir, name, [header, *rows])
-
-    def append_batch(self, batch: Batch) -> list[Path]:
-        written = [self.append("metrics", batch.metrics.rows())]
-        written += [self.append(table, rows) for table, rows in _row_tables(batch)]
-        return [path for path in written if path is not None]
+        return self._write(self.dir, name, itertools.chain([header], rows))
 
     def reject(self, rejected: list[dict[str, Any]]) -> Path | None:
         """Rows no table can take (a value that is not a finite number), each a record {table,
@@ -155,16 +152,21 @@ class Spool:
             rows += [{"table": table, "reason": reason, "row": row} for row in table_rows]
         return self.reject(rows + batch.rejected)
 
-    def _write(self, folder: Path, name: str, lines: list[dict[str, Any]]) -> Path:
+    def _write(self, folder: Path, name: str, lines: Iterable[dict[str, Any]]) -> Path:
         _private_dir(self.dir)
         _private_dir(folder)
         part = folder / (name + ".part")
-        with _private_open(part) as handle:
-            for line in lines:
-                handle.write(json.dumps(line, separators=(",", ":"), sort_keys=True, default=str))
-                handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            with _private_open(part) as handle:
+                for line in lines:
+                    handle.write(json.dumps(line, separators=(",", ":"), sort_keys=True, default=str))
+                    handle.write("\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError:  # a full disk: the caller keeps the rows; a half file would replay as torn
+            with suppress(OSError):
+                part.unlink()
+            raise
         final = folder / name
         os.replace(part, final)
         _fsync_dir(folder)

@@ -8,7 +8,8 @@ push_agent role copies this file, wire.py and the node's metric set (JSON) to th
 
 Reads come from NVML, or from sysfs/procfs under `root` (a prefix, as the modules take: the lab's
 nodes are folders), never from a subprocess. A read that fails leaves its slot missing (NaN), never
-zero, and is counted; nothing a node can throw at a read or a send stops the loop.
+zero, and is counted; nothing a node can throw at a read or a send stops the loop. The boot epoch
+is a counter kept in `state_dir` (next_boot_epoch), so that it never moves back with the clock.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ NVME_TEMPERATURES = (
     "/sys/class/nvme/nvme*/device/hwmon/*/temp1_input",
 )
 REDISCOVER_PERIODS = 60  # devices appear and go (a port reset, a hot-plugged disk)
+EPOCH_FILE = "boot_epoch"  # in the agent's state folder (config "state_dir")
+MAX_EPOCH = 2**32 - 1  # the wire's boot epoch is 32 bits
 
 
 def _aggregate(how: str | None, values: Iterable[float]) -> float:
@@ -294,8 +297,15 @@ class Rates:
 
 
 class Agent:
-    def __init__(self, config: dict[str, Any], sock: Any = None, gpu_source: Any = None):
+    def __init__(
+        self,
+        config: dict[str, Any],
+        sock: Any = None,
+        gpu_source: Any = None,
+        clock: Callable[[], float] = time.time,
+    ):
         self.config = config
+        self.clock = clock  # the node's wall clock (a test gives one that is wrong, then corrected)
         self.metric_set = config["set"]
         self.period = float(config.get("period") or self.metric_set.get("period") or 5)
         self.node_key = int(config["node_key"])
@@ -307,12 +317,22 @@ class Agent:
         self.gpu_parts = bool(config.get("gpu_parts", True))
         self.sock = sock or socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.address = _address(config["collector"])
-        self.boot_epoch = int(config.get("boot_epoch") or time.time())
+        self.boot_epoch = int(config.get("boot_epoch") or self._next_boot_epoch(config.get("state_dir")))
         self.rates = Rates()
         self._history: dict[int, collections.deque[bytes]] = collections.defaultdict(
             lambda: collections.deque(maxlen=wire.REDUNDANCY)
         )
         self.stop = threading.Event()
+
+    def _next_boot_epoch(self, state_dir: str | None) -> int:
+        epoch, problem = next_boot_epoch(state_dir, self.clock)
+        if problem:
+            print(
+                "stethoscope-agent: boot epoch not kept in %s: the clock's seconds instead "
+                "(a collector re-synchronises within a minute should the clock move back)" % problem,
+                file=sys.stderr,
+            )
+        return epoch
 
     # one period ---------------------------------------------------------------------------------
     def sample(self, now: float) -> dict[int, list[float]]:
@@ -401,6 +421,55 @@ class Agent:
         return self.counters
 
 
+def next_boot_epoch(state_dir: str | None, clock: Callable[[], float] = time.time) -> tuple[int, str | None]:
+    """This start's boot epoch, and why it could not be kept where it was not.
+
+    A counter in `<state_dir>/boot_epoch`, written and fsynced before the first datagram: one more
+    than the last start's, so that it never moves back with the clock and a collector never refuses
+    this start's samples as replays of the last one's; and never below the clock's seconds, so that
+    it stays above the epochs of an agent before it, or of a start that could not write the file.
+    Without a state folder, or one that cannot be written, the clock's seconds (the collector's
+    re-sync covers a clock that moved back: docs/design.md "Telemetry")."""
+    now = min(int(clock()), MAX_EPOCH)
+    if not state_dir:
+        return now, None
+    path = os.path.join(state_dir, EPOCH_FILE)
+    last = _read_epoch(path)
+    epoch = now if last is None else min(max(last + 1, now), MAX_EPOCH)
+    try:
+        _write_epoch(path, epoch)
+    except OSError as exc:
+        return now, "%s (%s)" % (state_dir, exc.strerror or exc)
+    return epoch, None
+
+
+def _read_epoch(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            value = int(handle.read().strip())
+    except (OSError, ValueError):  # none yet, or damaged: the clock seeds it again
+        return None
+    return value if 0 <= value <= MAX_EPOCH else None
+
+
+def _write_epoch(path: str, epoch: int) -> None:
+    """Atomically and durably: a crash right after leaves the old epoch or the new one, never none."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    part = path + ".part"
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as handle:
+        handle.write("%d\n" % epoch)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(part, path)
+    folder_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(folder_fd)
+    finally:
+        os.close(folder_fd)
+
+
 def _gpu_source(config: dict[str, Any], counters: Counters) -> Any:
     source = str(config.get("gpu_source") or "auto")
     if source == "none":
@@ -435,7 +504,9 @@ def load_config(path: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--config", required=True, help="agent.json (collector, node_key, key_file, set_file, root)"
+        "--config",
+        required=True,
+        help="agent.json (collector, node_key, key_file, set_file, root, state_dir)",
     )
     parser.add_argument(
         "--duration", type=float, help="stop after this many seconds (default: run until stopped)"

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from stethoscope.bounded_yaml import RULE_FILE_MAX_BYTES, load_bounded
 from stethoscope.catalog import Catalog, default_catalog
 from stethoscope.paths import rules_dir
 from stethoscope.telemetry import wire
@@ -74,7 +75,7 @@ def load_sets(path: str | Path | None = None, catalog: Catalog | None = None) ->
     path = Path(path) if path else default_path()
     catalog = catalog or default_catalog()
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = load_bounded(path, RULE_FILE_MAX_BYTES, "metric set file") or {}
     except (OSError, yaml.YAMLError) as exc:
         raise MetricSetError(f"{path}: {exc}") from None
     entries = data.get("sets") if isinstance(data, dict) else None

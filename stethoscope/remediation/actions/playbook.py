@@ -1,9 +1,10 @@
 """Remediation playbooks through ansible-runner: `--limit` to one validated inventory name, the finding
-and its transaction id as extra vars, the ansible.cfg and the collections path through envvars
-(ansible-runner does not read them from its own working dir; `ansible_environment`), and its
-structured events recorded. The playbook runs in the current directory, so its callback finds the
-same state folder as this process (stethoscope.paths); `playbook_environment` tells it the database
-and the spool of the process that runs it.
+and its transaction id as extra vars (what came from a node or the store as untrusted data: a vars
+file whose every string is tagged `!unsafe`, which Ansible never renders as a template), the
+ansible.cfg and the collections path through envvars (ansible-runner does not read them from its own
+working dir; `ansible_environment`), and its structured events recorded. The playbook runs in the
+current directory, so its callback finds the same state folder as this process (stethoscope.paths);
+`playbook_environment` tells it the database and the spool of the process that runs it.
 
 A shipped playbook with nothing to act with (its backend not configured) says so with `set_stats:
 {data: {stethoscope_skipped: REASON}}` and ends the host: the run is recorded `skipped`, with the
@@ -18,6 +19,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from stethoscope.paths import ansible_cfg, collections_path, playbooks_dir
 from stethoscope.store.dsn import is_embedded
@@ -125,6 +128,32 @@ def _collections_of(config: Path, defaults: dict[str, str]) -> list[str]:
     return paths
 
 
+class _Unsafe(yaml.SafeDumper):
+    """Every string value tagged `!unsafe`: Ansible keeps it as text and never templates it."""
+
+
+def _unsafe_text(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("!unsafe", text, style='"')
+
+
+_Unsafe.add_representer(str, _unsafe_text)
+
+
+def untrusted_vars(values: dict[str, Any]) -> str:
+    """`values` as a YAML vars file for `-e @file`: keys plain (ours), every string value `!unsafe`."""
+    return yaml.dump(values, Dumper=_Unsafe, sort_keys=True, allow_unicode=False, width=1 << 20)
+
+
+def _write_untrusted(private: str, values: dict[str, Any]) -> None:
+    """ansible-runner passes `env/extravars` of its private folder as `-e @file`, before the trusted
+    extra vars (which win where a name is in both)."""
+    folder = Path(private) / "env"
+    folder.mkdir(mode=0o700)
+    fd = os.open(folder / "extravars", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(untrusted_vars(values))
+
+
 def run_playbook(
     name: str,
     inventory: Path,
@@ -132,7 +161,10 @@ def run_playbook(
     extravars: dict[str, Any],
     envvars: dict[str, str],
     timeout: int = 1800,
+    untrusted: dict[str, Any] | None = None,
 ) -> PlaybookResult:
+    """`extravars`: the operator's and stethoscope's own (templated as Ansible templates extra vars);
+    `untrusted`: what came from a node or the store, which Ansible must never render."""
     import ansible_runner
 
     top = Path.cwd()
@@ -170,6 +202,8 @@ def run_playbook(
         **envvars,
     }
     with tempfile.TemporaryDirectory(prefix="stethoscope-runner-") as private:
+        if untrusted:
+            _write_untrusted(private, untrusted)
         runner = ansible_runner.run(
             private_data_dir=private,
             project_dir=str(top),
