@@ -26,10 +26,9 @@ from pathlib import Path
 TOP = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOP))
 
-from provenance import write_results  # noqa: E402
-
 from jinja2 import StrictUndefined  # noqa: E402
 from jinja2.sandbox import SandboxedEnvironment  # noqa: E402
+from provenance import write_results  # noqa: E402
 
 from stethoscope.remediation.actions.playbook import untrusted_vars  # noqa: E402
 from stethoscope.store import rows  # noqa: E402

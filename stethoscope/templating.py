@@ -12,13 +12,14 @@ is Python, so it stops at its next bytecode.
 from __future__ import annotations
 
 import ctypes
+import functools
 import operator
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateError, UndefinedError
+from jinja2 import StrictUndefined, Template, TemplateError, UndefinedError
 from jinja2.sandbox import SandboxedEnvironment
 
 RENDER_SECONDS = 1.0
@@ -150,8 +151,14 @@ def render(template: str, context: dict[str, Any], seconds: float = RENDER_SECON
         raise TemplateFailure(f"template {_shown(template)}: {type(exc).__name__}: {exc}") from None
 
 
+@functools.lru_cache(maxsize=512)
+def _compiled(template: str) -> Template:
+    """A rule set has a few dozen templates, rendered for every finding: each compiled once."""
+    return _SANDBOX.from_string(template)
+
+
 def _bounded_render(template: str, context: dict[str, Any], seconds: float) -> str:
-    compiled = _SANDBOX.from_string(template)
+    compiled = _compiled(template)
     parts: list[str] = []
     size = 0
     _WATCHDOG.arm(seconds)

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
-from stethoscope.names import name_problem
+from stethoscope.names import is_device_name, is_node_name, name_problem
 from stethoscope.store.batch import METRIC_COLUMNS, MetricColumns
 from stethoscope.store.schema import tables
 from stethoscope.timeutil import in_range
@@ -111,13 +111,25 @@ def split(table: str, rows: Iterable[Any]) -> tuple[list[dict[str, Any]], list[R
 def _names_fine(metrics: MetricColumns) -> bool:
     """Each distinct node, device and labels checked once: a stream's rows share a few of each."""
     try:
-        pairs = set(zip(metrics.node_id, metrics.device, strict=True))
-        labels = {id(each): each for each in metrics.labels}
-    except TypeError:  # a name that is no text: the row by row check says which
+        nodes, devices = set(metrics.node_id), set(metrics.device)
+        labels = {tuple(each.items()): each for each in _distinct_objects(metrics.labels)}.values()
+    except (TypeError, AttributeError):  # a name or labels of no such type: the row by row check says
         return False
-    return all(name_problem(node, device, None) is None for node, device in pairs) and all(
-        name_problem("n", "", each) is None for each in labels.values()
+    return (
+        all(map(is_node_name, nodes))
+        and all(map(is_device_name, devices))
+        and all(name_problem("n", "", each) is None for each in labels)
     )
+
+
+def _distinct_objects(items: list[Any]) -> list[Any]:
+    """`items` less each repeat of the one before it: a part's rows share one labels object."""
+    kept, last = [], None
+    for item in items:
+        if item is not last:
+            kept.append(item)
+            last = item
+    return kept
 
 
 def split_metrics(metrics: MetricColumns) -> tuple[MetricColumns, list[Refused]]:
