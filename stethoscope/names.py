@@ -24,7 +24,17 @@ DEVICE_NAME = re.compile(
 # Label names as Prometheus has them; values free text but for template braces, control characters
 # and the Unicode controls that reorder or hide what a terminal shows.
 LABEL_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-LABEL_VALUE = re.compile(r"^[^{}\x00-\x1f\x7f-\x9f\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069]*$")
+LABEL_VALUE = re.compile(
+    r"^[^{}\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]*$"
+)
+
+
+# a metric's name: the catalog's, and what the collectors derive (`smart_power-off_retract_count`)
+METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
+
+
+def is_metric_name(name: object) -> bool:
+    return isinstance(name, str) and METRIC_NAME.fullmatch(name) is not None
 
 
 def is_device_name(name: object) -> bool:

@@ -1,32 +1,25 @@
 """Action templates render in Jinja2's sandbox; an undefined name is an error, not an empty string
 (an endpoint with a hole in it must not be called).
 
-A rendering is also bounded, so that one template never stops a diagnosis cycle: any error inside it
-(a division by a zero value, `int` of an infinite one) is a TemplateFailure, and so is a rendering
-that runs past RENDER_SECONDS (nested loops), writes more than OUTPUT_CHARS, or asks for a string,
-list or number too large to hold (`'x' * 10**9`, `9 ** 10**9`, `center(10**9)`). The time bound is
-kept by a watchdog thread that raises RenderTimeout inside the rendering thread: the sandbox's code
-is Python, so it stops at its next bytecode.
+A rendering is bounded, so that one template never stops a diagnosis cycle: it runs in a process of
+its own (stethoscope.render_worker) whose memory is capped, whose output is capped at OUTPUT_CHARS,
+and which is killed (and started again for the next rendering) at RENDER_SECONDS. Any error in it (a
+division by a zero value, `int` of an infinite one, nested loops, a string of gigabytes) is a
+TemplateFailure for that template only. A worker, not checks inside the sandbox: Jinja2 and Python
+offer more ways to make a large value or a long loop than any list of checks would hold.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import operator
+import json
+import select
+import subprocess
+import sys
 import threading
-import time
-from collections.abc import Callable
-from typing import Any
-
-from jinja2 import StrictUndefined, Template, TemplateError, UndefinedError
-from jinja2.sandbox import SandboxedEnvironment
+from typing import IO, Any
 
 RENDER_SECONDS = 1.0
 OUTPUT_CHARS = 64 * 1024
-# the largest string, list or integer argument an operator or a filter may produce or take
-SIZE_CAP = 100_000
-_INT_BITS_CAP = 4096
 
 
 class TemplateFailure(ValueError):
@@ -37,140 +30,69 @@ class Undefined(TemplateFailure):
     """The template names a variable nothing defines (a setting not configured)."""
 
 
-class RenderTimeout(Exception):
-    """Raised into a rendering thread at its deadline (never caught by the sandboxed template)."""
-
-
-def _too_large(value: Any) -> bool:
-    if isinstance(value, str | bytes | list | tuple | dict):
-        return len(value) > SIZE_CAP
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value.bit_length() > _INT_BITS_CAP or abs(value) > SIZE_CAP * 10**300
-    return False
-
-
-def _product(left: Any, right: Any) -> Any:
-    count = right if isinstance(left, str | list | tuple) else left
-    seq = left if isinstance(left, str | list | tuple) else right
-    if isinstance(seq, str | list | tuple) and isinstance(count, int) and len(seq) * count > SIZE_CAP:
-        raise OverflowError(f"a sequence of {len(seq) * count} items is over the cap of {SIZE_CAP}")
-    return operator.mul(left, right)
-
-
-def _power(base: Any, exponent: Any) -> Any:
-    if isinstance(base, int) and isinstance(exponent, int) and abs(base) > 1 and exponent > 64:
-        raise OverflowError(f"{base} ** {exponent} is over the cap")
-    return operator.pow(base, exponent)
-
-
-class _BoundedSandbox(SandboxedEnvironment):
-    intercepted_binops = frozenset({"*", "**"})
-
-    def call_binop(self, context: Any, operator_name: str, left: Any, right: Any) -> Any:
-        return _product(left, right) if operator_name == "*" else _power(left, right)
-
-    def call(self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        _refuse_large_arguments(args, kwargs)
-        return super().call(__context, __obj, *args, **kwargs)
-
-
-def _refuse_large_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > SIZE_CAP:
-            raise OverflowError(f"an argument of {value} is over the cap of {SIZE_CAP}")
-
-
-def _bounded_filter(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Filters are called directly, not through the sandbox's `call`: their arguments bounded here."""
-
-    def bounded(*args: Any, **kwargs: Any) -> Any:
-        _refuse_large_arguments(args[1:], kwargs)
-        return function(*args, **kwargs)
-
-    for marker in ("jinja_pass_arg",):  # @pass_context / @pass_environment stay as they were
-        if hasattr(function, marker):
-            setattr(bounded, marker, getattr(function, marker))
-    return bounded
-
-
-def _sandbox() -> _BoundedSandbox:
-    sandbox = _BoundedSandbox(undefined=StrictUndefined, autoescape=False)
-    sandbox.filters = {name: _bounded_filter(f) for name, f in sandbox.filters.items()}
-    return sandbox
-
-
-_SANDBOX = _sandbox()
-
-
-class _Watchdog:
-    """One daemon thread that raises RenderTimeout in a rendering thread past its deadline."""
+class _Worker:
+    """One rendering process, used by one thread at a time, started when first needed."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._deadlines: dict[int, float] = {}  # thread id -> monotonic deadline
-        self._thread: threading.Thread | None = None
+        self._process: subprocess.Popen[str] | None = None
 
-    def arm(self, seconds: float) -> None:
+    def render(self, template: str, context: dict[str, Any], seconds: float) -> dict[str, str]:
+        request = json.dumps(
+            {"template": template, "context": context, "output_chars": OUTPUT_CHARS}, default=str
+        )
         with self._lock:
-            self._deadlines[threading.get_ident()] = time.monotonic() + seconds
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._watch, name="template-watchdog", daemon=True)
-                self._thread.start()
+            process = self._started()
+            assert process.stdin is not None and process.stdout is not None
+            try:
+                process.stdin.write(request + "\n")
+                process.stdin.flush()
+                if not _readable(process.stdout, seconds):
+                    self._stop()
+                    return {"failed": f"ran past {seconds:g} s"}
+                line = process.stdout.readline()
+            except OSError as exc:
+                self._stop()
+                return {"failed": f"the renderer failed ({exc})"}
+            if not line:
+                self._stop()
+                return {"failed": "the renderer died (past its memory bound?)"}
+            answer: dict[str, str] = json.loads(line)
+            return answer
 
-    def disarm(self) -> None:
-        with self._lock:
-            self._deadlines.pop(threading.get_ident(), None)
+    def _started(self) -> subprocess.Popen[str]:
+        if self._process is None or self._process.poll() is not None:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "stethoscope.render_worker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                encoding="utf-8",
+            )
+        return self._process
 
-    def _watch(self) -> None:
-        while True:
-            time.sleep(0.02)
-            now = time.monotonic()
-            with self._lock:  # disarm takes the lock too: no exception is raised after it returns
-                for ident in [i for i, deadline in self._deadlines.items() if deadline <= now]:
-                    del self._deadlines[ident]
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                        ctypes.c_ulong(ident), ctypes.py_object(RenderTimeout)
-                    )
+    def _stop(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
 
 
-_WATCHDOG = _Watchdog()
+def _readable(stream: IO[str], seconds: float) -> bool:
+    ready, _, _ = select.select([stream], [], [], seconds)
+    return bool(ready)
+
+
+_WORKER = _Worker()
 
 
 def render(template: str, context: dict[str, Any], seconds: float = RENDER_SECONDS) -> str:
-    try:
-        return _bounded_render(template, context, seconds)
-    except UndefinedError as exc:
-        raise Undefined(f"template {_shown(template)}: {exc}") from None
-    except TemplateError as exc:
-        raise TemplateFailure(f"template {_shown(template)}: {exc}") from None
-    except RenderTimeout:
-        raise TemplateFailure(f"template {_shown(template)}: ran past {seconds:g} s") from None
-    except (RecursionError, MemoryError) as exc:
-        raise TemplateFailure(f"template {_shown(template)}: {type(exc).__name__}") from None
-    except Exception as exc:  # whatever the template's own arithmetic raised
-        raise TemplateFailure(f"template {_shown(template)}: {type(exc).__name__}: {exc}") from None
-
-
-@functools.lru_cache(maxsize=512)
-def _compiled(template: str) -> Template:
-    """A rule set has a few dozen templates, rendered for every finding: each compiled once."""
-    return _SANDBOX.from_string(template)
-
-
-def _bounded_render(template: str, context: dict[str, Any], seconds: float) -> str:
-    compiled = _compiled(template)
-    parts: list[str] = []
-    size = 0
-    _WATCHDOG.arm(seconds)
-    try:
-        for part in compiled.generate(**context):
-            size += len(part)
-            if size > OUTPUT_CHARS:
-                raise OverflowError(f"output over {OUTPUT_CHARS} characters")
-            parts.append(part)
-    finally:
-        _WATCHDOG.disarm()
-    return "".join(parts)
+    answer = _WORKER.render(template, context, seconds)
+    if "ok" in answer:
+        return answer["ok"]
+    if "undefined" in answer:
+        raise Undefined(f"template {_shown(template)}: {answer['undefined']}")
+    raise TemplateFailure(f"template {_shown(template)}: {answer['failed']}")
 
 
 def _shown(template: str) -> str:

@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 _CONTROLS = [*range(0x00, 0x20), *range(0x7F, 0xA0)]
-_BIDI = [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+# bidi marks, overrides and isolates; zero-width characters, the word joiner and the BOM, which hide
+# text or split a name that looks whole
+_BIDI = [0x061C, *range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2060, 0x206A), 0xFEFF]
 _SEPARATORS = [0x2028, 0x2029]  # line and paragraph separators: a newline to some terminals
 _VISIBLE = {
     **{code: f"\\x{code:02x}" for code in _CONTROLS},

@@ -42,7 +42,8 @@ names = st.text(alphabet="abcdefghij-_0123456789", min_size=1, max_size=8)
 node_names = st.from_regex(r"[a-j0-9][a-j0-9_-]{0,7}", fullmatch=True)
 label_keys = st.from_regex(r"[a-j_][a-j0-9_]{0,7}", fullmatch=True)
 label_text = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Cf"), blacklist_characters="{}"), max_size=8
+    alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Cf", "Zl", "Zp"), blacklist_characters="{}"),
+    max_size=8,
 )
 # what a node that reports templates, options and terminal escapes as names sends
 hostile_names = st.one_of(
@@ -55,6 +56,7 @@ hostile_names = st.one_of(
     ),
     st.fixed_dictionaries({"node_id": st.sampled_from(["{{ 7 * 7 }}", "-n", "node 1", "node\u202e1"])}),
     st.fixed_dictionaries({"labels": st.sampled_from([{"k": "{% raw %}"}, {"bad key": "v"}, {"k": "a\nb"}])}),
+    st.fixed_dictionaries({"metric_name": st.just("smart_{{ 7 * 7 }}")}),
 )
 good_values = st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(2**53), 2**53)
 good_rows = st.fixed_dictionaries(

@@ -16,6 +16,7 @@ BASE = {
     "paths",
     "timeutil",
     "templating",
+    "render_worker",
     "stats",
     "names",
     "bounded_yaml",

@@ -15,7 +15,6 @@ import tarfile
 import textwrap
 from pathlib import Path
 
-import pytest
 from test_execute import NODES, others_report
 
 from stethoscope.store.batch import MetricColumns
@@ -145,8 +144,7 @@ def held_from_before(dsn: str, device: str) -> None:
         others_report(store, at, besides="node03")
 
 
-@pytest.mark.parametrize("field", ["device", "message"])
-def test_node_text_a_store_held_reaches_the_evidence_playbook_as_data_never_code(tmp_path, tmp_dsn, field):
+def test_node_text_a_store_held_reaches_the_evidence_playbook_as_data_never_code(tmp_path, tmp_dsn):
     held_from_before(tmp_dsn, ATTACK)
     pwned = tmp_path / "pwned"
     run = execute(tmp_path, tmp_dsn, rule_dir(tmp_path, EVIDENCE), pwned)
@@ -156,5 +154,7 @@ def test_node_text_a_store_held_reaches_the_evidence_playbook_as_data_never_code
     assert not pwned.exists(), pwned.read_text()
     with tarfile.open(tmp_path / "evidence" / finding["txn_id"] / "node03.tar.gz") as bundle:
         manifest = json.load(bundle.extractfile("./manifest.json"))
-    # the bundle's manifest holds the text the node sent, as text
-    assert ATTACK in manifest["finding"][field]
+    # the bundle's manifest holds the text the node sent, as text: in the device, and in the message
+    # that quotes it
+    assert manifest["finding"]["device"] == ATTACK
+    assert manifest["finding"]["message"] == f"node03 {ATTACK}: 304 reallocated sectors"

@@ -129,7 +129,8 @@ def test_a_node_locked_out_after_its_clock_is_corrected_is_resynchronised_within
     )
     rows = collector.health_rows(int(T0 * 1000)).rows()
     resync_rows = [r for r in rows if r["metric_name"] == "telemetry_stream_resyncs_total"]
-    assert [(r["node_id"], r["value"]) for r in resync_rows] == [("node01", 1.0)]
+    # device `collector`: the collector's count, which stops with a restart without reading as UNKNOWN
+    assert [(r["node_id"], r["device"], r["value"]) for r in resync_rows] == [("node01", "collector", 1.0)]
     collector.stop()
 
 

@@ -175,6 +175,18 @@ def test_more_than_10_percent_of_the_inventory_silent_is_one_critical_unknown_fl
     }
 
 
+def test_a_collectors_count_of_a_nodes_refusals_is_not_unknown_after_the_collector_restarts(store):
+    """The per-node refusal counters are written only while a collector has counted something for
+    the node; after its restart they stop: the collector's series (device `collector`), no silence."""
+    sweeps(store, "node01", SWEEP)
+    refusals = [
+        ("telemetry_node_packets_rejected_total", "collector"),
+        ("telemetry_stream_resyncs_total", "collector"),
+    ]
+    sweeps(store, "node01", refusals, every_s=5, since_min=60, until_min=20)
+    assert silences(store, Catalog.load(), AT) == []
+
+
 def test_a_metric_a_node_never_had_is_not_unknown(store):
     names = [f"n{i:02d}" for i in range(20)]
     sweeps(store, names, SWEEP)

@@ -84,7 +84,6 @@ options:
         them; beyond it the oldest are dropped and counted as lost in the end-of-run warning.
     type: int
     default: 2000000
-    version_added: "0.2.0"
     env:
       - name: STETHOSCOPE_HOLD_ROWS
     ini:

@@ -27,6 +27,7 @@ from stethoscope.diagnosis.rules import Action, Rule, parse_duration
 from stethoscope.inventory import Inventory
 from stethoscope.paths import default_spool_dir
 from stethoscope.paths import state_dir as default_state_dir
+from stethoscope.private_files import private_dir
 from stethoscope.remediation.actions.http import send
 from stethoscope.remediation.actions.playbook import playbook_environment, run_playbook
 from stethoscope.remediation.breaker import CircuitBreaker
@@ -60,7 +61,10 @@ from stethoscope.templating import TemplateFailure, Undefined, render
 from stethoscope.timeutil import iso, now_ms
 
 __all__ = ["Context", "Executor", "Settings", "new_txn_id"]
-ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# a transaction id names a folder, a Slurm reason and a ticket label (verify.yml checks the same);
+# a rule id as the rule loader takes it (model findings' ids hold '.')
+TXN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+RULE_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 @dataclass
@@ -117,10 +121,10 @@ class Settings:
         )
 
 
-def _checked_id(name: str, value: Any) -> str:
+def _checked_id(name: str, value: Any, pattern: re.Pattern[str]) -> str:
     """A transaction or rule id as it may name a folder, a Slurm reason or a ticket label."""
-    if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
-        raise ValueError(f"{name} {value!r} is not an id of letters, digits, '.', '_' and '-'")
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise ValueError(f"{name} {ascii(value)[:80]} is not an id of the form {pattern.pattern}")
     return value
 
 
@@ -449,9 +453,11 @@ class Executor:
         if action.type == "alert":
             return self._alert(finding, params, context, message)
         entry = {"at": iso(now_ms()), "txn_id": finding["txn_id"], **printable(finding), "message": message}
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_path.parent)
         # findings name nodes and their faults: the log is its owner's alone, wherever it is set
+        # (one an older version left readable becomes private too)
         descriptor = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(descriptor, 0o600)
         with os.fdopen(descriptor, "a", encoding="utf-8") as log:
             log.write(json.dumps(entry, sort_keys=True) + "\n")
         return "ok", str(self.log_path), {"message": message}
@@ -525,8 +531,8 @@ class Executor:
         # the finding is the store's data, which a node wrote: never a template (a device named
         # `{{ lookup('pipe', ...) }}` would run on the controller), and ids only of their pattern
         untrusted = {
-            "stethoscope_txn_id": _checked_id("txn_id", finding["txn_id"]),
-            "stethoscope_rule_id": _checked_id("rule_id", finding["rule_id"]),
+            "stethoscope_txn_id": _checked_id("txn_id", finding["txn_id"], TXN_ID),
+            "stethoscope_rule_id": _checked_id("rule_id", finding["rule_id"], RULE_ID),
             "stethoscope_finding": printable(finding),
         }
         # the callback writes where this process reads, and spools where it replays (serve's spool);

@@ -273,7 +273,8 @@ class Server:
                 "last_hosts": sweeps.last_hosts,
                 "last_error": sweeps.last_error,
             }
-        return (200 if body["status"] == "ok" else 503), body
+        # degraded is 200: a liveness probe that restarted serve would lose the rows it holds
+        return (503 if body["status"] == "failing" else 200), body
 
     def metrics(self) -> bytes:
         return self.exposition.render()

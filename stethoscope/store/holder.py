@@ -54,12 +54,19 @@ def unusable_path(path: str) -> str | None:
         except OSError as exc:
             if exc.errno not in DISK_OUTAGES:
                 return f"not a database: the folder cannot be created ({exc.strerror})"
+    elif not os.access(target, os.W_OK | os.X_OK) and not _read_only_disk(target):
+        # its permissions, on a disk that takes writes: a setting to fix, not an outage that passes
+        return "not a database: the folder is not writable by this user"
     return None
 
 
+def _read_only_disk(target: Path) -> bool:
+    return bool(os.statvfs(target).f_flag & os.ST_RDONLY)
+
+
 def unwritable_path(path: str) -> str | None:
-    """Why the database folder at `path` cannot be written now (a read-only or full disk, its
-    permissions): an outage that passes, not a setting; None when it can be written."""
+    """Why the database folder at `path` cannot be written now (gone, or its disk read-only): an
+    outage that passes, not a setting; None when it can be written."""
     target = Path(path)
     if not target.is_dir():
         try:
@@ -68,9 +75,7 @@ def unwritable_path(path: str) -> str | None:
             return f"the folder is gone and cannot be created now ({exc.strerror})"
     if os.access(target, os.W_OK | os.X_OK):
         return None
-    read_only = os.statvfs(target).f_flag & os.ST_RDONLY
-    why = "read-only file system" if read_only else "not writable by this user"
-    return f"the folder is read-only now ({why})"
+    return "the folder is read-only now (read-only file system)"
 
 
 _handles: dict[Path, int] = {}  # holder file -> this process's handles open on its database

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TextIO
 
 from stethoscope.catalog import Catalog
-from stethoscope.names import name_problem
+from stethoscope.names import is_metric_name, name_problem
 from stethoscope.store.batch import MetricColumns
 from stethoscope.store.result_rows import INFINITE, NAN, value_problem
 from stethoscope.timeutil import TimeRangeError, now_ms, to_ms
@@ -89,7 +89,9 @@ def _row_problem(row: dict, catalog: Catalog) -> str | None:
             return f"missing field {key!r}"
     if not isinstance(row["node_id"], str) or not row["node_id"]:
         return f"node_id {row['node_id']!r} must be a non-empty text"
-    if not isinstance(row["metric_name"], str) or row["metric_name"] not in catalog:
+    if not is_metric_name(row["metric_name"]):
+        return f"metric_name {ascii(row['metric_name'])[:80]} is not a metric name"
+    if row["metric_name"] not in catalog:
         return f"unknown metric {row['metric_name']!r} (not in rules/metrics.yml)"
     if row.get("device") is not None and not isinstance(row["device"], str):
         return f"device {row['device']!r} must be a text"

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from stethoscope.names import name_problem
+from stethoscope.names import is_metric_name, name_problem
 from stethoscope.store.batch import Batch
 
 NOT_A_NUMBER, NAN, INFINITE = "not a number", "NaN", "Inf"
@@ -76,6 +76,8 @@ def _metric_rows(batch: Batch, node_id: str, part: dict[str, Any], now_ms: int) 
         value, problem = value_problem(row.get("value"))
         device, labels = str(row.get("device") or ""), _labels(row.get("labels"))
         problem = problem or name_problem(node_id, device, labels)
+        if not problem and not is_metric_name(row["name"]):
+            problem = "metric_name not a metric name"
         if problem:
             _reject(batch, "metrics", node_id, problem, row)
             continue
@@ -120,6 +122,8 @@ def _bench_rows(batch: Batch, node_id: str, bench: dict[str, Any], run_id: str, 
         except (TypeError, ValueError):
             problem = problem or "repetition not an integer"
         problem = problem or name_problem(node_id, str(item.get("device") or ""), _labels(item.get("labels")))
+        if not problem and not is_metric_name(item["metric_name"]):
+            problem = "metric_name not a metric name"
         if problem:
             _reject(batch, "bench_results", node_id, problem, item)
             continue

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
-from stethoscope.names import is_device_name, is_node_name, name_problem
+from stethoscope.names import is_device_name, is_metric_name, is_node_name, name_problem
 from stethoscope.store.batch import METRIC_COLUMNS, MetricColumns
 from stethoscope.store.schema import tables
 from stethoscope.timeutil import in_range
@@ -91,6 +91,8 @@ def problem(table: str, row: Any) -> str | None:
         if found:
             return found
     if table in NAMED_TABLES:
+        if not is_metric_name(row["metric_name"]):
+            return "metric_name not a metric name"
         return name_problem(row["node_id"], row["device"], row["labels"])
     return None
 
@@ -111,13 +113,14 @@ def split(table: str, rows: Iterable[Any]) -> tuple[list[dict[str, Any]], list[R
 def _names_fine(metrics: MetricColumns) -> bool:
     """Each distinct node, device and labels checked once: a stream's rows share a few of each."""
     try:
-        nodes, devices = set(metrics.node_id), set(metrics.device)
+        nodes, devices, names = set(metrics.node_id), set(metrics.device), set(metrics.metric_name)
         labels = {tuple(each.items()): each for each in _distinct_objects(metrics.labels)}.values()
     except (TypeError, AttributeError):  # a name or labels of no such type: the row by row check says
         return False
     return (
         all(map(is_node_name, nodes))
         and all(map(is_device_name, devices))
+        and all(map(is_metric_name, names))
         and all(name_problem("n", "", each) is None for each in labels)
     )
 

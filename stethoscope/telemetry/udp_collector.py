@@ -180,11 +180,12 @@ class Collector:
         self._stop.set()
         for thread in self._threads:
             thread.join()
-        self._drain()
-        report = self.flush(health=True)
-        self._give_up_held()
-        self.sock.close()
-        return report
+        try:
+            self._drain()
+            return self.flush(health=True)
+        finally:  # what is still held is counted lost, and the port freed, whatever the last flush did
+            self._give_up_held()
+            self.sock.close()
 
     def _receive_loop(self) -> None:
         sock = self.sock
@@ -197,7 +198,11 @@ class Collector:
                 if self._stop.is_set():
                     return
                 continue
-            self.handle(data)
+            try:
+                self.handle(data)
+            except Exception:  # one datagram's fault costs that datagram: the thread never dies
+                log.exception("collector: a datagram could not be handled; it is dropped and counted")
+                self.stats.rejected["internal"] += 1
 
     def _drain(self) -> None:
         self.sock.setblocking(False)
@@ -470,20 +475,25 @@ class Collector:
         return rows
 
     def _node_refusal_rows(self, ts_ms: int) -> MetricColumns:
-        """Per node (device `node`), for nodes with any: its signed datagrams refused, by reason; its
-        streams re-synchronised; its job streams evicted for the cap."""
+        """Per node for nodes with any (device `collector`: no UNKNOWN when a restart ends them): its
+        signed datagrams refused, by reason; its streams re-synchronised; its job streams evicted."""
         refusals = self.node_refusals()
         rows = MetricColumns()
         for (node, reason), count in sorted(refusals.rejected.items()):
             rows.append(
-                node, "telemetry_node_packets_rejected_total", "node", {"reason": reason}, float(count), ts_ms
+                node,
+                "telemetry_node_packets_rejected_total",
+                "collector",
+                {"reason": reason},
+                float(count),
+                ts_ms,
             )
         for name, counts in (
             ("telemetry_stream_resyncs_total", refusals.resyncs),
             ("telemetry_job_streams_evicted_total", refusals.evicted),
         ):
             for node, count in sorted(counts.items()):
-                rows.append(node, name, "node", {}, float(count), ts_ms)
+                rows.append(node, name, "collector", {}, float(count), ts_ms)
         return rows
 
 

@@ -129,7 +129,7 @@ def _collections_of(config: Path, defaults: dict[str, str]) -> list[str]:
 
 
 class _Unsafe(yaml.SafeDumper):
-    """Every string value tagged `!unsafe`: Ansible keeps it as text and never templates it."""
+    """Every string, keys included, tagged `!unsafe`: Ansible keeps it as text, never a template."""
 
 
 def _unsafe_text(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
@@ -140,7 +140,7 @@ _Unsafe.add_representer(str, _unsafe_text)
 
 
 def untrusted_vars(values: dict[str, Any]) -> str:
-    """`values` as a YAML vars file for `-e @file`: keys plain (ours), every string value `!unsafe`."""
+    """`values` as a YAML vars file for `-e @file`, every string in it `!unsafe`."""
     return yaml.dump(values, Dumper=_Unsafe, sort_keys=True, allow_unicode=False, width=1 << 20)
 
 

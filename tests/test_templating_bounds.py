@@ -1,0 +1,66 @@
+"""A template's rendering is bounded in time, memory and output, whatever it asks for, and a template
+that fails costs itself only: the renderer after it answers the next one as before. Each hostile
+template here escaped checks made inside the sandbox (a power of powers ran 21 s, a namespace that
+doubles a string took 1.5 GB), and a counter above 100,000 must still render."""
+
+from __future__ import annotations
+
+import resource
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from stethoscope.templating import TemplateFailure, Undefined, render
+
+HOSTILE = {
+    "nested loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "a power of powers": "{{ ((((10**64)**64)**64)**64) > 1 }}",
+    "a string of a gigabyte": "{{ 'x' * 10**9 }}",
+    "a namespace doubling": (
+        "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
+    ),
+    "a joined list of 10 GB": "{{ (['x' * 100000] * 100000) | join | length }}",
+    "a format width": "{{ '%050000000d' % 1 }}",
+    "an output of megabytes": "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
+    "an infinite int": "{{ value | int }}",
+    "a division by zero": "{{ 1 / (value - value) }}",
+}
+
+
+def kib_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_hostile_template_fails_alone_within_its_bounds(name):
+    before = kib_rss()
+    started = time.monotonic()
+    with pytest.raises(TemplateFailure) as failure:
+        render(HOSTILE[name], {"value": float("inf") if "int" in name else 3.0})
+    assert time.monotonic() - started < 5, failure.value
+    assert kib_rss() - before < 50 * 1024  # this process never held what the template asked for
+    assert not isinstance(failure.value, Undefined)
+    # the next rendering is answered as before
+    assert render("{{ node_id }} {{ value }}", {"node_id": "node07", "value": 184.0}) == "node07 184.0"
+
+
+def test_a_large_counter_still_renders():
+    context = {"value": 250_000.0, "node_id": "node07"}
+    assert render("{{ '%d errors' | format(value | int) }}", context) == "250000 errors"
+    assert render("{{ '{:,}'.format(value | int) }}", context) == "250,000"
+    assert render("{{ (value | int) | tojson }}", context) == "250000"
+
+
+def test_an_undefined_name_is_told_apart():
+    with pytest.raises(Undefined, match="switch_api"):
+        render("{{ vars.switch_api }}/v1", {"vars": {}})
+
+
+def test_renders_from_many_threads_each_get_their_own_answer():
+    def one(index: int) -> str:
+        return render("{{ node_id }}:{{ value | int }}", {"node_id": f"node{index:02d}", "value": index})
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(one, range(64)))
+    assert answers == [f"node{i:02d}:{i}" for i in range(64)]
