@@ -24,9 +24,7 @@ DEVICE_NAME = re.compile(
 # Label names as Prometheus has them; values free text but for template braces, control characters
 # and the Unicode controls that reorder or hide what a terminal shows.
 LABEL_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-LABEL_VALUE = re.compile(
-    r"^[^{}\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]*$"
-)
+LABEL_VALUE = re.compile(r"^[^{}\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]*$")
 
 
 # a metric's name: the catalog's, and what the collectors derive (`smart_power-off_retract_count`)
