@@ -79,8 +79,9 @@ class _Worker:
 
 
 def _readable(stream: IO[str], seconds: float) -> bool:
-    ready, _, _ = select.select([stream], [], [], seconds)
-    return bool(ready)
+    poller = select.poll()  # not select(): serve's descriptors (the store's files) pass 1024
+    poller.register(stream, select.POLLIN)
+    return bool(poller.poll(seconds * 1000))
 
 
 _WORKER = _Worker()

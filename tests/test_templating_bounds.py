@@ -6,12 +6,16 @@ doubles a string took 1.5 GB), and a counter above 100,000 must still render."""
 from __future__ import annotations
 
 import resource
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from stethoscope.templating import TemplateFailure, Undefined, render
+
+from conftest import TOP
 
 HOSTILE = {
     "nested loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
@@ -64,3 +68,20 @@ def test_renders_from_many_threads_each_get_their_own_answer():
     with ThreadPoolExecutor(max_workers=8) as pool:
         answers = list(pool.map(one, range(64)))
     assert answers == [f"node{i:02d}:{i}" for i in range(64)]
+
+
+def test_a_process_with_more_than_1024_descriptors_still_renders(tmp_path):
+    """Regression: the renderer waited on its worker with select(), which refuses a descriptor past
+    1024: serve holds the store's files open, and a long test suite did hit it."""
+    code = (
+        "import os, resource; from stethoscope.templating import render; "
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard)); "
+        "held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]; "
+        "print(max(held) > 1024, render('{{ node_id }}', {'node_id': 'node07'}))"
+    )
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 1200:
+        pytest.skip("this machine's hard limit on open files is under 1,200")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=TOP)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.split() == ["True", "node07"]
