@@ -217,7 +217,7 @@ def test_a_counter_delta_past_any_float_is_told_per_series_and_costs_its_rule_no
                 value,
                 start + step * 30_000,
             )
-        for step, value in enumerate([0.0, 4.0, 9.0]):
+        for step, value in enumerate([1200.0, 1204.0, 1209.0]):  # a counter starts where it stands
             batch.append(
                 "node02",
                 "pcie_aer_correctable_errors_total",

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stethoscope.private_files import private_dir
 from stethoscope.store import rows as row_check
 from stethoscope.store.batch import Batch
 from stethoscope.store.client import ROW_TABLES, Store
@@ -153,8 +154,8 @@ class Spool:
         return self.reject(rows + batch.rejected)
 
     def _write(self, folder: Path, name: str, lines: Iterable[dict[str, Any]]) -> Path:
-        _private_dir(self.dir)
-        _private_dir(folder)
+        private_dir(self.dir)
+        private_dir(folder)
         part = folder / (name + ".part")
         try:
             with _private_open(part) as handle:
@@ -322,7 +323,7 @@ class Spool:
         self._quarantine(path, f"failed {attempts} replays into {where}: {error}", report)
 
     def _quarantine(self, path: Path, why: str, report: ReplayReport) -> None:
-        _private_dir(self.quarantine_dir)
+        private_dir(self.quarantine_dir)
         moved = self.quarantine_dir / path.name
         _write_private(moved.with_name(moved.name + ".reason"), why + "\n")
         shutil.move(path, moved)
@@ -340,7 +341,7 @@ class Spool:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        _private_dir(self.dir)
+        private_dir(self.dir)
         with _private_open(self.dir / ".lock") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -462,14 +463,6 @@ def _attempts_path(path: Path) -> Path:
 def _unlink(path: Path) -> None:
     with suppress(FileNotFoundError):
         path.unlink()
-
-
-def _private_dir(folder: Path) -> None:
-    """Create `folder` readable by its owner only (0700); one that exists is left as its owner set it."""
-    if not folder.is_dir():
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with suppress(FileExistsError):
-            folder.mkdir(mode=0o700)
 
 
 def _private_open(path: Path) -> Any:
