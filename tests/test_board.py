@@ -46,7 +46,18 @@ def states(node_board, layer):
     return [node_board.cells[(layer, day)].shown for day in DAYS]
 
 
+def evaluated(store, days_back, nodes=()):
+    """What serve or watch records of each cycle: that it evaluated (`nodes`; none: the whole store)."""
+    rows = [
+        {"at": TODAY - back * DAY_MS + 3 * 3_600_000, "mode": "dry-run", "rules": 1, "nodes": list(nodes),
+         "findings": 0, "host": "controller"}
+        for back in days_back
+    ]  # fmt: skip
+    store.insert_rows("evaluations", rows)
+
+
 def seeded(store):
+    evaluated(store, range(3))  # the loop ran every day: a day without findings is green
     batch = MetricColumns()
     for node in ("hot", "warm", "calm", "silent"):
         sweeps(batch, node, range(3), "gpu_temperature_celsius", "gpu0", lambda back: 60.0)
@@ -92,6 +103,65 @@ def test_board_cells_from_stored_findings_and_grey_where_no_data_or_unknown(stor
     assert states(nodes["warm"], "communication") == ["grey", "grey", "grey"]
     # data, yet UNKNOWN today: grey
     assert states(nodes["silent"], "compute") == ["green", "green", "grey"]
+
+
+def test_a_day_with_data_that_no_recorded_evaluation_covered_is_not_evaluated_never_green(store):
+    batch = MetricColumns()
+    for node in ("calm", "other"):
+        sweeps(batch, node, range(3), "gpu_temperature_celsius", "gpu0", lambda back: 60.0)
+    store.insert_metrics(batch)
+    evaluated(store, [1], nodes=["other"])  # yesterday's cycles evaluated another inventory
+    evaluated(store, [0])
+    nodes = {n.node_id: n for n in board(store).nodes}
+    assert states(nodes["calm"], "compute") == ["unevaluated", "unevaluated", "green"]
+    assert states(nodes["other"], "compute") == ["unevaluated", "green", "green"]
+    assert states(nodes["calm"], "storage") == ["grey", "grey", "grey"]  # no data stays "no data"
+    assert "\u2013 not evaluated" in render_terminal(board(store))
+
+
+def test_a_red_cells_node_page_lists_the_findings_behind_it_and_the_incidents_drains_and_tickets(
+    store, tmp_path
+):
+    seeded(store)
+    store.insert_rows(
+        "actions",
+        [
+            {"txn_id": "t1", "finding_id": "f1", "action": action, "target": "hot", "status": "ok",
+             "detail": detail, "started_at": TODAY + 120_000, "finished_at": TODAY + 180_000, "version": 1}
+            for action, detail in (
+                ("playbook:remediate/drain.yml", "{}"),
+                ("playbook:remediate/ticket.yml", '{"events": [{"msg": "ticket OPS-42 opened"}]}'),
+            )
+        ],
+    )  # fmt: skip
+    data = board(store)
+    hot = next(n for n in data.nodes if n.node_id == "hot")
+    assert {(r.day, r.layer, r.state, r.rule_id) for r in hot.reasons} >= {
+        (DAYS[1], "communication", "red", "nvlink_crc_errors"),
+        (DAYS[2], "communication", "red", "nvlink_crc_errors"),
+    }
+    (incident,) = hot.incidents
+    assert (incident.txn_id, incident.severity) == ("t1", "critical")
+    assert incident.drain.startswith("ok hot") and "ticket" in incident.actions
+    write(data, tmp_path / "out")
+    page = next((tmp_path / "out" / "nodes").glob("hot-*.html")).read_text(encoding="utf-8")
+    assert "Why the cells are red or yellow" in page and "nvlink_crc_errors on hot" in page
+    assert "t1" in page and "playbook:remediate/drain.yml ok" in page
+
+
+def test_a_finding_still_open_paints_every_day_since_it_opened_before_its_rows_merge(store):
+    """Two cycles' rows of one open finding, two inserts (not merged yet): the first row's span ended
+    two days ago, and the days since were painted green while the finding was critical."""
+    evaluated(store, range(3))
+    batch = MetricColumns()
+    sweeps(batch, "hot", range(3), "gpu_temperature_celsius", "gpu0", lambda back: 60.0)
+    store.insert_metrics(batch)
+    ledger = Ledger(store)
+    hot = finding("f9", "hot", "gpu_hot", "critical", TODAY - 2 * DAY_MS, "gpu_temperature_celsius")
+    ledger.write_findings([(hot, "open", 1, TODAY - 2 * DAY_MS + 60_000)])
+    ledger.write_findings([(hot, "open", 2, TODAY + 60_000)])
+    nodes = {n.node_id: n for n in board(store).nodes}
+    assert states(nodes["hot"], "compute") == ["red", "red", "red"]
 
 
 def test_board_orders_worst_nodes_first(store):

@@ -215,7 +215,7 @@ def test_circuit_breaker_drains_one_of_eight_and_alerts_instead(tmp_path, db, ht
         "SELECT argMax(detail, version) FROM DB.actions GROUP BY txn_id, action, target "
         "HAVING argMax(status, version) = 'refused'",
     )
-    assert all("the limit is 1 (10%, at least 1)" in json.loads(d)["reason"] for (d,) in refused)
+    assert all("the limit is 1 (10% of 8, at least 1)" in json.loads(d)["reason"] for (d,) in refused)
 
 
 def test_a_bad_inventory_is_a_usage_error(tmp_path, db):

@@ -39,6 +39,19 @@ def command(tmp_path, name: str) -> list[str]:
         ("serve", "stethoscope_action_retries=many"),
         ("watch", "stethoscope_executor_parallel=four"),
         ("diagnose", "stethoscope_action_retries=-1"),
+        # regression: a window that is no duration was read as an hour, a fraction of 7 as 700 %
+        ("diagnose", "stethoscope_breaker_window=bogus"),
+        ("diagnose", "stethoscope_breaker_fraction=7"),
+        ("diagnose", "stethoscope_breaker_window_fraction=0"),
+        ("diagnose", "stethoscope_breaker_isolated_fraction=-0.1"),
+        ("diagnose", "stethoscope_breaker_min_isolations=0"),
+        # regression: a floor above the inventory's node count disabled the limits
+        ("diagnose", "stethoscope_breaker_min_isolations=100"),
+        ("diagnose", "stethoscope_playbook_timeout=-5"),
+        ("diagnose", "stethoscope_executor_parallel=0"),
+        ("diagnose", "stethoscope_http_timeout=0"),
+        ("diagnose", "stethoscope_http_retries=-1"),
+        ("diagnose", "stethoscope_executor_beat=nan"),
     ],
 )
 def test_a_bad_executor_setting_is_exit_2_at_start_naming_it(tmp_path, db, name, setting):

@@ -4,6 +4,7 @@ is taken over."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -27,14 +28,14 @@ def alerting(tmp_path, db, hook):
     return rule_dir, [*execute_args(tmp_path, f"stethoscope_alert_webhook={hook.url}")]
 
 
-def foreign_beat(db, beat_ms, host="controller-b.example"):
+def foreign_beat(db, beat_ms, host="controller-b.example", pid=4242):
     with Store(db) as store:
         store.insert_rows(
             "executors",
             [
                 {
                     "host": host,
-                    "pid": 4242,
+                    "pid": pid,
                     "started_at": now_ms() - 3600_000,
                     "beat_at": beat_ms,
                     "version": now_ms(),
@@ -75,10 +76,29 @@ def test_another_users_executor_on_this_host_keeps_this_one_from_acting(tmp_path
     diagnose --execute` both acted on one server database."""
     hook = http_standin()
     rule_dir, settings = alerting(tmp_path, db, hook)
-    foreign_beat(db, now_ms() - 10_000, host=socket.gethostname())
-    (finding,), result = diagnose(tmp_path, db, rule_dir, *settings)
-    assert f"standby: {socket.gethostname()} (pid 4242" in result.stderr and "txn_id" not in finding
+    other = subprocess.Popen(["sleep", "120"])  # the other user's executor: a live process of this host
+    try:
+        foreign_beat(db, now_ms() - 10_000, host=socket.gethostname(), pid=other.pid)
+        (finding,), result = diagnose(tmp_path, db, rule_dir, *settings)
+    finally:
+        other.kill()
+        other.wait()
+    assert f"standby: {socket.gethostname()} (pid {other.pid}" in result.stderr and "txn_id" not in finding
     assert hook.requests == [] and table(db, "SELECT count() FROM DB.actions") == [(0,)]
+
+
+def test_a_fresh_heartbeat_of_a_process_of_this_host_that_is_gone_holds_no_one_back(
+    tmp_path, db, http_standin
+):
+    """Regression (issue 27): a serve killed with SIGKILL left a fresh beat; its successor, holding
+    the flock the kernel freed, stood by for 3 beats (~3.5 minutes), logging `dry-run`."""
+    hook = http_standin()
+    rule_dir, settings = alerting(tmp_path, db, hook)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    foreign_beat(db, now_ms() - 1_000, host=socket.gethostname(), pid=gone.pid)
+    (finding,), result = diagnose(tmp_path, db, rule_dir, *settings)
+    assert "standby" not in result.stderr and finding["outcome"] == "alert ok" and len(hook.requests) == 1
 
 
 def test_a_foreign_heartbeat_that_missed_3_beats_is_taken_over(tmp_path, db, http_standin):
@@ -191,3 +211,19 @@ def test_a_lock_folder_others_may_write_is_refused_and_left_as_it_is(tmp_path, d
     assert private.stat().st_mode & 0o777 == 0o700
     (lock,) = private.iterdir()
     assert lock.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_predecessor_with_this_process_pid_is_not_taken_for_this_executor():
+    """Regression: executors were told apart by host and pid alone; a serve restarted in the same
+    container (pid 1 again) took its predecessor's in-flight rows for its own, and its heartbeat as
+    live. The owner also names the process's start."""
+    from stethoscope.remediation.ledger import ActionState
+    from stethoscope.remediation.reconcile import Orphans, owner
+
+    me = owner()
+    predecessor = {**me, "started": int(me["started"]) - 60_000}  # the same host and pid, earlier
+    state = ActionState("txn1", "f1", "playbook:remediate/drain.yml", "node01", "in_flight",
+                        {"executor": predecessor}, now_ms() - 1000, None, now_ms())  # fmt: skip
+    orphans = Orphans({(me["host"], me["pid"], me["started"])}, lambda action: 3_600_000, busy=["txn1"])
+    assert orphans.orphaned(state, now_ms())
+    assert not orphans.orphaned(dataclasses.replace(state, detail={"executor": me}), now_ms())

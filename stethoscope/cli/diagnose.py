@@ -1,10 +1,9 @@
-"""`stethoscope diagnose`, `watch` and `verify`."""
+"""`stethoscope diagnose` and `watch` (`verify`: cli/verify.py)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import sys
@@ -25,7 +24,6 @@ from stethoscope.inventory import NO_INVENTORY, Inventory, load_inventory
 from stethoscope.paths import rules_dir
 from stethoscope.remediation.cycle import CycleResult, Cycles, render_result, worst
 from stethoscope.remediation.lock import LockHeld
-from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
 from stethoscope.timeutil import now_ms, to_ms
 
@@ -92,7 +90,14 @@ def executor_factory(args: argparse.Namespace, inventory: Inventory | None):
     """None for a dry-run; else a function (dsn, database) -> execution Context. Errors exit 2."""
     if not args.execute or inventory is None:
         return None
+    return execution_context(args, inventory)
+
+
+def execution_context(args: argparse.Namespace, inventory: Inventory):
+    """A function (dsn, database) -> execution Context, its settings checked (exit 2 naming a bad
+    one); each action's line is printed to stderr from now on."""
     from stethoscope.paths import default_spool_dir
+    from stethoscope.remediation.action_events import print_actions
     from stethoscope.remediation.executor import Context, Settings
     from stethoscope.store.dsn import ConfigError
 
@@ -105,6 +110,7 @@ def executor_factory(args: argparse.Namespace, inventory: Inventory | None):
     except ConfigError as exc:
         _say(f"{args.command}: {exc}")
         raise SystemExit(EXIT_USAGE) from None
+    print_actions(getattr(args, "log_format", None) or "text")  # one line per action, to stderr
     return lambda dsn, database: Context(dsn, database, inventory, overrides, spool_dir=spool_dir)
 
 
@@ -166,6 +172,8 @@ def diagnose_command(args: argparse.Namespace) -> int:
     except ValueError:
         _say(f"diagnose: --at {args.at!r} is neither ISO-8601 nor epoch seconds")
         return EXIT_USAGE
+    if getattr(args, "plan", False):
+        return _plan(args, inventory, catalog, loaded.rules, model, at_ms)
     cycles = cycles_of(args, inventory, catalog, model)
     try:
         result = cycles.run(loaded.rules, at_ms)
@@ -180,6 +188,40 @@ def diagnose_command(args: argparse.Namespace) -> int:
     if model is not None and model.error:  # the rules' findings are printed; the diagnosis is not whole
         _say(f"diagnose: model {model.meta.name}: {model.error}")
         return EXIT_FAILED
+    return EXIT_FINDINGS if worst(result.findings) >= SEVERITY_ORDER[args.fail_on] else EXIT_OK
+
+
+def _plan(
+    args: argparse.Namespace,
+    inventory: Inventory | None,
+    catalog: Catalog,
+    rules: list[Any],
+    model: ModelUse | None,
+    at_ms: int,
+) -> int:
+    """`diagnose --plan`: evaluate as --execute would, then say per incident what it would do now;
+    nothing acts, nothing is written, no executor lock is taken (serve may be acting)."""
+    import json
+
+    from stethoscope.diagnosis.cadence import Cadence
+    from stethoscope.remediation.plan import preview, render_plan
+    from stethoscope.store.client import Store
+
+    if args.execute:
+        _say("diagnose: --plan shows what --execute would do; give one of them")
+        return EXIT_USAGE
+    if inventory is None:
+        inventory_of(args, required=True, command="diagnose --plan")
+        return EXIT_USAGE
+    context = execution_context(args, inventory)
+    cycles = cycles_of(args, inventory, catalog, model)
+    cycles.judge_with = context  # silenced and capped as --execute would: its Slurm, its settings
+    result = cycles.run(rules, at_ms)
+    seen = model.evaluated if model is not None and model.ran else None
+    with Store(args.dsn, args.database) as store:
+        fitted = Cadence.learn(store, at_ms, hosts_of(inventory)).fit_all(rules)
+        entries = preview(store, context(store.dsn, store.database), result.findings, fitted, at_ms, seen)
+    print(json.dumps(entries, indent=1, sort_keys=True) if args.json else render_plan(entries), flush=True)
     return EXIT_FINDINGS if worst(result.findings) >= SEVERITY_ORDER[args.fail_on] else EXIT_OK
 
 
@@ -254,72 +296,3 @@ def watch_command(args: argparse.Namespace) -> int:
     finally:
         with contextlib.suppress(Exception):  # the store may be the reason it stops
             cycles.close()
-
-
-def verify_command(args: argparse.Namespace) -> int:
-    from stethoscope.bench import baseline
-    from stethoscope.remediation.ledger import Ledger
-
-    try:
-        since_override = to_ms(args.since) if args.since else None
-    except ValueError:
-        _say(f"verify: --since {args.since!r} is neither ISO-8601 nor epoch seconds")
-        return EXIT_USAGE
-    inventory = inventory_of(args, required=True)
-    if inventory is None or inventory.host(args.node) is None:
-        where = inventory.path if inventory else "the inventory"
-        _say(f"verify: {args.node!r} is not a valid host of {where}")
-        return EXIT_USAGE
-    if args.resumed:
-        return _record_resume(args)
-    with Store(args.dsn, args.database) as store:
-        ledger = Ledger(store)
-        drained_at = ledger.drain_of(args.node, args.txn)
-        rule_id = ledger.rule_of_txn(args.txn)
-        # the benchmark that counts is one run after the drain (or after --since)
-        since_ms = since_override if since_override is not None else (drained_at or 0)
-        result = baseline.verify(store, Catalog.load(), args.node, since_ms, now_ms())
-    ours = drained_at is not None
-    verdict = {
-        "node": args.node,
-        "txn_id": args.txn,
-        "rule_id": rule_id,
-        "drain_recorded": ours,
-        "benchmarked_since": result["benchmarked_since"],
-        "stale_suites": result["stale_suites"],
-        "green": result["green"],
-        "references": sorted({c.reference for c in result["checks"]}),
-        "not_green": [
-            {
-                "suite": c.suite,
-                "metric": c.metric_name,
-                "labels": c.labels,
-                "grade": c.grade,
-                "deviation": c.deviation_percent,
-                "reference": c.reference,
-            }
-            for c in result["checks"]
-            if c.grade != "green"
-        ],
-        "reasons": ([] if ours else [f"no drain of {args.node} recorded under {args.txn}"])
-        + result["reasons"],
-        "resume": ours and result["green"],
-    }
-    print(json.dumps(verdict, sort_keys=True))
-    return EXIT_OK if verdict["resume"] else EXIT_FINDINGS
-
-
-def _record_resume(args: argparse.Namespace) -> int:
-    """verify.yml resumed the node: the drain of this txn ends and its findings are resolved."""
-    from stethoscope.remediation.ledger import RESUME, Ledger, note_row
-
-    with Store(args.dsn, args.database) as store:
-        ledger = Ledger(store)
-        if ledger.drain_of(args.node, args.txn) is None:
-            _say(f"verify: no drain of {args.node} under txn {args.txn} on record; nothing resumed")
-            return EXIT_FINDINGS
-        row = note_row(args.txn, RESUME, args.node, {"by": "verify"})
-        ledger.write_action(row, row["finished_at"])
-        ledger.resolve_txn(args.txn, row["finished_at"])
-    print(json.dumps({"node": args.node, "txn_id": args.txn, "resumed": True}, sort_keys=True))
-    return EXIT_OK

@@ -1,6 +1,6 @@
-"""`stethoscope incidents [show TXN | ack TXN]` and `stethoscope actions` (docs/design.md "CLI"): the
-incidents diagnose --execute opened (one transaction each), what was done for them, refused, failed
-or skipped, and why."""
+"""`stethoscope incidents [show TXN | ack TXN | unack TXN]` and `stethoscope actions` (docs/design.md
+"CLI"): the incidents diagnose --execute opened (one transaction each), what was done for them,
+refused, failed or skipped, and why; who acknowledged them."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from typing import Any
 
 from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
 from stethoscope.diagnosis.rules import parse_duration
-from stethoscope.remediation.incident_view import Incident, acknowledge, incident, incidents
+from stethoscope.remediation.incident_view import Incident, acknowledge, incident, incidents, unacknowledge
 from stethoscope.remediation.ledger import ActionState, Ledger
+from stethoscope.remediation.record import recorded_findings
 from stethoscope.remediation.retries import RETRIED, attempt_of, reason_of
 from stethoscope.report.summary import initialised
 from stethoscope.store.client import Store
@@ -22,7 +23,7 @@ from stethoscope.terminal import terminal_safe
 from stethoscope.timeutil import iso, now_ms, to_ms
 
 COMMANDS = ("incidents", "actions")
-STATUSES = ("failed", "refused", "skipped", "ok", "in_flight", "expired")
+STATUSES = ("failed", "refused", "skipped", "ok", "planned", "in_flight", "expired")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -36,10 +37,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     show = sub.add_parser("show", help="an incident's findings and every action, its attempts and why")
     show.add_argument("txn", help="the incident's transaction id")
     show.add_argument("--json", action="store_true", help="print it as JSON")
-    ack = sub.add_parser("ack", help="record that a person took the incident")
+    ack = sub.add_parser(
+        "ack", help="a person took the incident: its retries and alerts wait until it escalates or unack"
+    )
     ack.add_argument("txn", help="the incident's transaction id")
     ack.add_argument("--note", default="", help="free text")
     ack.add_argument("--by", help="who (default: the user running the command)")
+    unack = sub.add_parser("unack", help="withdraw the acknowledgement: retries and alerts go on")
+    unack.add_argument("txn", help="the incident's transaction id")
+    unack.add_argument("--by", help="who (default: the user running the command)")
 
     actions = commands.add_parser("actions", help="what was done, refused, failed or skipped, and why")
     actions.add_argument("--txn", help="only this transaction's actions")
@@ -54,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
         since = _since(args.since)
         if since is None:
             return _usage(f"actions: --since {args.since!r}: neither ISO-8601, epoch seconds nor a duration")
+    if args.command == "incidents" and args.incidents_command is not None and not args.txn.strip():
+        # a dry run's findings have no txn: an empty id would take them all for one incident
+        return _usage(f"incidents {args.incidents_command}: an empty transaction id (TXN of `incidents`)")
     with Store(args.dsn, args.database) as store:
         if not initialised(store):
             return _usage(
@@ -64,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
                 Ledger(store).action_states([args.txn] if args.txn else None, args.status, since), args
             )
         if args.incidents_command is None:
-            return _list(incidents(store, args.all, args.node), args.json, args.all)
+            dry = recorded_findings(store, args.all, args.node)  # a dry run's findings: no txn, nothing acted
+            return _list(incidents(store, args.all, args.node) + dry, args.json, args.all)
         found = incident(store, args.txn)
         if found is None:
             return _usage(
@@ -74,6 +84,12 @@ def run(args: argparse.Namespace) -> int:
         if args.incidents_command == "show":
             return _show(found, args.json)
         by = args.by or _user()
+        if args.incidents_command == "unack":
+            if found.ack is None:
+                return _usage(f"incidents unack: incident {found.txn_id} is not acknowledged")
+            unacknowledge(store, found, by)
+            _say(f"incident {found.txn_id} ({found.node_id} {found.device or '-'}) no longer acknowledged")
+            return EXIT_OK
         acknowledge(store, found, by, args.note)
     _say(f"incident {found.txn_id} ({found.node_id} {found.device or '-'}) acknowledged by {by}")
     return EXIT_OK
@@ -117,10 +133,15 @@ def _list(found: list[Incident], as_json: bool, every: bool = False) -> int:
     print(f"{head} FIRST SEEN / LAST SEEN  RULES")
     for i in found:
         _say(
-            f"{i.txn_id:<13} {i.node_id:<14} {i.device or '-':<10} {i.severity:<9} {i.status:<15} "
-            f"{iso(i.first_seen_ms)} / {iso(i.last_seen_ms)}  {', '.join(i.rules)}"
+            f"{i.txn_id or '-':<13} {i.node_id:<14} {i.device or '-':<10} {i.severity:<9} {i.status:<15} "
+            f"{iso(i.first_seen_ms)} / {iso(i.last_seen_ms)}  {', '.join(i.rules)}" + _acked(i)
         )
     return EXIT_OK
+
+
+def _acked(found: Incident) -> str:
+    ack = found.ack
+    return f"  ({ack.describe()})" if ack else ""
 
 
 def _action(state: ActionState, rule_of: dict[str, str] | None = None) -> dict[str, Any]:
@@ -193,6 +214,10 @@ def _show(found: Incident, as_json: bool) -> int:
         f"incident {found.txn_id}: {found.node_id} {found.device or '-'}, {found.severity}, {found.status}; "
         f"first seen {iso(found.first_seen_ms)}, last seen {iso(found.last_seen_ms)}"
     )
+    ack = found.ack
+    if ack is not None:
+        what = "its retries and alerts wait" if ack.pausing else "its retries and alerts go on"
+        _say(f"{ack.describe()} at {iso(ack.at_ms)}{': ' + ack.note if ack.note else ''} ({what})")
     print("findings:")
     for f in found.findings:
         _say(f"  {f.severity:<9} {f.rule_id:<32} {f.device or '-':<10} {f.status:<9} {f.message}")

@@ -10,10 +10,13 @@ import traceback
 from pathlib import Path
 
 from stethoscope.catalog import Catalog, CatalogError
+from stethoscope.cli import breaker as breaker_commands
 from stethoscope.cli import fault as fault_commands
 from stethoscope.cli import incidents as incident_commands
 from stethoscope.cli import model as model_commands
+from stethoscope.cli import outcomes as outcome_commands
 from stethoscope.cli import report as report_commands
+from stethoscope.cli import silence as silence_commands
 from stethoscope.cli import telemetry
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from stethoscope.diagnosis.engine import readers_wanted
@@ -23,6 +26,7 @@ from stethoscope.store.dsn import ConfigError, redact
 from stethoscope.store.ingest import parse_ndjson
 from stethoscope.store.spool import ReplayReport, Spool
 from stethoscope.store.writer import Writer
+from stethoscope.telemetry import gate as slurm_gate
 
 PACKAGE = Path(__file__).resolve().parent.parent
 
@@ -84,6 +88,11 @@ def _parser() -> argparse.ArgumentParser:
         choices=["info", "warning", "critical"],
         help="exit 1 when a finding is at or above this severity (default critical)",
     )
+    diagnose.add_argument(
+        "--plan",
+        action="store_true",
+        help="say per incident what --execute would do now (drain, ticket, refused...); acts on nothing",
+    )
     _execution_options(diagnose)
     model_options(diagnose)
 
@@ -113,6 +122,16 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="record that the node was resumed under this txn (verify.yml does): its findings resolve",
     )
+    verify.add_argument(
+        "--check-drain",
+        action="store_true",
+        help="only check the drain is stethoscope's under this txn (verify.yml does, before benchmarking)",
+    )
+    verify.add_argument(
+        "--rules",
+        type=Path,
+        help="rules evaluated on the node now: a match keeps it drained (default rules/)",
+    )
 
     rules = commands.add_parser("rules", help="the diagnosis rules")
     rules_commands = rules.add_subparsers(dest="rules_command", required=True)
@@ -133,7 +152,14 @@ def _parser() -> argparse.ArgumentParser:
     report_commands.register(commands)
     model_commands.register(commands)
     fault_commands.register(commands)
+    breaker_commands.register(commands)
     incident_commands.register(commands)
+    silence_commands.register(commands)
+    outcome_commands.register(commands)
+    gate = commands.add_parser(
+        "gate", help="Slurm's health check: exit 1 and drain when the node's verdict fails (no verdict: said)"
+    )
+    slurm_gate.add_arguments(gate)
     _share_global_options(parser)
     return parser
 
@@ -226,9 +252,11 @@ def _run(args: argparse.Namespace) -> int:
 
         return diagnose_command(args) if args.command == "diagnose" else watch_command(args)
     if args.command == "verify":
-        from stethoscope.cli.diagnose import verify_command
+        from stethoscope.cli.verify import verify_command
 
         return verify_command(args)
+    if args.command == "gate":  # the node's gate.py, run here: never reaches the database
+        return slurm_gate.run(args)
     if args.command in telemetry.COMMANDS:
         return telemetry.run(args)
     if args.command == "rules":
@@ -243,8 +271,14 @@ def _run(args: argparse.Namespace) -> int:
         return model_commands.run(args)
     if args.command in fault_commands.COMMANDS:
         return fault_commands.run(args)
+    if args.command in breaker_commands.COMMANDS:
+        return breaker_commands.run(args)
     if args.command in incident_commands.COMMANDS:
         return incident_commands.run(args)
+    if args.command in silence_commands.COMMANDS:
+        return silence_commands.run(args)
+    if args.command in outcome_commands.COMMANDS:
+        return outcome_commands.run(args)
     if args.spool_command == "status":
         return _spool_status(spool_dir)
     return _spool_replay(args, spool_dir)

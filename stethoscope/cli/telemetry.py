@@ -53,6 +53,11 @@ def add_commands(commands: Any) -> None:
     serve.add_argument(
         "--http", default=DEFAULT_HTTP, help=f"HOST:PORT of /healthz /metrics /report ({DEFAULT_HTTP})"
     )
+    serve.add_argument(
+        "--gate-listen",
+        metavar="HOST:PORT",
+        help="also answer GET /gate/NODE (and nothing else) there, for the nodes' Slurm gates",
+    )
     serve.add_argument("--interval", type=float, default=60.0, help="seconds between diagnosis cycles (60)")
     serve.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
     serve.add_argument("--cycles", type=int, default=0, help="stop after N cycles (default: until stopped)")
@@ -283,6 +288,7 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
         sweeper=None if args.no_sweep else _sweeper(args, inventory, store, spool_dir),
         log_format=args.log_format,
         replay_dir=replay_dir(),
+        gate_http=_address(args.gate_listen, "--gate-listen") if args.gate_listen else None,
     )
     try:
         server.start()
@@ -292,7 +298,17 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
     assert server.collector is not None and server.httpd is not None
     udp, http = server.collector.address, server.httpd.server_address[:2]
     sweeps = f", sweeps every {server.sweeper.interval:g} s" if server.sweeper else ", no sweeps"
-    print(f"serve: udp {udp[0]}:{udp[1]}, http http://{http[0]!s}:{http[1]}/healthz{sweeps}", flush=True)
+    if server.gate_httpd is not None:
+        gate_at = server.gate_httpd.server_address
+        sweeps = f", gate http://{gate_at[0]!s}:{gate_at[1]}/gate/NODE" + sweeps
+    try:  # the mode from the first line: executing, standby and why, or dry-run
+        mode = cycles.mode(server.store)
+    except Exception as exc:  # the first cycle says it again, or why it failed
+        mode = f"mode not known yet ({type(exc).__name__}: {redact(str(exc))})"
+    print(
+        f"serve: udp {udp[0]}:{udp[1]}, http http://{http[0]!s}:{http[1]}/healthz{sweeps}; {mode}",
+        flush=True,
+    )
     _stop_on_signals(server.stop_event.set)
     started = time.time()
     try:

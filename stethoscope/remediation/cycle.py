@@ -11,6 +11,7 @@ life, so that no other executor acts on the same database between its cycles."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,8 +31,11 @@ from stethoscope.diagnosis.levels import SEVERITY_ORDER
 from stethoscope.diagnosis.model_findings import ModelUse
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.diagnosis.unknown import Fleet
+from stethoscope.remediation.action_pool import ActionPool
 from stethoscope.remediation.ledger import Ledger
 from stethoscope.remediation.lock import ExecutorLock, Heartbeat, lock_path
+from stethoscope.remediation.record import DRY_RUN, EXECUTE, record_dry_run, record_evaluation
+from stethoscope.remediation.silence_table import apply_silences
 from stethoscope.remediation.stream_cap import cap_stream_only, stream_only_metrics
 from stethoscope.store.client import Store
 from stethoscope.telemetry.metric_set import load_sets
@@ -75,7 +79,16 @@ class Cycles:
     long_running: bool = False
     beat_seconds: float | None = None  # heartbeat period (default the inventory's, else 60)
     stream_names: set[str] | None = None
+    background: bool = False  # serve: actions run on a pool beside the cycles (remediation.action_pool)
+    # called once, before the first executing cycle acts: (context, findings, rules, at_ms, model
+    # nodes); serve logs the plan (remediation.plan) with it
+    before_acting: Any = None
+    # (dsn, database) -> Context of a run that does not act (diagnose --plan): its findings silenced
+    # and capped as its executor's would be (its Slurm environment and names, stream isolation)
+    judge_with: Any = None
     _lock: ExecutorLock | None = field(default=None, repr=False)
+    _pool: ActionPool | None = field(default=None, repr=False)
+    _breaker: Any = field(default=None, repr=False)  # one for all cycles: the pool's work outlives one
     _heartbeat: Heartbeat | None = field(default=None, repr=False)
     _seen: dict[str, Previous] = field(default_factory=dict, repr=False)  # a dry-run's open findings
 
@@ -93,23 +106,38 @@ class Cycles:
             with _handle(store, self.dsn, self.database) as handle:
                 cadence = Cadence.learn(handle, at_ms, self.nodes)
                 fitted = cadence.fit_all(rules)
+                live: set[tuple[str, int, int]] | None = None
                 if context is not None:
-                    if self._heartbeat is None:
-                        beat = self.beat_seconds or float(context.setting("stethoscope_executor_beat", 60))
-                        self._heartbeat = Heartbeat(beat)
-                    standby = self._heartbeat.beat(handle)
+                    standby = self._beat(handle, context)
+                    live = None if standby or self._heartbeat is None else self._heartbeat.live(handle)
                 findings = diagnose(
                     handle, rules, at_ms, self.catalog, self.nodes, self.fleet, self.model, cadence
                 )
                 if context is None or standby:
                     findings += self._held(handle, findings, fitted, at_ms)
-            if context is None or not context.setting("stethoscope_stream_isolation", False):
+                judged = context
+                if judged is None and self.judge_with is not None:
+                    judged = self.judge_with(named.dsn, named.database)
+                apply_silences(handle, findings, judged)  # a silenced finding takes no action
+            if judged is None or not judged.setting("stethoscope_stream_isolation", False):
                 cap_stream_only(findings, fitted, self._stream_names())
             if context is not None and not standby:
                 from stethoscope.remediation.executor import Executor
 
                 evaluated = self.model.evaluated if self.model is not None and self.model.ran else None
-                findings = Executor(context).run(findings, fitted, at_ms, model_nodes=evaluated)
+                executor = Executor(context, self._breaker)
+                if self.long_running:
+                    self._breaker = executor.breaker
+                if self.before_acting is not None:
+                    self.before_acting(context, findings, fitted, at_ms, evaluated)
+                    self.before_acting = None
+                if self.background and self._pool is None:
+                    self._pool = ActionPool(executor.parallel)
+                findings = executor.run(
+                    findings, fitted, at_ms, model_nodes=evaluated, live=live, pool=self._pool
+                )
+            if (context is None and self.long_running) or (context is not None and not standby):
+                self._record(store, findings, fitted, at_ms, len(rules), dry_run=context is None)
         finally:
             if not self.long_running:
                 self.close()
@@ -136,8 +164,35 @@ class Cycles:
         named = Store(self.dsn, self.database)  # the DSN and database as resolved
         self._lock = ExecutorLock(lock_path(named.dsn, named.database)).acquire()
 
+    def _beat(self, store: Store, context: Any) -> str:
+        """This executor's heartbeat: '' when it acts, else why it stands by."""
+        if self._heartbeat is None:
+            beat = self.beat_seconds or float(context.setting("stethoscope_executor_beat", 60))
+            self._heartbeat = Heartbeat(beat)
+        return self._heartbeat.beat(store)
+
+    def mode(self, store: Store) -> str:
+        """The mode this command runs in, for its first log line: executing, standby and why, or
+        dry-run. An executing one claims the lock (if not yet) and beats once to know."""
+        if self.execute_with is None:
+            return "dry-run (no --execute)"
+        self.claim()
+        standby = self._beat(store, self.execute_with(store.dsn, store.database))
+        if standby:
+            return f"{standby}; standing by (executing when it stops)"
+        held = f"pid {os.getpid()} holds the executor lock of database {store.database}"
+        return f"executing ({held}; actions {'beside' if self.background else 'within'} the cycles)"
+
+    def actions_running(self) -> int:
+        """Incidents whose actions still run on the pool."""
+        return self._pool.pending() if self._pool is not None else 0
+
     def close(self) -> None:
-        """Retire the heartbeat (another host may take over at once) and release the lock."""
+        """Let the actions under way finish, retire the heartbeat (another host may take over at
+        once) and release the lock."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         try:
             if self._heartbeat is not None:
                 with Store(self.dsn, self.database) as store:
@@ -147,6 +202,24 @@ class Cycles:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+
+    def _record(
+        self,
+        store: Store | None,
+        findings: list[dict[str, Any]],
+        fitted: list[Rule],
+        at_ms: int,
+        rules: int,
+        dry_run: bool,
+    ) -> None:
+        """`watch` and `serve` keep every cycle's findings, acting or not, and each cycle that keeps
+        them says it evaluated (remediation.record): the board's past days are read from these."""
+        with _handle(store, self.dsn, self.database) as handle:
+            if dry_run:
+                seen = self.model.evaluated if self.model is not None and self.model.ran else None
+                record_dry_run(handle, findings, fitted, at_ms, self.nodes, seen)
+            mode = DRY_RUN if dry_run else EXECUTE
+            record_evaluation(handle, at_ms, mode, rules, self.nodes, len(findings))
 
     def _stream_names(self) -> set[str]:
         if self.stream_names is None:
@@ -217,7 +290,7 @@ class _handle:
 
 def render_result(result: CycleResult, as_json: bool) -> str:
     """What `diagnose` and `watch` print for a cycle: JSON findings, or one line per alarm."""
-    extra = ("txn_id", "outcome") if result.acted else ("outcome",)
+    extra = ("txn_id", "outcome", "silenced") if result.acted else ("outcome", "silenced")
     if as_json:
         return json.dumps([printable(f, extra) for f in result.findings], indent=1)
     name = result.model.describe() if result.model is not None else ""

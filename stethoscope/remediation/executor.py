@@ -10,6 +10,7 @@ Incidents act in parallel (`stethoscope_executor_parallel`, default 4), one inci
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -22,15 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from stethoscope.diagnosis.findings import held_finding, printable, template_context
+from stethoscope.diagnosis.hysteresis import Held
 from stethoscope.diagnosis.levels import action_label
-from stethoscope.diagnosis.rules import Action, Rule, parse_duration
+from stethoscope.diagnosis.rules import Action, Rule
 from stethoscope.inventory import Inventory
 from stethoscope.paths import default_spool_dir
 from stethoscope.paths import state_dir as default_state_dir
 from stethoscope.private_files import private_dir
+from stethoscope.remediation.ack import paused_txns
+from stethoscope.remediation.action_events import ActionEvent, emit, publish_breaker, ticket_key
+from stethoscope.remediation.action_pool import ActionPool
 from stethoscope.remediation.actions.http import send
 from stethoscope.remediation.actions.playbook import playbook_environment, run_playbook
-from stethoscope.remediation.breaker import CircuitBreaker
+from stethoscope.remediation.breaker import CircuitBreaker, drain_in_place
 from stethoscope.remediation.incident_view import notes
 from stethoscope.remediation.ledger import (
     DRAIN,
@@ -38,24 +43,26 @@ from stethoscope.remediation.ledger import (
     NEEDS_PERSON,
     ActionState,
     Drain,
+    KnownFinding,
     Ledger,
     action_row,
     note_row,
 )
-from stethoscope.remediation.life import Decision, Plan, Retry, decide, new_txn_id
+from stethoscope.remediation.life import PER_FINDING, UPDATES, Decision, Plan, Retry, decide, new_txn_id
+from stethoscope.remediation.reconcile import OWNER, PLANNED, RECONCILED, Orphans, owner, reconcile
 from stethoscope.remediation.retries import (
     ATTEMPTED,
     REFUSED,
-    Backoff,
     attempt_detail,
     attempt_of,
-    duration_setting,
     next_attempt,
     reason_of,
 )
+from stethoscope.remediation.settings import Settings
+from stethoscope.remediation.silence_table import silencer
 from stethoscope.remediation.slurm_state import read_nodes
 from stethoscope.store.client import Store, StoreError
-from stethoscope.store.dsn import ConfigError, redact
+from stethoscope.store.dsn import redact
 from stethoscope.store.spool import Spool
 from stethoscope.templating import TemplateFailure, Undefined, render
 from stethoscope.timeutil import iso, now_ms
@@ -65,6 +72,7 @@ __all__ = ["Context", "Executor", "Settings", "new_txn_id"]
 # a rule id as the rule loader takes it (model findings' ids hold '.')
 TXN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 RULE_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_RECORDS = threading.Lock()  # one store handle at a time in this process (embedded), every executor's
 
 
 @dataclass
@@ -88,53 +96,11 @@ class Context:
         }
 
 
-@dataclass(frozen=True)
-class Settings:
-    """The executor's settings, from the inventory and -e. `of` raises ConfigError naming a bad one:
-    `cli.diagnose.executor_factory` calls it when the context is built, so `diagnose`, `watch` and
-    `serve --execute` exit 2 at start rather than fail every cycle."""
-
-    backoff: Backoff
-    window_ms: int  # stethoscope_incident_window
-    isolated_fraction: float
-    window_fraction: float
-    breaker_window_seconds: int
-    playbook_timeout: int
-    parallel: int
-
-    @classmethod
-    def of(cls, context: Context) -> Settings:
-        backoff = Backoff.from_settings(context.setting)
-        window = context.setting("stethoscope_incident_window", "1h")
-        seconds = duration_setting(window)
-        if seconds is None:
-            raise ConfigError(f"stethoscope_incident_window: {window!r} is not a duration such as 1h")
-        fraction = _number(context, "stethoscope_breaker_fraction", 0.10, float)
-        return cls(
-            backoff,
-            seconds * 1000,
-            _number(context, "stethoscope_breaker_isolated_fraction", fraction, float),
-            _number(context, "stethoscope_breaker_window_fraction", fraction, float),
-            parse_duration(context.setting("stethoscope_breaker_window", "1h")) or 3600,
-            _number(context, "stethoscope_playbook_timeout", 1800, int),
-            max(1, _number(context, "stethoscope_executor_parallel", 4, int)),
-        )
-
-
 def _checked_id(name: str, value: Any, pattern: re.Pattern[str]) -> str:
     """A transaction or rule id as it may name a folder, a Slurm reason or a ticket label."""
     if not isinstance(value, str) or not pattern.fullmatch(value):
         raise ValueError(f"{name} {ascii(value)[:80]} is not an id of the form {pattern.pattern}")
     return value
-
-
-def _number(context: Context, name: str, default: Any, kind: Any) -> Any:
-    value = context.setting(name, default)
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        what = "a whole number" if kind is int else "a number"
-        raise ConfigError(f"{name}: {value!r} is not {what}") from None
 
 
 @dataclass
@@ -173,16 +139,79 @@ def _work(plan: Plan) -> list[_Work]:
     return list(works.values())
 
 
+def _beside(work: _Work, planned: frozenset[str] | None) -> set[str] | None:
+    """The actions `work` plans, run beside (after) its incident's earlier work still running, which
+    planned `planned` (None: none runs): retries and calls for a person wait for the next cycle, a
+    new finding runs only what the running work does not (its log, and a ticket update when it
+    escalates). None when nothing is left to run."""
+    if planned is not None:
+        work.retries, work.exhausted = [], []
+        for decision in work.decisions:
+            rises = decision.escalation is not None
+            decision.actions = tuple(
+                a
+                for a in decision.actions
+                if action_label(a) not in planned
+                or action_label(a) in PER_FINDING
+                or (rises and action_label(a) in UPDATES)
+            )
+        work.decisions = [d for d in work.decisions if d.actions or d.escalation]
+    labels = {r.earlier.action for r in work.retries}
+    for decision in work.decisions:
+        labels.update(action_label(a) for a in decision.actions)
+        under_way = ", ".join(action_label(a) for a in decision.actions) or "nothing new"
+        decision.finding["outcome"] = f"acting in the background: {under_way}"
+    if planned is not None and not work.decisions:
+        return None
+    return labels if work.retries or work.decisions or work.exhausted else None
+
+
+class _Shaped:
+    """Findings shaped for their actions, by id: as matched this cycle, else as stored (read once)."""
+
+    def __init__(self, ledger: Ledger, findings: list[dict[str, Any]], rules: list[Rule]):
+        self.ledger, self.rules = ledger, rules
+        self.matched = {f["finding_id"]: f for f in findings}
+        self._known: dict[str, KnownFinding] | None = None
+
+    def finding(self, finding_id: str) -> dict[str, Any] | None:
+        if finding_id in self.matched:
+            return self.matched[finding_id]
+        if self._known is None:
+            self._known = self.ledger.known_findings()
+        known = self._known.get(finding_id)
+        return held_finding(Held(known.previous(), ""), self.rules) if known else None
+
+    def plan(self, finding_id: str) -> tuple[Action, ...] | None:
+        finding = self.finding(finding_id)
+        return tuple(finding["plan"]) if finding else None
+
+    def rule_of(self, finding_id: str) -> str:
+        finding = self.finding(finding_id) if finding_id else None
+        return finding["rule_id"] if finding else ""
+
+    def decisions(self, unstarted: dict[str, tuple[str, list[str]]], paused: set[str]) -> list[Decision]:
+        """What a dead executor never started, but not for a finding a silence holds now nor for an
+        incident a person acknowledged (`paused`): those wait as their retries do."""
+        found = []
+        for finding_id, (txn_id, labels) in unstarted.items():
+            finding = self.finding(finding_id)
+            if finding is None or finding.get("silenced") or txn_id in paused:
+                continue
+            finding = {**finding, "txn_id": txn_id} if finding.get("txn_id") != txn_id else finding
+            actions = tuple(a for a in finding["plan"] if action_label(a) in labels)
+            found.append(Decision(finding, actions, joined=""))
+        return found
+
+
 class Executor:
-    def __init__(self, context: Context):
+    def __init__(self, context: Context, breaker: CircuitBreaker | None = None):
+        """`breaker`: the long-running command's own, kept from cycle to cycle (its pool's work
+        queued in one cycle takes its permits in a later one); else one for this run."""
         self.ctx = context
         settings = Settings.of(context)
-        self.breaker = CircuitBreaker(
-            len(context.inventory.hosts),
-            settings.isolated_fraction,
-            settings.breaker_window_seconds,
-            settings.window_fraction,
-        )
+        self.breaker = breaker or settings.breaker(len(context.inventory.hosts))
+        self.http_timeout, self.http_retries = settings.http_timeout, settings.http_retries
         self.playbook_timeout = settings.playbook_timeout
         self.parallel = settings.parallel
         self.log_path = Path(context.setting("stethoscope_diagnose_log", context.state_dir / "findings.log"))
@@ -190,7 +219,8 @@ class Executor:
         self.window_ms = settings.window_ms
         self.at_ms = now_ms()  # the cycle's clock (its evaluation time): retries are due by it
         self.spooled = False
-        self._records = threading.Lock()  # one store handle at a time in this process (embedded)
+        self._records = _RECORDS
+        self._said = threading.Lock()  # the pool's threads add to these while the cycle reads them
         self._attempted: set[tuple[str, str, str]] = set()  # (txn, finding, action) tried this cycle
         self._retried: dict[str, list[str]] = {}  # txn -> what its retries did this cycle
 
@@ -203,14 +233,23 @@ class Executor:
         rules: list[Rule],
         at_ms: int,
         model_nodes: Collection[str] | None = None,
+        *,
+        live: Collection[tuple[str, int, int]] | None = None,
+        pool: ActionPool | None = None,
     ) -> list[dict[str, Any]]:
         """The findings with what each did, and the findings held open though they did not match
         (diagnosis.hysteresis). `rules` as fitted to the cadence; `model_nodes`: the nodes the model
-        evaluated this cycle (None: it did not run)."""
+        evaluated this cycle (None: it did not run). First, what dead executors left in flight is
+        reconciled (remediation.reconcile; `live`: the executors whose heartbeat is live, None when
+        not known). With `pool` (serve) the actions run there and this returns at once; an incident
+        whose earlier work is still running is not given the same actions again."""
         self.at_ms = at_ms
+        busy = pool.busy() if pool is not None else {}
         with self._store() as store:
             self._replay_spool(store)
             ledger = Ledger(store)
+            shaped = _Shaped(ledger, findings, rules)
+            unstarted = self._reconcile(ledger, live, busy, shaped)
             plan = decide(
                 store,
                 findings,
@@ -220,18 +259,82 @@ class Executor:
                 model_nodes=model_nodes,
                 window_ms=self.window_ms,
                 backoff=self.backoff,
+                quiet=silencer(store, self.ctx),  # a silenced node's incident retries nothing
             )
             ledger.write_findings(plan.rows)
             for finding_id, status, version in plan.changes:
                 ledger.set_status(finding_id, status, version)
+            plan.decisions += shaped.decisions(unstarted, paused_txns(plan.states))
             acting = [a for d in plan.decisions for a in d.actions] + [r.action for r in plan.retries]
-            if any(action_label(a) == DRAIN for a in acting):
-                self._arm_breaker(ledger)
-        with ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="incident") as pool:
-            list(pool.map(self._incident, _work(plan)))
+            # armed every cycle (/metrics shows it); overdue drains expire only when one is planned
+            self._arm_breaker(ledger, expire=any(action_label(a) == DRAIN for a in acting))
+        if pool is None:
+            works = _work(plan)
+            self._plan_rows(works)
+            with ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="incident") as threads:
+                list(threads.map(self._incident, works))
+        else:
+            beside = [(w, _beside(w, busy.get(w.txn_id))) for w in _work(plan)]
+            queued = [(w, labels) for w, labels in beside if labels is not None]
+            self._plan_rows([w for w, _ in queued])  # on record before any of it is queued
+            for work, labels in queued:
+                pool.submit(work.txn_id, labels, functools.partial(self._incident, work))
         findings = [*findings, *(held_finding(held, rules) for held in plan.held)]
         self._tell(findings, plan.open_txns)
         return findings
+
+    def _plan_rows(self, works: list[_Work]) -> None:
+        """A `planned` row per new action, naming this executor, before any runs: an executor that
+        dies before it starts one leaves its successor the row (remediation.reconcile runs it)."""
+        mine, at = owner(), now_ms()
+        rows = [
+            {
+                "txn_id": decision.finding["txn_id"],
+                "finding_id": decision.finding["finding_id"],
+                "action": action_label(action),
+                "target": decision.finding["node_id"],
+                "status": PLANNED,
+                "detail": {OWNER: mine, "planned_at": iso(self.at_ms)},
+                "started_at": at,
+                "finished_at": None,
+            }
+            for work in works
+            for decision in work.decisions
+            for action in decision.actions
+        ]
+        if rows:
+            with self._records, self._store() as store:
+                store.insert_rows("actions", [action_row(row, at) for row in rows])
+
+    def _reconcile(
+        self,
+        ledger: Ledger,
+        live: Collection[tuple[str, int, int]] | None,
+        busy: dict[str, frozenset[str]],
+        shaped: _Shaped,
+    ) -> dict[str, tuple[str, list[str]]]:
+        """Settle what dead executors left in flight; the actions of theirs that never started."""
+        environment = self.ctx.setting("stethoscope_slurm_environment") or {}
+        names = {name: host.slurm_name for name, host in self.ctx.inventory.hosts.items()}
+        done = reconcile(
+            ledger,
+            Orphans(live, self._timeout_ms, busy),
+            self.at_ms,
+            names,
+            lambda: read_nodes({str(k): str(v) for k, v in dict(environment).items()}),
+            shaped.plan,
+        )
+        for state, status in done.settled:
+            why = f"{RECONCILED}: in flight since {iso(state.started_ms)}"
+            rule = shaped.rule_of(state.finding_id)
+            emit(ActionEvent(state.action, status, state.target, rule, state.txn_id, why))
+        return done.unstarted
+
+    def _timeout_ms(self, action: str) -> int:
+        """How long an action may be in flight before it is taken for dead (no executor named)."""
+        if action.startswith("playbook:"):
+            return self.playbook_timeout * 1000
+        return max(600_000, int(self.http_timeout * (self.http_retries + 1) * 2000))
 
     def _tell(self, findings: list[dict[str, Any]], open_txns: set[str]) -> None:
         """Each finding's outcome line also says what its incident waits for: a retry and when, a
@@ -243,8 +346,10 @@ class Executor:
                 states = Ledger(store).action_states(open_txns) if open_txns else []
         except StoreError:
             return  # the next run replays the spool; the outcome lines say what was done
-        said = notes(states, self.backoff, self._attempted)
-        for txn, done in self._retried.items():
+        with self._said:
+            attempted, retried = set(self._attempted), {t: list(d) for t, d in self._retried.items()}
+        said = notes(states, self.backoff, attempted)
+        for txn, done in retried.items():
             said[txn] = [*done, *said.get(txn, [])]
         for finding in findings:
             extra = said.get(finding.get("txn_id") or "")
@@ -268,34 +373,27 @@ class Executor:
     def _spool(self) -> Spool:
         return Spool(self.ctx.spool_dir, self.ctx.dsn, self.ctx.database)
 
-    def _arm_breaker(self, ledger: Ledger) -> None:
+    def _arm_breaker(self, ledger: Ledger, expire: bool = True) -> None:
         """Who is out of service now and who was isolated within the window, from the actions
-        table and, where it can be asked, Slurm; in-flight drains past their timeout expire."""
-        hosts = self.ctx.inventory.hosts
+        table and, where it can be asked, Slurm; in-flight drains past their timeout expire (with
+        `expire`; else they are only looked at)."""
         environment = self.ctx.setting("stethoscope_slurm_environment") or {}
         slurm = read_nodes({str(k): str(v) for k, v in dict(environment).items()})
-        now = now_ms()
-        held = set()
-        for drain in ledger.drains():
-            overdue = drain.status == "in_flight" and now - drain.started_ms > self.playbook_timeout * 1000
-            if overdue and not self._expire(ledger, drain, slurm):
-                continue
-            held.add(drain.node)
-        self.breaker.isolated = held
-        self.breaker.recent = ledger.isolations_since(now - self.breaker.window_seconds * 1000)
-        if slurm is None:
-            self.breaker.slurm_note = "; Slurm could not be asked"
-            return
-        by_slurm_name = {host.slurm_name: name for name, host in hosts.items()}
-        for slurm_name, node in slurm.items():
-            if node.out_of_service and slurm_name in by_slurm_name:
-                self.breaker.isolated.add(by_slurm_name[slurm_name])
+        names = {name: host.slurm_name for name, host in self.ctx.inventory.hosts.items()}
+        self.breaker.arm(
+            ledger,
+            names,
+            slurm,
+            now_ms(),
+            self.playbook_timeout * 1000,
+            (lambda drain: self._expire(ledger, drain, slurm)) if expire else None,
+        )
+        publish_breaker(self.breaker.state())
 
     def _expire(self, ledger: Ledger, drain: Drain, slurm: dict[str, Any] | None) -> bool:
         """An in-flight drain whose executor died: in place if Slurm shows its reason, else expired."""
-        host = self.ctx.inventory.hosts.get(drain.node)
-        node = slurm.get(host.slurm_name if host else drain.node) if slurm else None
-        in_place = node is not None and node.out_of_service and drain.txn_id in node.reason.split()
+        names = {name: host.slurm_name for name, host in self.ctx.inventory.hosts.items()}
+        in_place = drain_in_place(drain, names, slurm)
         reason = "Slurm shows its drain" if in_place else "Slurm shows no drain of its txn"
         if slurm is None:
             reason = "Slurm could not be asked"
@@ -310,6 +408,8 @@ class Executor:
             "finished_at": now_ms(),
         }
         ledger.write_action(row, now_ms())
+        why = f"in flight past its timeout ({self.playbook_timeout} s): {reason}"
+        emit(ActionEvent(DRAIN, "ok" if in_place else "expired", drain.node, "", drain.txn_id, why))
         return in_place
 
     def _record(self, row: dict[str, Any]) -> None:
@@ -332,9 +432,10 @@ class Executor:
             if not self._room_for(retry):
                 continue  # still refused: no attempt, no row, no alert; the outcome line says it waits
             done = self._act(retry.finding, retry.action, retry.earlier)
-            self._retried.setdefault(work.txn_id, []).append(
-                f"retried {done.label} {done.status} (attempt {done.attempt} of {self.backoff.attempts})"
-            )
+            with self._said:
+                self._retried.setdefault(work.txn_id, []).append(
+                    f"retried {done.label} {done.status} (attempt {done.attempt} of {self.backoff.attempts})"
+                )
             failed.append((retry.finding, done))
         for decision in work.decisions:
             failed += [(decision.finding, done) for done in self._act_all(decision)]
@@ -378,6 +479,8 @@ class Executor:
                 },
             )
         )
+        action = failures[0][1].label
+        emit(ActionEvent(action, NEEDS_PERSON, node, finding.get("rule_id", ""), txn_id, what))
 
     def _act_all(self, decision: Decision) -> list[Outcome]:
         finding = decision.finding
@@ -391,6 +494,8 @@ class Executor:
             results.append(
                 f"escalated {escalation['from']} -> {escalation['to']} under txn {finding['txn_id']}"
             )
+            if escalation.get("reason"):  # resumed without repair (remediation/repair.py)
+                results[-1] += f" ({escalation['reason']}: txn {escalation.get('resumed_txn', '')})"
         elif decision.joined:
             results.append(f"joined incident {finding['txn_id']} ({decision.joined})")
         done = [self._act(finding, action) for action in decision.actions]
@@ -418,7 +523,9 @@ class Executor:
             "started_at": now_ms(),
             "finished_at": None,
         }
-        self._attempted.add((row["txn_id"], row["finding_id"], label))
+        row["detail"][OWNER] = owner()  # whose it is: reconcile tells an orphan by it
+        with self._said:
+            self._attempted.add((row["txn_id"], row["finding_id"], label))
         self._record(row)  # the intent is on record before the action starts
         try:
             refused_before = earlier is not None and earlier.status == REFUSED
@@ -435,6 +542,11 @@ class Executor:
         detail = attempt_detail(detail, status, attempt, self.at_ms, self.backoff, earlier)
         row.update(status=status, detail=detail, finished_at=now_ms())
         self._record(row)
+        if label == DRAIN:
+            self.breaker.settle(row["target"])  # on record: the ledger counts it (or not) from now on
+        why = "" if status == "ok" else reason_of(detail)
+        key = ticket_key(detail)
+        emit(ActionEvent(label, status, row["target"], finding["rule_id"], row["txn_id"], why, key, attempt))
         return Outcome(label, status, attempt, detail)
 
     def _dispatch(
@@ -495,8 +607,8 @@ class Executor:
             endpoint,
             json.dumps(body, sort_keys=True).encode(),
             idempotency_key=finding["txn_id"],
-            timeout=float(self.ctx.setting("stethoscope_http_timeout", 10)),
-            retries=int(self.ctx.setting("stethoscope_http_retries", 3)),
+            timeout=self.http_timeout,
+            retries=self.http_retries,
         )
         detail = {"message": message, "http_status": result.status, "attempts": result.attempts}
         if not result.ok:
@@ -552,4 +664,19 @@ class Executor:
         detail = {"rc": result.rc, "runner_status": result.status, "events": result.events}
         if result.skipped:  # the playbook had nothing to act with (its backend not configured)
             return "skipped", node, {"reason": result.skipped, **detail}
+        other = self._drained_by_other(host.slurm_name, finding["txn_id"]) if draining and result.ok else None
+        if other is not None:  # the drain left in place someone else's: not stethoscope's isolation
+            self.breaker.release(node)
+            return "skipped", node, {"reason": f"drained by someone else: {other}", **detail}
         return ("ok" if result.ok else "failed"), node, detail
+
+    def _drained_by_other(self, slurm_name: str, txn_id: str) -> str | None:
+        """Slurm's reason when it shows the node drained for another reason than this txn's (a
+        person's, another txn's, the gate's): the slurm_node module keeps it and reports ok. None
+        when the drain is this txn's, or Slurm cannot be asked (the drain's own result stands)."""
+        environment = self.ctx.setting("stethoscope_slurm_environment") or {}
+        slurm = read_nodes({str(k): str(v) for k, v in dict(environment).items()})
+        node = slurm.get(slurm_name) if slurm else None
+        if node is None or not node.out_of_service or txn_id in node.reason.split():
+            return None
+        return node.reason

@@ -10,9 +10,11 @@ from typing import Any
 
 from stethoscope.catalog import Catalog, default_catalog
 from stethoscope.diagnosis.levels import SEVERITY_ORDER
+from stethoscope.remediation.ack import WITHDRAWN, Acknowledgement, acknowledgement
 from stethoscope.remediation.incidents import enclosing_device, keeps_own
 from stethoscope.remediation.ledger import ACK, NEEDS_PERSON, ActionState, KnownFinding, Ledger, note_row
 from stethoscope.remediation.retries import Backoff, exhausted, pending, retryable
+from stethoscope.remediation.silences import SILENCED
 from stethoscope.store.client import Store
 from stethoscope.timeutil import iso
 
@@ -28,12 +30,18 @@ class Incident:
     rules: list[str]
     first_seen_ms: int
     last_seen_ms: int
-    status: str  # open | needs a person | acknowledged | resolved
+    status: str  # open | needs a person | acknowledged | silenced | resolved
     findings: list[KnownFinding] = field(default_factory=list)
     actions: list[ActionState] = field(default_factory=list)
 
+    @property
+    def ack(self) -> Acknowledgement | None:
+        return acknowledgement(self.actions)
+
     def as_dict(self) -> dict[str, Any]:
+        ack = self.ack
         return {
+            "acknowledged_by": ack.by if ack else None,
             "txn_id": self.txn_id,
             "node_id": self.node_id,
             "device": self.device,
@@ -48,7 +56,10 @@ class Incident:
 def status_of(findings: Collection[KnownFinding], states: Collection[ActionState]) -> str:
     if all(f.status == "resolved" for f in findings):
         return RESOLVED
-    if any(s.action == ACK for s in states):
+    if all(f.status in ("resolved", SILENCED) for f in findings):
+        return SILENCED  # a silence or maintenance holds what is left of it
+    ack = acknowledgement(states)
+    if ack is not None and ack.pausing:
         return ACKNOWLEDGED
     if any(s.action == NEEDS_PERSON for s in states):
         return NEEDS
@@ -65,7 +76,10 @@ def notes(
         if state.action == NEEDS_PERSON:
             note = f"needs a person: {state.detail.get('reason', '')}"
         elif state.action == ACK:
-            note = f"acknowledged by {state.detail.get('by', '?')}"
+            ack = acknowledgement(s for s in states if s.txn_id == state.txn_id)
+            if ack is None:
+                continue
+            note = ack.describe() + ("" if ack.escalated else ": its retries and alerts wait")
         elif (
             retryable(state)
             and not exhausted(state, backoff)
@@ -137,7 +151,18 @@ def incident(store: Store, txn_id: str, catalog: Catalog | None = None) -> Incid
 
 def acknowledge(store: Store, found: Incident, by: str, note: str) -> dict[str, Any]:
     """Record that a person took the incident: an `ack` row of its transaction (a later one replaces
-    it). Retries go on; its status reads `acknowledged` until it resolves."""
+    it). Its retries and alerts wait (remediation.ack) and its status reads `acknowledged` until it
+    escalates, is un-acknowledged or resolves."""
     row = note_row(found.txn_id, ACK, found.node_id, {"by": by, "note": note})
     Ledger(store).write_action(row, row["finished_at"])
+    return row
+
+
+def unacknowledge(store: Store, found: Incident, by: str) -> dict[str, Any]:
+    """The incident's ack row again, `withdrawn`: its retries and alerts go on."""
+    earlier = found.ack
+    detail = {"by": earlier.by if earlier else "", "withdrawn_by": by}
+    row = {**note_row(found.txn_id, ACK, found.node_id, detail), "status": WITHDRAWN}
+    version = max([row["finished_at"], *(s.version + 1 for s in found.actions if s.action == ACK)])
+    Ledger(store).write_action(row, version)
     return row

@@ -15,6 +15,7 @@ from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
 DRAIN = "playbook:remediate/drain.yml"
+TICKET = "playbook:remediate/ticket.yml"  # the ticket action's label (diagnosis.levels' ticket)
 
 
 RESUME = "resume"  # verify resumed the node: the drain of that txn ends, its findings resolve
@@ -24,7 +25,7 @@ ACK = "ack"  # a person took the incident (`stethoscope incidents ack`)
 ESCALATE = "escalate"  # a more severe finding joined the incident
 BOOKKEEPING = (RESUME, NEEDS_PERSON, ACK, ESCALATE)
 HELD = ("ok", "in_flight")  # a drain in place, or one that may be
-STATUSES = ("open", "stale", "resolved")
+STATUSES = ("open", "stale", "resolved", "silenced")  # silenced: remediation.silences
 
 
 @dataclass

@@ -14,8 +14,15 @@ keep their finding open, and what becomes of the findings that stopped matching.
   and logs are retried while the incident is open: whoever is told should hear of it either way.
 - The cooldown holds only a finding resolved and matching again (flapping): it re-opens under its
   old transaction and does not act.
+- A finding a silence or maintenance holds (remediation.silences) is `silenced`: no action, none of
+  its actions retried; once released it acts as a new one would, or, silenced under an open
+  incident, rejoins it (its start kept) and runs only what that incident has not taken. An
+  acknowledged incident's retries and alerts wait until it escalates or is un-acknowledged
+  (remediation.ack).
 - A finding that stops matching is `resolved` when fresh data says so, `stale` when the data
-  stopped; one whose transaction holds a drain stays open until verify resumes the node. A model
+  stopped; one whose transaction holds a drain stays open until verify resumes the node. One that
+  matches again within a week of verify's resume was resumed without repair (remediation/repair.py):
+  a new transaction, critical, that alerts and drains again. A model
   finding resolves when the model saw its node's data this cycle and found nothing, is stale when
   it saw none, and stays as it is when the model did not run (--no-model).
 """
@@ -24,7 +31,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +40,12 @@ from stethoscope.diagnosis.findings import RULE_FAILED, held_finding
 from stethoscope.diagnosis.hysteresis import HELD, Held, held_reason, settle_all
 from stethoscope.diagnosis.levels import SEVERITY_ORDER, action_label
 from stethoscope.diagnosis.rules import Action, Rule
+from stethoscope.remediation.ack import paused_txns
 from stethoscope.remediation.incidents import DEFAULT_WINDOW_SECONDS, Incident, OpenIncidents
 from stethoscope.remediation.ledger import DRAIN, ActionState, KnownFinding, Ledger
+from stethoscope.remediation.repair import reisolation, resumed_txns, unrepaired
 from stethoscope.remediation.retries import Backoff, due, exhausted
+from stethoscope.remediation.silences import SILENCED
 from stethoscope.store.client import Store
 from stethoscope.timeutil import iso, now_ms
 
@@ -105,18 +115,24 @@ def decide(
     window_ms: int = DEFAULT_WINDOW_SECONDS * 1000,
     backoff: Backoff | None = None,
     catalog: Catalog | None = None,
+    quiet: Callable[[dict[str, Any]], str | None] | None = None,
 ) -> Plan:
     """What the matched findings do, and what becomes of the others. `rules` as fitted to the
     cadence (diagnosis.cadence). `hosts`: the inventory evaluated; another inventory's findings in
     the same database are left as they are. `model_nodes`: the nodes the model saw data of this
     cycle (None: it did not run). `window_ms`: how long after its latest finding an incident is
-    joined by new ones; `backoff`: the retries of failed actions."""
+    joined by new ones; `backoff`: the retries of failed actions; `quiet`: what silences a finding
+    that did not match now (silence_table.silencer), so that its incident retries nothing."""
     ledger = Ledger(store)
     known = ledger.known_findings()
+    resumed = resumed_txns(  # a node verify resumed that matches again: resumed without repair
+        store, {known[f["finding_id"]].txn_id for f in findings if f["finding_id"] in known}
+    )
     family_of = {rule.rule_id: rule.family or "" for rule in rules}
     incidents = OpenIncidents(catalog or default_catalog(), window_ms)
     for member in sorted(known.values(), key=lambda m: m.first_seen_ms):
-        if member.status != "resolved":
+        # a dry run's finding (no txn) is no incident, nor one a silence holds
+        if member.status not in ("resolved", SILENCED) and member.txn_id:
             incidents.add(
                 member.txn_id,
                 member.rule_id,
@@ -126,7 +142,13 @@ def decide(
                 member.last_seen_ms,
                 family_of.get(member.rule_id, ""),
             )
-    states = ledger.action_states(incidents.by_txn) if incidents.by_txn else []
+    released = {  # silenced under an open incident, matched now unsilenced: it rejoins that incident
+        known[f["finding_id"]].txn_id
+        for f in findings
+        if not f.get("silenced") and _released(known.get(f["finding_id"]))
+    }
+    txns = set(incidents.by_txn) | released
+    states = ledger.action_states(txns) if txns else []
     taken: dict[str, set[str]] = {}
     for state in states:
         taken.setdefault(state.txn_id, set()).add(state.action)
@@ -135,10 +157,34 @@ def decide(
     for finding in _order(findings):
         k = known.get(finding["finding_id"])
         family = family_of.get(finding["rule_id"], "")
-        if k is not None and k.status != "resolved":
+        if finding.get("silenced"):  # remediation.silences: recorded as silenced, no action
+            rows.append(_silenced(finding, k, at_ms))
+            continue
+        # a dry run's, or one a silence held outside any incident: it acts as a new one would
+        dry = k if k is not None and (not k.txn_id or k.status == SILENCED) and not _released(k) else None
+        if dry is not None:
+            k = None  # new to the executor: it opens an incident and acts
+        if k is not None and _released(k):  # back in its incident: only what it has not taken runs
+            finding.update(txn_id=k.txn_id, first_seen_ms=k.first_seen_ms, outcome="")
+            done = taken.setdefault(k.txn_id, set())
+            actions = tuple(a for a in finding["plan"] if action_label(a) not in done)
+            done.update(action_label(a) for a in actions)
+            if actions:
+                decisions.append(Decision(finding, actions, joined=f"released from silence, txn {k.txn_id}"))
+            else:
+                since = iso(k.first_seen_ms)
+                finding["outcome"] = (
+                    f"released from silence, open since {since} under txn {k.txn_id}: no new action"
+                )
+        elif k is not None and k.status != "resolved":
             _keep(
                 finding, k.txn_id, k.first_seen_ms, f"open since {iso(k.first_seen_ms)} under txn {k.txn_id}"
             )
+        elif k is not None and unrepaired(k, resumed, at_ms):  # isolated again, under a new txn
+            actions, escalation = reisolation(finding, k)
+            finding.update(first_seen_ms=at_ms, outcome="", txn_id=new_txn_id())
+            decisions.append(Decision(finding, actions, escalation))
+            taken[finding["txn_id"]] = {action_label(a) for a in actions}
         elif k is not None and at_ms - k.last_seen_ms < finding["cooldown_seconds"] * 1000:
             _keep(
                 finding,
@@ -148,7 +194,8 @@ def decide(
             )
         else:
             found = incidents.find(finding["rule_id"], finding["node_id"], finding["device"], family, at_ms)
-            finding.update(first_seen_ms=at_ms, outcome="")
+            ongoing = dry is not None and dry.status != "resolved"  # seen since then, acted on now
+            finding.update(first_seen_ms=dry.first_seen_ms if dry and ongoing else at_ms, outcome="")
             if found is None:
                 finding["txn_id"] = new_txn_id()
                 decisions.append(Decision(finding, tuple(finding["plan"])))
@@ -170,19 +217,43 @@ def decide(
             family,
         )
         finding["first_seen"] = iso(finding["first_seen_ms"])
-        rows.append((finding, "open", _version(k), at_ms))
+        rows.append((finding, "open", _version(k or dry), at_ms))
     changes, held = _the_others(store, ledger, known, findings, rules, at_ms, hosts, model_nodes)
     resolved = {finding_id for finding_id, status, _ in changes if status == "resolved"}
-    open_txns = {f["txn_id"] for f in findings} | {
+    open_txns = {f["txn_id"] for f in findings if not f.get("silenced")} | {
         k.txn_id
         for k in known.values()
-        if k.status != "resolved"
+        if k.status not in ("resolved", SILENCED)
+        and k.txn_id
         and k.finding_id not in resolved
         and (hosts is None or any(node in hosts for node in k.nodes))
     }
+    # an acknowledged incident's retries and alerts wait for its person, until it escalates
+    paused = paused_txns(states) - {d.finding["txn_id"] for d in decisions if d.escalation}
+    for decision in decisions:
+        if decision.finding["txn_id"] in paused:
+            decision.actions = tuple(a for a in decision.actions if a.type != "alert")
     plan = Plan(decisions, rows, changes, held, states=states, open_txns=open_txns)
-    _retries(plan, findings, known, rules, at_ms, backoff or Backoff())
+    _retries(plan, findings, known, rules, at_ms, backoff or Backoff(), paused, quiet)
     return plan
+
+
+def _silenced(
+    finding: dict[str, Any], k: KnownFinding | None, at_ms: int
+) -> tuple[dict[str, Any], str, int, int]:
+    """The row of a finding a silence or maintenance holds: under the txn of its open incident if it
+    had one, first seen when that incident began (when the silence began to hold it otherwise)."""
+    txn = k.txn_id if k is not None and k.status != "resolved" else ""
+    ongoing = k is not None and (k.status == SILENCED or bool(txn))  # its incident's start is kept
+    finding.update(txn_id=txn, first_seen_ms=k.first_seen_ms if k is not None and ongoing else at_ms)
+    finding["first_seen"] = iso(finding["first_seen_ms"])
+    finding.setdefault("outcome", f"silenced by {finding['silenced']}: no action")
+    return finding, SILENCED, _version(k), at_ms
+
+
+def _released(k: KnownFinding | None) -> bool:
+    """A finding a silence held under its open incident's txn (a verify resume would have resolved it)."""
+    return k is not None and k.status == SILENCED and bool(k.txn_id)
 
 
 def _join(finding: dict[str, Any], incident: Incident, taken: set[str], why: str) -> Decision:
@@ -212,13 +283,27 @@ def _retries(
     rules: list[Rule],
     at_ms: int,
     backoff: Backoff,
+    paused: Collection[str] = (),
+    quiet: Callable[[dict[str, Any]], str | None] | None = None,
 ) -> None:
     """The actions of open incidents due for their next attempt, each with its finding (as matched
     now, else as stored) and its action from the finding's plan; and those past their last retry.
-    A drain only while a finding of its incident matches this cycle."""
-    states = [s for s in plan.states if s.txn_id in plan.open_txns]
+    A drain only while a finding of its incident matches this cycle. None of an incident `paused`
+    (acknowledged), nor of one with a finding silenced now: matched and marked, or, one that did not
+    match, as `quiet` says (its node in maintenance or under a silence)."""
     matched = {f["finding_id"]: f for f in findings}
-    matching = {f["txn_id"] for f in findings}
+    silenced_txns = {f["txn_id"] for f in findings if f.get("silenced") and f.get("txn_id")}
+    for s in plan.states:
+        if s.txn_id in plan.open_txns and s.txn_id not in silenced_txns and s.finding_id not in matched:
+            stored = _stored(known.get(s.finding_id), rules) if quiet is not None else None
+            if stored is not None and quiet is not None and quiet(stored):
+                silenced_txns.add(s.txn_id)
+    states = [
+        s
+        for s in plan.states
+        if s.txn_id in plan.open_txns and s.txn_id not in paused and s.txn_id not in silenced_txns
+    ]
+    matching = {f["txn_id"] for f in findings if not f.get("silenced")}
     for state in due(states, at_ms, backoff):
         if state.action == DRAIN and state.txn_id not in matching:
             continue
@@ -280,12 +365,26 @@ def _the_others(
     ]
     if not silent:
         return [], []
-    drained = ledger.drained_txns()
+    return settle_silent(store, silent, rules, at_ms, model_nodes, ledger.drained_txns())
+
+
+def settle_silent(
+    store: Store,
+    silent: list[KnownFinding],
+    rules: list[Rule],
+    at_ms: int,
+    model_nodes: Collection[str] | None,
+    drained: Collection[str] = (),
+) -> tuple[list[tuple[str, str, int]], list[Held]]:
+    """Of the known findings that did not match now: (finding_id, status, version) of those whose
+    status changes (resolved on fresh clear data, stale when it stopped), and those held open
+    (hysteresis.settle; the findings of a drained txn until verify resumes its node). Executing
+    cycles settle their incidents' findings with it, dry runs (remediation.record) their own."""
     changes: list[tuple[str, str, int]] = []
     held: list[Held] = []
     pending: list[KnownFinding] = []
     for k in silent:
-        if k.txn_id in drained:  # its node stays drained until verify resumes it, whatever the data does
+        if k.txn_id and k.txn_id in drained:  # its node stays drained until verify resumes it
             held.append(
                 Held(k.previous(), f"drained under txn {k.txn_id}: open until verify resumes the node")
             )
@@ -303,7 +402,7 @@ def _the_others(
         verdict = verdicts.get(k.finding_id)
         if verdict is None:
             continue  # a rule no longer loaded: left as it is
-        status = "open" if verdict == HELD else verdict
+        status = (SILENCED if k.status == SILENCED else "open") if verdict == HELD else verdict
         if status != k.status:
             changes.append((k.finding_id, status, _version(k)))
         if verdict == HELD:

@@ -7,7 +7,10 @@ which two runs may set apart), is held across a whole evaluate -> act -> record 
 executor: its whole life). The file says who holds it: pid and program (`stethoscope serve`), never
 arguments, which may carry a DSN's password. Across users of one host and across hosts (a server
 DSN) each executor writes a heartbeat row into `executors` every cycle; only the oldest live one
-(started_at, then host name) acts, and a holder that missed 3 beats is no longer live."""
+(started_at, then host name) acts, and a holder that missed 3 beats is no longer live. On its own
+host a holder whose process is gone is not live at once: a serve killed with SIGKILL leaves a fresh
+beat, but the kernel freed its flock, and its successor acts in its first cycle rather than wait for
+3 beats."""
 
 from __future__ import annotations
 
@@ -23,10 +26,11 @@ from pathlib import Path
 
 from stethoscope.store.client import Store
 from stethoscope.store.dsn import ConfigError, redact
-from stethoscope.store.holder import program_name
+from stethoscope.store.holder import pid_alive, program_name
 from stethoscope.timeutil import iso, now_ms
 
 MISSED_BEATS = 3
+PROCESS_STARTED_MS = now_ms()  # with host and pid, names this process's executor (pids are reused)
 
 
 class LockHeld(RuntimeError):
@@ -67,6 +71,7 @@ class ExecutorLock:
     def __init__(self, path: Path):
         self.path = path
         self._fd: int | None = None
+        self.taken_ms = 0  # when this run took it
 
     def acquire(self) -> ExecutorLock:
         _private_folder(self.path.parent)
@@ -85,6 +90,7 @@ class ExecutorLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "program": program_name()}).encode(), 0)
         self._fd = fd
+        self.taken_ms = now_ms()
         return self
 
     def release(self) -> None:
@@ -107,27 +113,41 @@ class Heartbeat:
     beat_seconds: float
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
-    started_ms: int = field(default_factory=now_ms)
+    started_ms: int = PROCESS_STARTED_MS
     _version: int = 0
 
     def beat(self, store: Store) -> str:
         """'' when this executor acts; else who does."""
-        now = now_ms()
-        self._write(store, now)
-        live_since = now - int(MISSED_BEATS * self.beat_seconds * 1000)
+        self._write(store, now_ms())
+        for host, pid, started in self._live_rows(store):
+            if (host, pid, started) == (self.host, self.pid, self.started_ms):
+                return ""  # the flock decided among this user's runs; this decides among users and hosts
+            return f"standby: {host} (pid {pid}, executor since {iso(started)}) acts for this database"
+        return ""
+
+    def live(self, store: Store) -> set[tuple[str, int, int]]:
+        """The executors (host, pid, start) whose heartbeat is live: their in-flight actions are theirs."""
+        return set(self._live_rows(store))
+
+    def _live_rows(self, store: Store) -> list[tuple[str, int, int]]:
+        """(host, pid, started ms) of the live executors, oldest first; on this host, one whose
+        process is gone is not live, whatever its last beat."""
+        live_since = now_ms() - int(MISSED_BEATS * self.beat_seconds * 1000)
         rows = store.query(
             "SELECT host, pid, toUnixTimestamp64Milli(started) FROM (SELECT host, pid, "
             "min(started_at) AS started, argMax(beat_at, version) AS beat "
             f"FROM {store.database}.executors GROUP BY host, pid, started_at) "
-            "WHERE beat >= fromUnixTimestamp64Milli({live:Int64}, 'UTC') ORDER BY started, host LIMIT 1",
+            "WHERE beat >= fromUnixTimestamp64Milli({live:Int64}, 'UTC') ORDER BY started, host",
             {"live": live_since},
         )
-        if not rows:
-            return ""
-        host, pid, started = rows[0]
-        if (host, pid, int(started)) == (self.host, self.pid, self.started_ms):
-            return ""  # the flock decided among this user's runs; this decides among users and hosts
-        return f"standby: {host} (pid {pid}, executor since {iso(int(started))}) acts for this database"
+        return [
+            (host, int(pid), int(started))
+            for host, pid, started in rows
+            # on this host, this pid with another start is a predecessor whose pid came back (a container)
+            if host != self.host
+            or (int(pid) == self.pid and int(started) == self.started_ms)
+            or (int(pid) != self.pid and pid_alive(int(pid)))
+        ]
 
     def retire(self, store: Store) -> None:
         """A last row with no live beat: another host may take over at once."""

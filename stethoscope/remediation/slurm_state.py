@@ -40,16 +40,16 @@ def _parser() -> Any:
     return importlib.import_module(PARSER)
 
 
-def read_nodes(
-    environment: dict[str, str] | None = None, timeout: float = 10.0
-) -> dict[str, SlurmNode] | None:
+def scontrol_show(what: str, environment: dict[str, str] | None = None, timeout: float = 10.0) -> str | None:
+    """`scontrol -o show WHAT`'s output, or None when Slurm cannot be asked (no scontrol, no
+    controller, an error exit, no answer within `timeout`)."""
     binary = shutil.which("scontrol")
     if binary is None:
         return None
     env = {**os.environ, **(environment or {}), "LANGUAGE": "C", "LC_ALL": "C"}
     try:
         done = subprocess.run(
-            [binary, "-o", "show", "node"],
+            [binary, "-o", "show", what],
             capture_output=True,
             text=True,
             env=env,
@@ -58,11 +58,18 @@ def read_nodes(
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if done.returncode != 0:
+    return done.stdout if done.returncode == 0 else None
+
+
+def read_nodes(
+    environment: dict[str, str] | None = None, timeout: float = 10.0
+) -> dict[str, SlurmNode] | None:
+    shown = scontrol_show("node", environment, timeout)
+    if shown is None:
         return None
     slurm = _parser()
     nodes: dict[str, SlurmNode] = {}
-    for line in done.stdout.splitlines():
+    for line in shown.splitlines():
         if not line.startswith("NodeName="):
             continue
         try:

@@ -1,10 +1,13 @@
 """The health board (docs/design.md "Reports and audit"): per node x day x layer the day's worst finding or
 benchmark deviation. A cell is grey without data (no metrics_hourly samples of that layer that day) or
-under UNKNOWN, never green. Findings come from two places: the `findings` table (what `diagnose
---execute` and `watch` stored, with their first_seen..last_seen spans: the history) and, for today's
-column, the rules evaluated now as `diagnose` and `summary` do (a dry-run stores nothing, yet the
-board must show it). Past days are not re-evaluated: seven rule cycles over a 2,000-node fleet would
-not fit the board's 10 s, and the stored findings are what the loop decided on those days.
+under UNKNOWN, never green. Findings come from two places: the `findings` table (what `serve`,
+`watch` and `diagnose --execute` recorded, dry-run or not, with their first_seen..last_seen spans:
+the history) and, for today's column, the rules evaluated now as `diagnose` and `summary` do (a
+one-shot dry run records nothing, yet the board must show it). Past days are not re-evaluated:
+seven rule cycles over a 2,000-node fleet would not fit the board's 10 s, and the stored findings
+are what the loop decided on those days. A past day with data that no recorded evaluation (the
+`evaluations` table) covered is "not evaluated", never green: nobody looked. A red or yellow cell's
+node page lists the findings that coloured it, and the node's incidents, drains and tickets.
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ from stethoscope.diagnosis.model_findings import ModelUse, agrees
 from stethoscope.diagnosis.rules import Rule, load_rules
 from stethoscope.paths import rules_dir
 from stethoscope.private_files import private_dir, write_private
+from stethoscope.remediation.action_events import ticket_key
+from stethoscope.remediation.incident_view import incidents
+from stethoscope.remediation.ledger import DRAIN, TICKET
 from stethoscope.report import board_html
-from stethoscope.report.board_cells import SYMBOL, Board, Cell, Event, NodeBoard
+from stethoscope.report.board_cells import SYMBOL, Board, Cell, Event, NodeBoard, NodeIncident, Reason
 from stethoscope.report.layers import LAYERS, layer_of
 from stethoscope.report.smart import smart_trends
 from stethoscope.store.client import Store
@@ -122,16 +128,18 @@ def collect(
                 for layer in _finding_layers(finding, layers, catalog):
                     for day, day_ms in zip(labels, map(_day_start_ms, day_list), strict=True):
                         if first_ms < day_ms + DAY_MS and last_ms >= day_ms:
-                            cell(node, layer, day).mark(
-                                _state(event.severity, event.rule_id), f"{event.rule_id} ({event.severity})"
-                            )
+                            state = _state(event.severity, event.rule_id)
+                            cell(node, layer, day).mark(state, f"{event.rule_id} ({event.severity})")
+                            _explain(nodes[node], day, layer, state, vars(event), "recorded")
                 cell(node, LAYERS[0], labels[0])  # the node is on the board even if its spans are older
                 nodes[node].events.append(event)
 
     for node, event, first_ms, last_ms, evidence in later:
         for day, day_ms in zip(labels, map(_day_start_ms, day_list), strict=True):
             if first_ms < day_ms + DAY_MS and last_ms >= day_ms and event.kind == "opened":
-                _model_mark(cell, catalog, node, day, event.rule_id, _json(evidence), event.message)
+                band = _model_mark(cell, catalog, node, day, event.rule_id, _json(evidence), event.message)
+                if band:
+                    _explain(nodes[node], day, band, "yellow", vars(event), "recorded")
 
     if evaluate or today is not None:  # today: what `diagnose` says now, stored or not
         found = today if today is not None else diagnose(store, rules, now_ms, catalog, model=model)
@@ -140,17 +148,32 @@ def collect(
                 continue
             for node in finding["nodes"] or [finding["node_id"]]:
                 for layer in _finding_layers(finding, layers, catalog):
+                    state = _state(finding["severity"], finding["rule_id"])
                     cell(node, layer, labels[-1]).mark(
-                        _state(finding["severity"], finding["rule_id"]),
-                        f"{finding['rule_id']} ({finding['severity']}): {finding['message']}",
+                        state, f"{finding['rule_id']} ({finding['severity']}): {finding['message']}"
                     )
+                    _explain(nodes[node], labels[-1], layer, state, finding, "evaluated now")
         for finding in found:
             if finding["rule_id"].startswith("model."):
                 said = _json(finding["evidence"])
                 for node in shown_on(finding["node_id"], finding.get("nodes")):
-                    _model_mark(cell, catalog, node, labels[-1], finding["rule_id"], said, finding["message"])
+                    band = _model_mark(
+                        cell, catalog, node, labels[-1], finding["rule_id"], said, finding["message"]
+                    )
+                    if band:
+                        _explain(nodes[node], labels[-1], band, "yellow", finding, "evaluated now")
 
     _grades(store, catalog, labels, cell, nodes)
+    covered = evaluated_days(store, start_ms)
+    if evaluate or today is not None:
+        covered[labels[-1]] = None  # today's column is evaluated now
+    for board in nodes.values():
+        for (_layer, day), each in board.cells.items():
+            nodes_that_day = covered.get(day, set())
+            each.evaluated = day in covered and (nodes_that_day is None or board.node_id in nodes_that_day)
+    for node_id, of_node in node_incidents(store, start_ms).items():
+        if node_id in nodes:
+            nodes[node_id].incidents = of_node
     for trend in smart_trends(store, now_ms):
         if trend.node_id in nodes:
             nodes[trend.node_id].trends.append(trend)
@@ -159,6 +182,69 @@ def collect(
         board.events.sort(key=lambda e: e.at)
         board.page = f"nodes/{page_name(board.node_id)}.html"
     return Board(labels, ordered, iso(now_ms))
+
+
+def _explain(
+    board: NodeBoard, day: str, layer: str, state: str, finding: dict[str, Any], source: str
+) -> None:
+    """Keep the finding that made a cell red or yellow, for the node's page."""
+    if state in ("red", "yellow"):
+        board.explain(
+            Reason(
+                day,
+                layer,
+                state,
+                finding["rule_id"],
+                finding["severity"],
+                finding["device"],
+                finding["message"],
+                source,
+            )
+        )
+
+
+def evaluated_days(store: Store, start_ms: int) -> dict[str, set[str] | None]:
+    """Day -> the nodes a recorded evaluation covered that day (None: every node of the store). A
+    day missing was not evaluated: its data, however healthy it looks, is nobody's verdict."""
+    db = store.database
+    present = store.query(
+        "SELECT count() FROM system.tables WHERE database = {db:String} AND name = 'evaluations'", {"db": db}
+    )
+    if not present or not present[0][0]:
+        return {}  # a database from before evaluations were recorded: no day was
+    covered: dict[str, set[str] | None] = {}
+    for day, nodes in store.query(
+        f"SELECT toString(toDate(at)) AS day, nodes FROM {db}.evaluations "
+        "WHERE at >= fromUnixTimestamp64Milli({s:Int64}, 'UTC') GROUP BY day, nodes",
+        {"s": start_ms},
+    ):
+        before = covered.get(day, set())
+        covered[day] = None if before is None or not nodes else before | set(nodes)
+    return covered
+
+
+def node_incidents(store: Store, start_ms: int) -> dict[str, list[NodeIncident]]:
+    """Per node, its incidents seen in the window (the executor's transactions) with their drains,
+    tickets and other actions, from the findings and actions tables."""
+    out: dict[str, list[NodeIncident]] = defaultdict(list)
+    for found in incidents(store, include_resolved=True):
+        if found.last_seen_ms < start_ms:
+            continue
+        drains = [a for a in found.actions if a.action == DRAIN]
+        tickets = [a for a in found.actions if a.action == TICKET]
+        entry = NodeIncident(
+            found.txn_id,
+            found.severity,
+            found.status,
+            ", ".join(found.rules),
+            iso(found.first_seen_ms),
+            "; ".join(f"{a.status} {a.target} {iso(a.started_ms)}" for a in drains),
+            "; ".join(ticket_key(a.detail) or a.status for a in tickets),
+            ", ".join(f"{a.action} {a.status}" for a in found.actions),
+        )
+        for node in sorted({found.node_id, *(n for f in found.findings for n in f.nodes)}):
+            out[node].append(entry)
+    return out
 
 
 def shown_on(node_id: str, nodes: Any) -> list[str]:
@@ -179,10 +265,10 @@ def _json(text: str) -> dict[str, Any]:
 
 def _model_mark(
     cell: Any, catalog: Catalog, node: str, day: str, rule_id: str, evidence: dict[str, Any], message: str
-) -> None:
+) -> str:
     """A model finding beside a red or yellow cell of its layer (the rule finding it supports): a
     note, not a second alarm; where no rule finding of its layer is, a warning of its own, in the
-    band of the metric that explains most of it."""
+    band of the metric that explains most of it (returned; "" when it only noted)."""
     bands = CLASS_LAYERS.get(str(evidence.get("layer", "")), ("compute",))
     if evidence.get("supports_band") in LAYERS:  # the band of the rule finding it supports
         bands = (*bands, str(evidence["supports_band"]))
@@ -201,6 +287,8 @@ def _model_mark(
         own = CLASS_LAYERS.get(str(evidence.get("layer", "")), ("compute",))
         band = top if top in own else own[0]
         cell(node, band, day).mark("yellow", f"{rule_id} (warning): {message}")
+        return band
+    return ""
 
 
 def _stored_findings(store: Store, start_ms: int) -> dict[str, list[tuple[Event, int, int, str]]]:
@@ -221,6 +309,11 @@ def _stored_findings(store: Store, start_ms: int) -> dict[str, list[tuple[Event,
         "ORDER BY finding_id, version",
         {"s": start_ms},
     )
+    # a finding's span over all its versions: a still-open one's later rows (not merged yet) extend it
+    spans: dict[str, tuple[int, int]] = {}
+    for fid, *_, first, last, _evidence in rows:
+        low, high = spans.get(fid, (int(first), int(last)))
+        spans[fid] = (min(low, int(first)), max(high, int(last)))
     out: dict[str, list[tuple[Event, int, int, str]]] = defaultdict(list)
     previous: dict[str, tuple[str, str, str]] = {}
     rank = {"info": 0, "warning": 1, "critical": 2}
@@ -235,9 +328,11 @@ def _stored_findings(store: Store, start_ms: int) -> dict[str, list[tuple[Event,
         if status in ("resolved", "stale") and (before is None or before[2] != status):
             kinds.append((status, last))
         previous[fid] = (severity, level, status)
+        low, high = spans[fid]
         for kind, at in kinds:
             event = Event(iso(at), kind, rule_id, severity, device, message)
-            out[node].append((event, first, last, evidence))
+            span = {"opened": (low, high), "escalated": (at, high)}.get(kind, (first, last))
+            out[node].append((event, *span, evidence))
     return out
 
 
@@ -282,7 +377,13 @@ def write(board: Board, out: Path, figures_for: int = FIGURES_FOR) -> Path:
     return out / "index.html"
 
 
-_COLOUR = {"red": "\033[41;97m", "yellow": "\033[43;30m", "green": "\033[42;30m", "grey": "\033[47;30m"}
+_COLOUR = {
+    "red": "\033[41;97m",
+    "yellow": "\033[43;30m",
+    "green": "\033[42;30m",
+    "grey": "\033[47;30m",
+    "unevaluated": "\033[47;30m",
+}
 
 
 def render_terminal(board: Board, color: bool = False, limit: int | None = None) -> str:
@@ -302,6 +403,6 @@ def render_terminal(board: Board, color: bool = False, limit: int | None = None)
         lines.append(f"{names[node.node_id]:<{width}}  {' '.join(bands)}")
     lines.append(
         f"legend: {SYMBOL['red']} red  {SYMBOL['yellow']} yellow  {SYMBOL['green']} green  "
-        f"{SYMBOL['grey']} no data / UNKNOWN"
+        f"{SYMBOL['grey']} no data / UNKNOWN  {SYMBOL['unevaluated']} not evaluated"
     )
     return "\n".join(lines)

@@ -10,7 +10,9 @@ from stethoscope.report.layers import LAYERS
 from stethoscope.report.smart import Trend
 
 RANK = {"grey": 0, "green": 1, "yellow": 2, "red": 3}
-SYMBOL = {"red": "\u2716", "yellow": "\u25b2", "green": "\u2714", "grey": "?"}  # ✖ ▲ ✔ ?
+# ✖ ▲ ✔ ? and – for a day with data that no recorded evaluation covers (never green: nobody looked)
+SYMBOL = {"red": "\u2716", "yellow": "\u25b2", "green": "\u2714", "grey": "?", "unevaluated": "\u2013"}
+UNEVALUATED = "unevaluated"
 
 
 @dataclass
@@ -19,6 +21,7 @@ class Cell:
     notes: list[str] = field(default_factory=list)
     unknown: bool = False
     data: bool = False
+    evaluated: bool = False  # a recorded evaluation (serve, watch, --execute) or today's covers it
 
     def mark(self, state: str, note: str) -> None:
         if state == "grey":
@@ -36,10 +39,13 @@ class Cell:
 
     @property
     def shown(self) -> str:
-        """grey without data or under UNKNOWN unless a finding made it red or yellow."""
+        """grey without data or under UNKNOWN unless a finding made it red or yellow; with data that
+        no evaluation covered, `unevaluated` (grey too): green only where something looked."""
         if self.state in ("red", "yellow"):
             return self.state
-        return "grey" if self.unknown or not self.data else "green"
+        if self.unknown or not self.data:
+            return "grey"
+        return "green" if self.evaluated else UNEVALUATED
 
     @property
     def symbol(self) -> str:
@@ -56,11 +62,41 @@ class Event:
     message: str
 
 
+@dataclass(frozen=True)
+class Reason:
+    """A finding that made a cell red or yellow, for the node's page."""
+
+    day: str
+    layer: str
+    state: str
+    rule_id: str
+    severity: str
+    device: str
+    message: str
+    source: str  # "recorded" (the findings table) or "evaluated now" (today's column)
+
+
+@dataclass
+class NodeIncident:
+    """An incident of the node (a transaction of the findings table) and what was done for it."""
+
+    txn_id: str
+    severity: str
+    status: str
+    rules: str
+    first_seen: str
+    drain: str  # its drain's status and start, "" if none
+    ticket: str  # the ticket's key, else its status, "" if none
+    actions: str  # every action with its latest status
+
+
 @dataclass
 class NodeBoard:
     node_id: str
     cells: dict[tuple[str, str], Cell]
     events: list[Event] = field(default_factory=list)
+    reasons: list[Reason] = field(default_factory=list)
+    incidents: list[NodeIncident] = field(default_factory=list)
     grades: list[baseline.Row] = field(default_factory=list)
     trends: list[Trend] = field(default_factory=list)
     page: str = ""
@@ -76,7 +112,11 @@ class NodeBoard:
 
     @property
     def score(self) -> tuple[int, int, int]:
-        return (self.count("red"), self.count("yellow"), self.count("grey"))
+        return (self.count("red"), self.count("yellow"), self.count("grey") + self.count(UNEVALUATED))
+
+    def explain(self, reason: Reason) -> None:
+        if reason not in self.reasons:
+            self.reasons.append(reason)
 
 
 @dataclass

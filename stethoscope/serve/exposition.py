@@ -1,7 +1,8 @@
 """serve's /metrics in Prometheus' text format, so an existing Prometheus and Alertmanager can alert on
 stethoscope: open findings and incidents per node, the cycle's and the sweeps' durations and
-outcomes, rows stored per second, and the collector's counters, its writes' failures and the rows
-they hold at risk in memory."""
+outcomes, the executor's actions by outcome and the circuit breaker's limits, rows stored per
+second, and the collector's counters, its writes' failures and the rows they hold at risk in
+memory."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from stethoscope.catalog import default_catalog
 from stethoscope.diagnosis.levels import SEVERITY_ORDER
+from stethoscope.remediation.action_events import ActionCounts, last_breaker
 from stethoscope.remediation.incidents import enclosing_device, keeps_own
 from stethoscope.telemetry.udp_collector import WRITE_ERROR_KINDS
 
@@ -38,6 +40,7 @@ class Exposition:
             registry=self.registry,
         )
         self.registry.register(_State(server))
+        self.registry.register(_Actions(ActionCounts()))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -72,15 +75,49 @@ class _State:
             yield from node_refusal_families(self.server.collector)
 
 
+class _Actions:
+    """The executor's actions by short name and outcome (every pair from the start, at 0), and the
+    circuit breaker as the last executing cycle armed it: each limit and what counts against it."""
+
+    def __init__(self, counts: ActionCounts):
+        self.counts = counts
+
+    def collect(self):
+        actions = CounterMetricFamily(
+            "stethoscope_actions",
+            "actions the executor finished, by action and outcome",
+            labels=["action", "outcome"],
+        )
+        for (action, outcome), count in sorted(self.counts.snapshot().items()):
+            actions.add_metric([action, outcome], count)
+        yield actions
+        limits = last_breaker().get("limits") or {}
+        isolated = GaugeMetricFamily(
+            "stethoscope_breaker_isolated",
+            "nodes counting against each circuit-breaker limit (own, out_of_service, window), last armed",
+            labels=["limit"],
+        )
+        allowed = GaugeMetricFamily(
+            "stethoscope_breaker_limit", "each circuit-breaker limit at the last arming", labels=["limit"]
+        )
+        for name, limit in sorted(limits.items()):
+            isolated.add_metric([name], limit["count"])
+            allowed.add_metric([name], limit["limit"])
+        yield isolated
+        yield allowed
+
+
 def _findings(findings: list[dict[str, Any]]):
     open_findings = GaugeMetricFamily(
         "stethoscope_findings_open",
-        "open findings at the last cycle (held open ones included)",
+        "open findings at the last cycle (held open ones included, silenced ones not)",
         labels=["node", "rule_id", "severity"],
     )
     counts: dict[tuple[str, str, str], int] = {}
     incidents: dict[tuple[str, str], str] = {}  # (node, incident) -> its worst severity
     for finding in findings:
+        if finding.get("silenced"):  # a silence or maintenance holds it: nobody is to be paged
+            continue
         key = (finding["node_id"], finding["rule_id"], finding["severity"])
         counts[key] = counts.get(key, 0) + 1
         incident = (finding["node_id"], _incident_of(finding))

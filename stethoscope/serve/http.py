@@ -1,5 +1,8 @@
-"""serve's HTTP endpoint: /healthz, /metrics (Prometheus text format), /report (the last board). A
-client that is slow to send its request is cut off: each read has a timeout, and the whole request a
+"""serve's HTTP endpoint: /healthz, /metrics (Prometheus text format), /report (the last board),
+/gate/<node> (the node's signed verdict for its Slurm gate). With --gate-listen a second endpoint
+answers GET /gate/<node> only, for the nodes to reach: the verdicts are signed, the board and the
+metrics stay on the loopback one (which answers /gate too, for a gate on the controller). A client
+that is slow to send its request is cut off: each read has a timeout, and the whole request a
 deadline (a client trickling a header line every few seconds would pass every read's timeout). An
 address already in use is a configuration error that names itself (exit 2)."""
 
@@ -18,6 +21,7 @@ from stethoscope.store.dsn import ConfigError
 
 log = logging.getLogger(__name__)
 NODE_PAGE = re.compile(r"/report/nodes/[A-Za-z0-9._-]+\.html")
+GATE_PATH = re.compile(r"/gate/([A-Za-z0-9._-]+)")  # a node's signed verdict (serve.verdicts)
 CLIENT_TIMEOUT = 10.0  # seconds each read of a client's request may wait
 REQUEST_DEADLINE = 10.0  # seconds from connecting to the end of the headers, all reads together
 
@@ -29,11 +33,13 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
-def bind(address: tuple[str, int], handler_class: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+def bind(
+    address: tuple[str, int], handler_class: type[BaseHTTPRequestHandler], flag: str = "--http"
+) -> ThreadingHTTPServer:
     try:
         return _Server(address, handler_class)
     except OSError as exc:
-        raise ConfigError(f"--http {address[0]}:{address[1]}: cannot listen there: {exc.strerror}") from None
+        raise ConfigError(f"{flag} {address[0]}:{address[1]}: cannot listen there: {exc.strerror}") from None
 
 
 class Deadline:
@@ -65,8 +71,9 @@ class Deadline:
             return not self.passed
 
 
-def handler(server: Any) -> type[BaseHTTPRequestHandler]:
-    """A handler class answering for `server` (serve.server.Server: health, metrics, page)."""
+def handler(server: Any, gate_only: bool = False) -> type[BaseHTTPRequestHandler]:
+    """A handler class answering for `server` (serve.server.Server: health, metrics, page, gate);
+    `gate_only`: /gate/<node> and nothing else (--gate-listen)."""
 
     class Handler(BaseHTTPRequestHandler):
         timeout = CLIENT_TIMEOUT
@@ -94,7 +101,13 @@ def handler(server: Any) -> type[BaseHTTPRequestHandler]:
             if not self.deadline.stop():
                 return
             path = self.path.split("?", 1)[0]
-            if path == "/healthz":
+            if gate_only:
+                if gate := GATE_PATH.fullmatch(path):
+                    status, body = server.gate(gate[1])
+                    self._send(status, "application/json" if status == 200 else "text/plain", body)
+                else:
+                    self._send(404, "text/plain", b"not found: /gate/NODE only\n")
+            elif path == "/healthz":
                 status, body = server.health()
                 self._send(status, "application/json", json.dumps(body).encode())
             elif path == "/metrics":
@@ -105,8 +118,12 @@ def handler(server: Any) -> type[BaseHTTPRequestHandler]:
                     self._send(503, "text/plain", b"no board yet: the first cycle has not finished\n")
                 else:
                     self._send(200, "text/html; charset=utf-8", page)
+            elif gate := GATE_PATH.fullmatch(path):
+                status, body = server.gate(gate[1])
+                kind = "application/json" if status == 200 else "text/plain"
+                self._send(status, kind, body)
             else:
-                self._send(404, "text/plain", b"not found: /healthz, /metrics, /report\n")
+                self._send(404, "text/plain", b"not found: /healthz, /metrics, /report, /gate/NODE\n")
 
         def _send(self, status: int, content_type: str, body: bytes) -> None:
             self.send_response(status)

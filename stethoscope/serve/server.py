@@ -5,8 +5,9 @@ HTTP endpoint on loopback (/healthz, /metrics, /report). Each cycle writes one l
 JSON with --log-format json).
 
 With the embedded default, serve is the database's only owner while it runs: it holds one handle
-open from start to stop (another process's open is refused, so the callback, `ingest` and playbook
-runs, its own sweeps included, spool) and the collector's writer replays the spool with each batch.
+open from start to stop, and answers other local processes' statements (the CLI, the callback,
+`ingest`, playbook runs) through its relay (serve/relay.py); what was spooled meanwhile the
+collector's writer replays with each batch.
 chdb runs queries from several threads of one process at once (benchmarks/chdb_threads.py), so the
 cycle reads through that handle while the collector's writing thread inserts through its own.
 
@@ -31,12 +32,17 @@ from typing import Any
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.findings import RULE_FAILED
 from stethoscope.diagnosis.rules import Rule
+from stethoscope.remediation.action_events import publish_breaker
+from stethoscope.remediation.breaker_state import armed
 from stethoscope.remediation.cycle import CycleResult, Cycles
+from stethoscope.remediation.plan import preview, render_plan
 from stethoscope.report import board
 from stethoscope.serve.exposition import Exposition
 from stethoscope.serve.http import bind, handler
+from stethoscope.serve.relay import Relay
 from stethoscope.serve.sweeps import Sweeper
-from stethoscope.store.client import Store
+from stethoscope.serve.verdicts import Verdicts, default_grace, room_for
+from stethoscope.store.client import Store, StoreError
 from stethoscope.store.dsn import redact
 from stethoscope.store.writer import Writer
 from stethoscope.telemetry.keyring import Keyring
@@ -81,6 +87,7 @@ class Server:
         flush_interval: float = 1.0,
         log_format: str = "text",
         replay_dir: Path | None = None,
+        gate_http: tuple[str, int] | None = None,
     ):
         self.store = store  # opened by start(), held until stop()
         self.spool_dir = spool_dir
@@ -88,6 +95,9 @@ class Server:
         self.keyring, self.sets, self.listen, self.http_address = keyring, sets, listen, http
         self.interval, self.rules, self.catalog = interval, rules, catalog
         self.cycles = cycles
+        cycles.background = True  # playbooks never stall diagnosis: actions run beside the cycles
+        if cycles.execute_with is not None:  # the first executing cycle logs what it will do
+            cycles.before_acting = self._log_plan
         self.sweeper = sweeper
         self.flush_interval = flush_interval
         self.log_format = log_format
@@ -96,9 +106,13 @@ class Server:
         self.stop_event = threading.Event()
         self.collector: Collector | None = None
         self.httpd: ThreadingHTTPServer | None = None
+        self.gate_address = gate_http  # --gate-listen: GET /gate/<node> only, for the nodes
+        self.gate_httpd: ThreadingHTTPServer | None = None
+        self.relay: Relay | None = None
         self.started = time.time()
         self._stored_at_last: tuple[int, float] = (0, time.monotonic())
         self.exposition = Exposition(self)
+        self.verdicts = Verdicts(keyring, default_grace(interval))  # the Slurm gate's, per node
         if sweeper is not None:
             sweeper.on_done = lambda seconds: self.exposition.sweep_seconds.observe(seconds)
 
@@ -106,6 +120,13 @@ class Server:
     def start(self) -> Server:
         if self.http_address is not None:  # first: a busy address refuses the start, nothing held
             self.httpd = bind(self.http_address, handler(self))
+        if self.gate_address is not None:
+            try:
+                self.gate_httpd = bind(self.gate_address, handler(self, gate_only=True), "--gate-listen")
+            except BaseException:
+                if self.httpd is not None:
+                    self.httpd.server_close()
+                raise
         writer = Writer(self.store.dsn, self.spool_dir, timeout=WRITE_TIMEOUT)
         try:
             self.collector = Collector(
@@ -117,17 +138,36 @@ class Server:
                 state_dir=self.replay_dir,
             )
         except BaseException:
-            if self.httpd is not None:
-                self.httpd.server_close()
+            for httpd in (self.httpd, self.gate_httpd):
+                if httpd is not None:
+                    httpd.server_close()
             raise
         self.store.open()  # held until stop: the embedded database's only owner
         self.store.ensure_schema()
+        self._publish_breaker()
+        try:  # other processes' statements, answered through this handle (serve/relay.py)
+            self.relay = Relay(self.store).start()
+        except OSError as exc:  # serve runs on; other commands then wait for the database, as before
+            print(f"stethoscope: serve: relay not started: {exc}", file=sys.stderr, flush=True)
         self.collector.start()
         if self.httpd is not None:
             threading.Thread(target=self.httpd.serve_forever, name="stethoscope-http", daemon=True).start()
+        if self.gate_httpd is not None:
+            gates = self.gate_httpd.serve_forever
+            threading.Thread(target=gates, name="stethoscope-gate", daemon=True).start()
         if self.sweeper is not None:
             self.sweeper.start()
         return self
+
+    def _publish_breaker(self) -> None:
+        """The breaker's gauges from the start, before the first executing cycle arms it."""
+        if self.cycles.execute_with is None:
+            return
+        try:
+            context = self.cycles.execute_with(self.store.dsn, self.store.database)
+            publish_breaker(armed(self.store, context).state())
+        except (StoreError, OSError) as exc:  # the first cycle arms it again
+            print(f"stethoscope: serve: breaker not armed at start: {exc}", file=sys.stderr, flush=True)
 
     def run(self, cycles: int = 0) -> None:
         """Diagnose every interval until stopped (or `cycles` have run)."""
@@ -141,15 +181,21 @@ class Server:
         self.stop_event.set()
         if self.sweeper is not None:
             self.sweeper.stop()
-        if self.httpd is not None:
-            self.httpd.shutdown()
-            self.httpd.server_close()
+        for httpd in (self.httpd, self.gate_httpd):
+            if httpd is not None:
+                httpd.shutdown()
+                httpd.server_close()
         if self.collector is not None:
             self.collector.stop()  # drains the socket, writes or spools everything
+        running = self.cycles.actions_running()
+        if running:  # killed meanwhile, the next start reconciles them (remediation.reconcile)
+            print(f"serve: waiting for the actions of {running} incidents to finish", flush=True)
         try:
             self.cycles.close()
         except Exception as exc:  # the heartbeat's last row: the store may be why serve stops
             log.warning("serve: on stop: %s", redact(str(exc)))
+        if self.relay is not None:  # its readers close before the handle they read beside
+            self.relay.stop()
         self.store.close()
 
     # the cycle --------------------------------------------------------------------------------
@@ -174,6 +220,8 @@ class Server:
         self.state.last_error = None
         self.state.last = result
         self.state.findings = result.findings
+        room = room_for(self.store, self.cycles)  # the breaker caps the gates' failures
+        self.verdicts.publish(result.findings, at_ms, result.executing, room)
         self._log_cycle(at_ms, time.monotonic() - started, result)
 
     def _write_board(self, at_ms: int, rules: list[Rule], result: CycleResult) -> None:
@@ -190,6 +238,21 @@ class Server:
                 file=sys.stderr,
                 flush=True,
             )
+
+    def _log_plan(
+        self, context: Any, findings: list[dict[str, Any]], rules: list[Rule], at_ms: int, seen: Any
+    ) -> None:
+        """The plan of the first executing cycle (remediation.plan), logged before it acts; a plan
+        that cannot be made costs its lines only."""
+        try:
+            with Store(context.dsn, context.database) as store:
+                entries = preview(store, context, findings, rules, at_ms, seen)
+        except Exception as exc:
+            print(f"stethoscope: serve: plan not made: {redact(str(exc))}", file=sys.stderr, flush=True)
+            return
+        record = {"event": "plan", "at": iso(at_ms), "incidents": entries}
+        text = "serve: " + render_plan(entries).replace("\n", "\nserve:   ")
+        print(text if self.log_format == "text" else json.dumps(record, sort_keys=True), flush=True)
 
     def _log_cycle(self, at_ms: int, seconds: float, result: CycleResult | None) -> None:
         """One line per cycle: what it found and did, how long it took, what the store took since."""
@@ -276,8 +339,19 @@ class Server:
         # degraded is 200: a liveness probe that restarted serve would lose the rows it holds
         return (503 if body["status"] == "failing" else 200), body
 
+    def gate(self, node: str) -> tuple[int, bytes]:
+        """The node's last signed verdict for its Slurm gate (serve.verdicts)."""
+        return self.verdicts.answer(node)
+
     def metrics(self) -> bytes:
         return self.exposition.render()
+
+
+def _mode(record: dict[str, Any]) -> str:
+    """An executing serve that stands by says so and why; never "dry-run"."""
+    if not record["executing"]:
+        return "dry-run"
+    return f"standby ({terminal_safe(record['standby'])})" if record["standby"] else "acting"
 
 
 def _line(record: dict[str, Any]) -> str:
@@ -290,7 +364,7 @@ def _line(record: dict[str, Any]) -> str:
         f"{record['rules']} rules",
         f"{record['findings']} findings" + (f" ({worst})" if worst else "") + f" on {record['nodes']} nodes",
         f"{record['held']} held open",
-        "acting" if record["executing"] and not record["standby"] else "dry-run",
+        _mode(record),
         f"{record['rows_stored_per_second']:.0f} rows/s stored",
     ]
     if "sweeps" in record:

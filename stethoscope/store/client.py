@@ -16,6 +16,7 @@ from typing import Any
 from stethoscope.store import holder
 from stethoscope.store.batch import METRIC_COLUMNS, Batch, MetricColumns
 from stethoscope.store.dsn import ConfigError, database_of, embedded_path, is_embedded, redact, resolve_dsn
+from stethoscope.store.errors import SchemaMissing, StoreError
 from stethoscope.store.schema import cluster_ddl, hourly_backfill, single_node_ddl
 
 # clickhouse-connect logs a traceback for every failed insert; our callers report the error themselves.
@@ -68,6 +69,7 @@ ROW_TABLES: dict[str, tuple[str, ...]] = {
         "version",
     ),
     "executors": ("host", "pid", "started_at", "beat_at", "version"),
+    "evaluations": ("at", "mode", "rules", "nodes", "findings", "host"),
     "faults": (
         "fault_id",
         "node_id",
@@ -80,16 +82,6 @@ ROW_TABLES: dict[str, tuple[str, ...]] = {
         "recorded_at",
     ),
 }
-
-
-class StoreError(RuntimeError):
-    """The store could not do what was asked; the message is meant for a human. `data_fault`: the
-    store (or the client, serialising a value) refused the data sent, not the statement or its own
-    state: only then may a row be blamed (store/salvage.py)."""
-
-    def __init__(self, message: str, *, data_fault: bool = False):
-        super().__init__(message)
-        self.data_fault = data_fault
 
 
 # ClickHouse error codes that blame the values sent: one it cannot parse, convert or hold, a NULL where
@@ -134,11 +126,6 @@ def data_fault(exc: Exception) -> bool:
     if isinstance(exc, ValueError | TypeError | OverflowError):
         return True
     return error_code(exc) in DATA_ERROR_CODES
-
-
-class SchemaMissing(StoreError):
-    """The database, or a table `db init` creates, does not exist: a configuration error (exit 2),
-    not a failed run."""
 
 
 def _failure(dsn: str, exc: Exception) -> StoreError:
@@ -204,13 +191,12 @@ class Store:
         self.open_wait = open_wait_seconds() if open_wait is None else open_wait
         self._client: Any = None
         self._holder: holder.HolderFile | None = None
+        self._relay: tuple[str, str] | None = None  # (socket, who) of the serve answering through it
 
     # connection -------------------------------------------------------------------------------
     def open(self) -> Store:
         if self._client is not None:
             return self
-        import clickhouse_connect
-
         kwargs = self._client_kwargs()
         if is_embedded(self.dsn):
             self._holder = holder.HolderFile(embedded_path(self.dsn))
@@ -223,6 +209,10 @@ class Store:
         deadline = time.monotonic() + self.open_wait
         announced = False
         while True:
+            if self._holder is not None and self._through_relay():
+                return self
+            import clickhouse_connect  # here: a relayed store never loads it (a command starts sooner)
+
             try:
                 self._client = self._connect(clickhouse_connect, kwargs)
                 break
@@ -248,6 +238,24 @@ class Store:
         if self._holder is not None:
             self._holder.claim()
         return self
+
+    def _through_relay(self) -> bool:
+        """Whether serve, holding the embedded database, now answers this store's statements through its
+        relay (store/relay_client.py): the holder file names its socket and the socket answers."""
+        from stethoscope.store import relay_client
+
+        assert self._holder is not None
+        socket_path = self._holder.relay_socket()
+        if socket_path is None:
+            return False
+        serve = f"embedded database {embedded_path(self.dsn)}: the relay of {self._holder.describe()}"
+        try:
+            self._client = relay_client.RelayClient(socket_path, serve)
+        except OSError:  # serve is stopping (or gone): the path is opened directly, waiting its turn
+            return False
+        self._relay = (socket_path, serve)
+        self._holder = None  # serve holds the path, not this process: nothing to claim or release
+        return True
 
     def _client_kwargs(self) -> dict[str, Any]:
         # Statements name the database, so the session may start in `default`: before `db init` the
@@ -275,18 +283,25 @@ class Store:
         the calls on one handle, so two threads on two handles use two cores (a server's HTTP client
         gets a connection of its own). An embedded path stays claimed by this store; close the reader
         first. The reader is a plain Store: a subclass's own `query` does not see its queries."""
-        import clickhouse_connect
-
         self.open()
         other = Store(self.dsn, timeout=self.timeout, open_wait=0)
         try:
-            other._client = self._connect(clickhouse_connect, self._client_kwargs())
+            if self._relay is not None:  # a connection of its own: serve answers it on another thread
+                from stethoscope.store import relay_client
+
+                other._client, other._relay = relay_client.RelayClient(*self._relay), self._relay
+            else:
+                import clickhouse_connect
+
+                other._client = self._connect(clickhouse_connect, self._client_kwargs())
+        except OSError as exc:
+            raise StoreError(f"{self._relay[1] if self._relay else self.dsn}: {exc}") from None
         except Exception as exc:
             raise _failure(self.dsn, exc) from None
         return other
 
     def close(self) -> None:
-        client, self._client = self._client, None
+        client, self._client, self._relay = self._client, None, None
         if client is not None:
             try:
                 client.close()
@@ -317,12 +332,14 @@ class Store:
 
     # schema -----------------------------------------------------------------------------------
     def ensure_schema(self) -> None:
-        """Create the schema unless the metrics table is already there (writers call this)."""
+        """Create the schema unless the metrics table is already there (writers call this), and the
+        tables added since on a database from before them (`evaluations`, `silences`)."""
         exists = self.query(
-            "SELECT count() FROM system.tables WHERE database = {db:String} AND name = 'metrics'",
+            "SELECT count() FROM system.tables WHERE database = {db:String} "
+            "AND name IN ('metrics', 'evaluations', 'silences')",
             {"db": self.database},
         )
-        if not exists or not exists[0][0]:
+        if not exists or exists[0][0] < 3:
             self.init_schema()
 
     def init_schema(self, raw_ttl_days: int = 30) -> list[str]:
@@ -378,10 +395,12 @@ class Store:
             raise _failure(self.dsn, exc) from None
 
     def _insert(self, table: str, columns: Sequence[Sequence[Any]], names: Sequence[str]) -> None:
+        self.insert_columns(f"{self.database}.{table}", columns, names)
+
+    def insert_columns(self, table: str, columns: Sequence[Sequence[Any]], names: Sequence[str]) -> None:
+        """Columns into `table`, named with its database (`db.table`): the relay's insert (serve/relay.py)."""
         try:
-            self.client.insert(
-                f"{self.database}.{table}", list(columns), column_names=list(names), column_oriented=True
-            )
+            self.client.insert(table, list(columns), column_names=list(names), column_oriented=True)
         except StoreError:
             raise
         except Exception as exc:

@@ -1,8 +1,9 @@
 """Who holds an embedded database: a small file beside it while a stethoscope process has it open.
 
 ClickHouse allows one process per embedded path and says only "Cannot lock file". The holder file
-(`<db>.holder`: pid, command, since) lets a second process say who it waits for; one left by a
-process that died is ignored. One process may open a path several times (serve's cycle and its
+(`<db>.holder`: pid, command, since, and `socket` where the holder is serve with its relay) lets a
+second process say who it waits for, or reach the store through serve; one left by a process that
+died is ignored. One process may open a path several times (serve's cycle and its
 collector's writer): the file stays until the last of its handles closes.
 """
 
@@ -91,13 +92,37 @@ class HolderFile:
             _handles[self.path] = _handles.get(self.path, 0) + 1
             if _handles[self.path] > 1 and self.live_holder() == os.getpid():
                 return  # this process's first handle wrote it; it stays until the last one closes
-        record = {"pid": os.getpid(), "command": program_name(), "since": now_ms()}
+        self._write({"pid": os.getpid(), "command": program_name(), "since": now_ms()})
+
+    def _write(self, record: dict) -> None:
         part = self.path.with_name(f"{self.path.name}.{os.getpid()}.part")
         try:
             part.write_text(json.dumps(record), encoding="utf-8")
             os.replace(part, self.path)
         except OSError:  # only a courtesy to the next process: the database itself is open
             pass
+
+    def advertise(self, socket_path: str | None) -> bool:
+        """Name in the file the relay socket through which this process, the holder, answers other
+        processes' statements (serve/relay.py); None withdraws it. False when this process holds no
+        handle on the database (nothing is written then)."""
+        record = self._read()
+        if record is None or record["pid"] != os.getpid():
+            return False
+        record.pop("socket", None)
+        if socket_path is not None:
+            record["socket"] = socket_path
+        self._write(record)
+        return True
+
+    def relay_socket(self) -> str | None:
+        """The relay socket of the live process that holds the database, unless that is this process
+        (its own handles open the path directly) or it advertises none."""
+        record = self._read()
+        if record is None or record["pid"] == os.getpid() or not pid_alive(record["pid"]):
+            return None
+        socket_path = record.get("socket")
+        return socket_path if isinstance(socket_path, str) and socket_path else None
 
     def release(self) -> None:
         with _handles_lock:

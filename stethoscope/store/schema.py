@@ -223,6 +223,21 @@ def tables(
             "(txn_id, finding_id, action, target)",
             engine_args="version",
         ),
+        Table(  # one row per cycle that recorded its findings: the board's "evaluated" (never green without)
+            "evaluations",
+            (
+                "at DateTime64(3, 'UTC')",
+                "mode LowCardinality(String)",  # dry-run | execute
+                "rules UInt32",
+                "nodes Array(String)",  # the inventory's hosts evaluated; empty: every node of the store
+                "findings UInt32",
+                "host String",
+            ),
+            "MergeTree",
+            "at",
+            partition_by="toYYYYMM(at)",
+            ttl=f"toDateTime(at) + INTERVAL {int(daily_ttl_days)} DAY",
+        ),
         Table(  # one row per executor process, rewritten every cycle: who may act (the oldest live)
             "executors",
             (
@@ -234,6 +249,21 @@ def tables(
             ),
             "ReplacingMergeTree",
             "(host, pid, started_at)",
+            engine_args="version",
+        ),
+        Table(  # `stethoscope silence`: matchers (JSON) ANDed; expiring writes a version ending now
+            "silences",
+            (
+                "silence_id String",
+                "matchers String",
+                "starts_at DateTime64(3, 'UTC')",
+                "ends_at DateTime64(3, 'UTC')",
+                "created_by String",
+                "reason String",
+                "version UInt64",
+            ),
+            "ReplacingMergeTree",
+            "silence_id",
             engine_args="version",
         ),
     ]

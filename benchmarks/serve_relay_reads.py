@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Read commands beside a running `serve` (issue 27's target: every read command answers in <= 2 s,
+p95 of 50 calls, and never exits 3 for a lock).
+
+serve runs on the lab as on a controller (the embedded database held by serve, its own sweeps of
+collect.yml, a diagnosis cycle every interval); once its first sweep is stored, each read command runs
+`--calls` times as the operator runs it (a new `stethoscope` process each call, which reaches the
+store through serve's relay), the commands interleaved. Reported per command: p50/p95/max seconds
+of the whole call (process start included), its exit codes, calls that exited 3 or printed a lock
+error; and, as the reference, the same commands run directly on the database after serve stopped.
+
+    .venv/bin/python benchmarks/serve_relay_reads.py [--nodes 16] [--calls 50] [--direct-calls 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+TOP = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TOP / "benchmarks"))
+
+from provenance import stamp, write_results  # noqa: E402
+from serve_lab64 import build_lab, nearest_rank  # noqa: E402
+
+READS = {
+    "summary": ["summary"],
+    "incidents": ["incidents"],
+    "actions": ["actions"],
+    "top": ["top", "gpu_temperature_celsius"],
+    "diagnose": ["diagnose", "--json"],
+}
+TARGET_P95_SECONDS = 2.0
+LOCKED = ("Cannot lock", "in use by another process")
+
+
+def call(cli: list[str], args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, int, bool]:
+    started = time.monotonic()
+    result = subprocess.run([*cli, *args], capture_output=True, text=True, env=env, cwd=cwd, check=False)
+    return time.monotonic() - started, result.returncode, any(word in result.stderr for word in LOCKED)
+
+
+def figures(samples: list[tuple[float, int, bool]]) -> dict[str, object]:
+    seconds = [s for s, _, _ in samples]
+    return {
+        "calls": len(samples),
+        "p50_seconds": round(nearest_rank(seconds, 0.50), 3),
+        "p95_seconds": round(nearest_rank(seconds, 0.95), 3),
+        "max_seconds": round(max(seconds), 3),
+        "exit_codes": dict(Counter(str(rc) for _, rc, _ in samples)),
+        "exit_3": sum(1 for _, rc, _ in samples if rc == 3),
+        "lock_errors": sum(1 for *_, locked in samples if locked),
+    }
+
+
+def health(http: str) -> dict:
+    with urllib.request.urlopen(f"{http}/healthz", timeout=30) as response:
+        return json.loads(response.read())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--direct-calls", type=int, default=5, help="per command, after serve stopped")
+    parser.add_argument("--sweep-interval", type=int, default=120)
+    parser.add_argument("--interval", type=float, default=60, help="seconds between diagnosis cycles")
+    parser.add_argument("--out", type=Path, default=TOP / "benchmarks/results/serve_relay_reads.json")
+    args = parser.parse_args()
+    provenance = stamp()
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        env = {
+            **os.environ,
+            "STETHOSCOPE_LAB_DIR": str(tmp / "lab"),
+            "STETHOSCOPE_HOME": str(tmp / "home"),
+            "STETHOSCOPE_OPEN_WAIT": "30",  # the default: a call that waited for the lock would show
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        }
+        inventory = build_lab(tmp, args.nodes, args.sweep_interval, env)
+        secret = tmp / "cluster.secret"
+        secret.write_text("serve-benchmark-secret-0123456789\n")
+        dsn = f"chdb://{tmp / 'db'}"
+        cli = [sys.executable, "-m", "stethoscope.cli", "--dsn", dsn, "--spool-dir", str(tmp / "spool")]
+        subprocess.run([*cli, "db", "init"], env=env, check=True, capture_output=True)
+        serve = [
+            *cli, "serve", "--inventory", str(inventory), "--secret-file", str(secret), "--listen",
+            "127.0.0.1:0", "--http", "127.0.0.1:0", "--interval", str(args.interval), "--log-format", "json",
+        ]  # fmt: skip
+        proc = subprocess.Popen(
+            serve, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp
+        )
+        assert proc.stdout is not None
+        head = proc.stdout.readline()
+        match = re.search(r"http (http://[\d.]+:\d+)/healthz", head)
+        if not match:
+            raise SystemExit(f"serve did not start: {head}{proc.stderr.read() if proc.stderr else ''}")
+        http = match[1]
+        lines: list[str] = []
+        threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True).start()
+        started = time.monotonic()
+        while health(http).get("sweeps", {}).get("ok", 0) < 1:  # the lab's data stored
+            if time.monotonic() - started > 600 or proc.poll() is not None:
+                raise SystemExit("serve's first sweep did not end within 10 minutes")
+            time.sleep(2)
+        measure_started = time.monotonic()
+        beside: dict[str, list[tuple[float, int, bool]]] = {name: [] for name in READS}
+        for _ in range(args.calls):
+            for name, words in READS.items():
+                beside[name].append(call(cli, words, env, tmp))
+        measured_seconds = time.monotonic() - measure_started
+        last = health(http)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=300)
+        direct: dict[str, list[tuple[float, int, bool]]] = {name: [] for name in READS}
+        for _ in range(args.direct_calls):
+            for name, words in READS.items():
+                direct[name].append(call(cli, words, env, tmp))
+    cycles = [json.loads(line) for line in lines if line.startswith("{")]
+    results = {
+        "nodes": args.nodes,
+        "calls_per_command": args.calls,
+        "target_p95_seconds": TARGET_P95_SECONDS,
+        "beside_serve": {name: figures(samples) for name, samples in beside.items()},
+        "direct_after_serve_stopped": {name: figures(samples) for name, samples in direct.items()},
+        "target_met": all(
+            f["p95_seconds"] <= TARGET_P95_SECONDS and f["exit_3"] == 0 and f["lock_errors"] == 0
+            for f in (figures(samples) for samples in beside.values())
+        ),
+        "never_exit_3_nor_lock": all(
+            figures(samples)["exit_3"] == 0 and figures(samples)["lock_errors"] == 0
+            for samples in beside.values()
+        ),
+        "measured_seconds": round(measured_seconds, 1),
+        "serve_cycles_meanwhile": sum(1 for r in cycles if r.get("event") == "cycle"),
+        "serve_sweeps": last.get("sweeps"),
+    }
+    write_results(args.out, results, provenance)
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+../../../stethoscope/telemetry/gate.py

@@ -1,0 +1,77 @@
+"""`stethoscope outcomes [--since 30d] [--json]` (docs/design.md "CLI"): per ISO week and layer, how
+long from first evidence to finding (MTTD), to isolation and to ticket, and how incidents ended."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
+from stethoscope.diagnosis.rules import parse_duration
+from stethoscope.report.outcomes import outcomes
+from stethoscope.report.outcomes_table import render
+from stethoscope.report.summary import initialised
+from stethoscope.store.client import Store
+from stethoscope.store.dsn import redact
+from stethoscope.timeutil import now_ms, to_ms
+
+COMMANDS = ("outcomes",)
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "outcomes", help="per week and layer: time to detect, isolate and ticket; repairs and escalations"
+    )
+    parser.add_argument(
+        "--since",
+        default="30d",
+        help="incidents begun since: a duration ago (30d), ISO-8601 or epoch seconds",
+    )
+    parser.add_argument("--until", help="incidents begun until: ISO-8601 or epoch seconds (default now)")
+    parser.add_argument("--json", action="store_true", help="print them as JSON (stable keys)")
+    parser.add_argument(
+        "--rules", type=Path, help="rule file or folder (default rules/): the layers, windows"
+    )
+    parser.add_argument("--inventory", type=Path, help="use its report intervals (the rules' windows)")
+
+
+def _usage(message: str) -> int:
+    print(f"stethoscope: outcomes: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _moment(text: str, until_ms: int) -> int | None:
+    """A duration before `until_ms`, or a moment (ISO-8601, epoch seconds); None if neither."""
+    ago = parse_duration(text)
+    if ago is not None:
+        return until_ms - ago * 1000
+    try:
+        return to_ms(text)
+    except (ValueError, OverflowError):
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from stethoscope.cli.diagnose import catalog_for, checked_rules, inventory_of
+
+    until_ms = now_ms()
+    if args.until:
+        until = _moment(args.until, until_ms)
+        if until is None or parse_duration(args.until) is not None:
+            return _usage(f"--until {args.until!r}: neither ISO-8601 nor epoch seconds")
+        until_ms = until
+    since_ms = _moment(args.since, until_ms)
+    if since_ms is None:
+        return _usage(f"--since {args.since!r}: neither a duration (30d), ISO-8601 nor epoch seconds")
+    if since_ms > until_ms:
+        return _usage(f"--since {args.since!r} is after --until")
+    catalog = catalog_for(inventory_of(args))
+    rules = checked_rules(args.rules, catalog, "outcomes").rules
+    with Store(args.dsn, args.database) as store:
+        if not initialised(store):
+            return _usage(f"no schema in {redact(store.dsn)}: run `stethoscope db init` first")
+        result = outcomes(store, rules, catalog, since_ms, until_ms)
+    print(json.dumps(result.as_dict(), indent=1) if args.json else render(result))
+    return EXIT_OK

@@ -1,0 +1,73 @@
+"""Where a long-running executor's actions run (`serve --execute`): a pool of threads beside the
+diagnosis cycle, so that playbooks never hold a cycle up. One incident's work runs in order, after
+the work of that incident queued before it; different incidents run in parallel
+(`stethoscope_executor_parallel`). While an incident has work queued or running, the cycle knows
+which actions it has planned (`busy`) and does not plan them again."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
+
+log = logging.getLogger(__name__)
+
+
+class ActionPool:
+    def __init__(self, workers: int):
+        self._threads = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="actions")
+        self._guard = threading.Lock()
+        self._idle = threading.Condition(self._guard)
+        self._queues: dict[str, deque[tuple[frozenset[str], Callable[[], None]]]] = {}
+
+    def busy(self) -> dict[str, frozenset[str]]:
+        """Incidents with work queued or running -> the actions that work has planned."""
+        with self._guard:
+            return {
+                txn: frozenset().union(*(labels for labels, _ in queue))
+                for txn, queue in self._queues.items()
+            }
+
+    def submit(self, txn_id: str, labels: Collection[str], work: Callable[[], None]) -> None:
+        """Run `work` after the work of `txn_id` queued before it."""
+        with self._guard:
+            queue = self._queues.get(txn_id)
+            if queue is not None:
+                queue.append((frozenset(labels), work))
+                return
+            self._queues[txn_id] = deque([(frozenset(labels), work)])
+        self._threads.submit(self._run, txn_id)
+
+    def _run(self, txn_id: str) -> None:
+        while True:
+            with self._guard:
+                _, work = self._queues[txn_id][0]
+            try:
+                work()
+            except Exception:  # recorded by the work itself where it could be; never lost silently
+                log.exception("actions of incident %s", txn_id)
+            with self._guard:
+                queue = self._queues[txn_id]
+                queue.popleft()
+                if not queue:
+                    del self._queues[txn_id]
+                    self._idle.notify_all()
+                    return
+
+    def pending(self) -> int:
+        with self._guard:
+            return len(self._queues)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Drop the work not started (its `planned` rows stay for the next executor) and let the
+        running work finish (up to `timeout` seconds); True when none is left."""
+        with self._guard:
+            for queue in self._queues.values():
+                while len(queue) > 1:  # the first is running
+                    queue.pop()
+            self._idle.wait_for(lambda: not self._queues, timeout)
+            left = bool(self._queues)
+        self._threads.shutdown(wait=not left)
+        return not left

@@ -1,0 +1,46 @@
+"""The circuit breaker as it stands now (`stethoscope breaker`): its limits with their floor, what
+counts against each (stethoscope's own isolations, the nodes Slurm shows out of service for other
+reasons, the isolations within the window), and the drains it refused lately with their reasons.
+Read-only: an in-flight drain past its timeout is counted as the executor would (if Slurm shows
+it), not expired."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stethoscope.remediation.breaker import CircuitBreaker
+from stethoscope.remediation.ledger import Ledger
+from stethoscope.remediation.retries import REFUSED, reason_of
+from stethoscope.remediation.settings import Settings
+from stethoscope.remediation.slurm_state import read_nodes
+from stethoscope.store.client import Store
+from stethoscope.timeutil import iso, now_ms
+
+
+def armed(store: Store, context: Any) -> CircuitBreaker:
+    """The breaker of `context` (remediation.executor.Context) armed now, read-only."""
+    settings = Settings.of(context)
+    hosts = context.inventory.hosts
+    breaker = settings.breaker(len(hosts))
+    configured = context.setting("stethoscope_slurm_environment") or {}
+    slurm = read_nodes({str(k): str(v) for k, v in dict(configured).items()})
+    names = {name: host.slurm_name for name, host in hosts.items()}
+    breaker.arm(Ledger(store), names, slurm, now_ms(), settings.playbook_timeout * 1000)
+    return breaker
+
+
+def breaker_state(store: Store, context: Any, since_ms: int) -> dict[str, Any]:
+    """The breaker's state now and its refusals since `since_ms` (newest first)."""
+    state = armed(store, context).state()
+    refused = Ledger(store).action_states(status=REFUSED, since_ms=since_ms)
+    state["refusals"] = [
+        {
+            "at": iso(s.started_ms),
+            "node": s.target,
+            "action": s.action,
+            "txn_id": s.txn_id,
+            "reason": reason_of(s.detail) or "no reason recorded",
+        }
+        for s in reversed(refused)
+    ]
+    return state

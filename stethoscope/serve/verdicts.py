@@ -1,0 +1,110 @@
+"""The per-node verdicts serve publishes each cycle for the Slurm gate (telemetry.gate): GET /gate/<node>
+answers the node's last verdict, signed with its own key, HMAC(cluster secret, node_id). Only the
+nodes of the keyring (a `stethoscope_node_key` in the inventory) have a key, so only they have a
+verdict. A cycle that fails publishes nothing: the last verdicts age, and the gates call them stale
+once their grace has passed (a symptom the gate says, never a drain).
+
+The executor's safety rules hold for the gate too: each verdict carries serve's mode (a dry-run
+serve's failures are advisory: the gate drains nothing), and no more nodes fail than the circuit
+breaker has room for: the nodes stethoscope already isolated, and at most the breaker's remaining
+own limit of others (in name order); the rest are ok, "held back by the circuit breaker"."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from stethoscope.store.dsn import redact
+from stethoscope.telemetry import gate, wire
+from stethoscope.telemetry.keyring import Keyring
+
+STALE_CYCLES = 3  # a verdict counts for this many intervals, and a minute more, after its cycle
+STALE_SLACK = 60.0
+
+
+def default_grace(interval: float) -> float:
+    return STALE_CYCLES * interval + STALE_SLACK
+
+
+@dataclass(frozen=True)
+class Room:
+    """What the circuit breaker allows the gates: `isolated`, the nodes stethoscope isolated now (they
+    may fail); `more`, how many others may; `why`, said on the verdicts held back."""
+
+    isolated: frozenset[str] = field(default_factory=frozenset)
+    more: int | None = None  # None: no cap (a dry-run serve, whose failures are advisory)
+    why: str = ""
+
+
+def room_of(breaker: object) -> Room:
+    """The room of an armed remediation.breaker.CircuitBreaker (its own limit), read-only."""
+    own = frozenset(getattr(breaker, "own", set()))
+    allowed = int(getattr(breaker, "allowed", 0))
+    why = f"{len(own)} nodes isolated by stethoscope, its own limit {allowed}"
+    return Room(own, max(allowed - len(own), 0), why)
+
+
+def room_for(store: object, cycles: object) -> Room:
+    """The breaker's room as serve's executor sees it now (remediation.breaker_state.armed); no cap for
+    a dry-run serve. A breaker that cannot be armed allows no new failure: the gates drain no more
+    than the executor could."""
+    execute_with = getattr(cycles, "execute_with", None)
+    if execute_with is None:
+        return Room()
+    from stethoscope.remediation.breaker_state import armed
+
+    try:
+        context = execute_with(getattr(store, "dsn", None), getattr(store, "database", None))
+        return room_of(armed(store, context))  # type: ignore[arg-type]
+    except Exception as exc:
+        return Room(frozenset(), 0, f"its state not known ({type(exc).__name__}: {redact(str(exc))})")
+
+
+def capped(verdicts: dict[str, dict], room: Room) -> dict[str, dict]:
+    """`verdicts` with the failures the breaker has no room for held back."""
+    if room.more is None:
+        return verdicts
+    left = room.more
+    out = {}
+    for node in sorted(verdicts):
+        verdict = verdicts[node]
+        if verdict["verdict"] == gate.FAIL and node not in room.isolated:
+            if left <= 0:
+                verdict = gate.hold_back(verdict, room.why)
+            left -= 1
+        out[node] = verdict
+    return out
+
+
+class Verdicts:
+    def __init__(self, keyring: Keyring, grace: float):
+        self.grace = grace
+        self._keys = {
+            node: [wire.node_secret(secret, node) for secret in keyring.secrets]
+            for node in keyring.nodes.values()
+        }
+        self._bodies: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def publish(self, findings: list[dict], at_ms: int, executing: bool, room: Room) -> None:
+        """Each keyed node's verdict of the findings of the cycle that evaluated at `at_ms`, in serve's
+        mode (`executing`: --execute), its failures capped at the breaker's `room`."""
+        now = time.time()
+        mode = gate.ENFORCING if executing else gate.ADVISORY
+        made = {
+            node: gate.verdict_of(node, findings, now, self.grace, at_ms / 1000, mode) for node in self._keys
+        }
+        bodies = {node: gate.sign(self._keys[node], verdict) for node, verdict in capped(made, room).items()}
+        with self._lock:
+            self._bodies = bodies
+
+    def answer(self, node: str) -> tuple[int, bytes]:
+        """(HTTP status, body) for GET /gate/<node>."""
+        if node not in self._keys:
+            return 404, f"no verdict for {node}: no stethoscope_node_key in serve's inventory\n".encode()
+        with self._lock:
+            body = self._bodies.get(node)
+        if body is None:
+            return 503, b"no verdict yet: the first cycle has not finished\n"
+        return 200, body

@@ -1,0 +1,181 @@
+"""The operator sees the loop before and while it acts: `diagnose --plan` says per incident what
+`--execute` would do now (a drain the circuit breaker refuses, and why; what runs; what is already
+done) and writes nothing; `stethoscope breaker` shows the limits, what counts against them and the
+refusals; serve --execute logs its first plan, one line per action, and counts the actions on
+/metrics (every action and outcome from the start, at 0) with the breaker's gauges."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+from test_breaker import drain_row
+from test_execute import db, execute_args, inventory, rules, table, worn
+
+from stethoscope.store.client import Store
+from stethoscope.timeutil import now_ms
+
+from conftest import TOP
+
+__all__ = ["db"]
+DRAIN = "playbook:remediate/drain.yml"
+ACTIONS = [
+    {"type": "log", "message": "{{ node_id }} worn"},
+    {"type": "playbook", "playbook": "remediate/drain.yml"},
+]
+SECRET = b"plan-test-secret-0123456789abcdef"
+
+
+def cli(db, *argv, check_rc=(0, 1)):
+    command = [sys.executable, "-m", "stethoscope.cli", "--dsn", db, *argv]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=TOP, timeout=300, check=False)
+    assert result.returncode in check_rc, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    return result
+
+
+def node01_isolated_node02_worn(db):
+    """node01 is drained by stethoscope (the own limit of 8 nodes is 1); node02's SSD is worn."""
+    with Store(db) as store:
+        drain_row(store, "node01", "ok", now_ms() - 3600_000)
+        worn(store, "node02", now_ms() - 5_000)
+
+
+def steps(entries, node):
+    (entry,) = [e for e in entries if e["node"] == node]
+    return {s["action"] or s["will"]: s for s in entry["steps"]}
+
+
+def test_the_plan_says_what_execute_would_do_and_writes_nothing(tmp_path, db):
+    node01_isolated_node02_worn(db)
+    rule_dir = str(rules(tmp_path, ACTIONS))
+    args = execute_args(tmp_path)[1:]  # the inventory and settings, without --execute
+    plan = cli(db, "diagnose", "--no-model", "--plan", "--json", "--rules", rule_dir, *args)
+    said = steps(json.loads(plan.stdout), "node02")
+    assert said["drain"]["will"] == "refused by the breaker"
+    assert "own limit: 1 of 8 nodes isolated now by stethoscope (node01)" in said["drain"]["why"]
+    assert said["log"]["will"] == "runs"
+    assert table(db, "SELECT count() FROM DB.findings") == [(0,)]  # the plan wrote nothing
+    assert table(db, "SELECT count() FROM DB.actions") == [(1,)]  # node01's drain only
+    assert not (tmp_path / "findings.log").exists()
+    text = cli(db, "diagnose", "--no-model", "--plan", "--rules", rule_dir, *args).stdout
+    assert "node02 worn_ssd [critical] new incident" in text and "drain: refused by the breaker" in text
+
+    done = cli(db, "diagnose", "--no-model", "--json", "--rules", rule_dir, "--execute", *args)
+    (finding,) = json.loads(done.stdout)
+    assert finding["outcome"] == f"log ok, {DRAIN} refused"  # as the plan said
+    assert f"action {DRAIN} refused: node node02 rule worn_ssd txn {finding['txn_id']}" in done.stderr
+    assert f"action log ok: node node02 rule worn_ssd txn {finding['txn_id']}" in done.stderr
+    again = json.loads(
+        cli(db, "diagnose", "--no-model", "--plan", "--json", "--rules", rule_dir, *args).stdout
+    )
+    (entry,) = [e for e in again if e["node"] == "node02"]
+    assert entry["txn_id"] == finding["txn_id"] and not entry["new"]
+    (still,) = entry["steps"]  # the log is done; the refused drain waits for room in the breaker
+    assert (still["action"], still["will"]) == ("drain", "refused by the breaker") and "own limit" in still[
+        "why"
+    ]
+
+    state = json.loads(cli(db, "breaker", "--json", *args, check_rc=(0,)).stdout)
+    own, out = state["limits"]["own"], state["limits"]["out_of_service"]
+    assert (own["count"], own["limit"], own["nodes"]) == (1, 1, ["node01"])
+    assert own["rule"] == "max(1, floor(0.1 x 8))" and out["limit"] == 2
+    (refused,) = state["refusals"]
+    assert refused["node"] == "node02" and refused["txn_id"] == finding["txn_id"]
+    assert "own limit" in refused["reason"]
+    text = cli(db, "breaker", *args, check_rc=(0,)).stdout
+    assert re.search(r"own isolations +1 of 1 .* node01", text) and "refused within 24h: 1" in text
+
+
+def test_plan_and_breaker_without_an_inventory_are_exit_2(tmp_path, db):
+    rule_dir = str(rules(tmp_path, ACTIONS))
+    for argv in (("diagnose", "--no-model", "--plan", "--rules", rule_dir), ("breaker",)):
+        result = cli(db, *argv, check_rc=(2,))
+        assert "inventory" in result.stderr
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
+
+
+def test_serve_logs_its_plan_each_action_and_counts_them_on_metrics(tmp_path, db):
+    node01_isolated_node02_worn(db)
+    rule_dir = rules(tmp_path, ACTIONS)
+    secret = tmp_path / "cluster.secret"
+    secret.write_bytes(SECRET + b"\n")
+    hosts = inventory(tmp_path)  # serve starts only for an inventory with a node that streams
+    hosts.write_text(hosts.read_text().replace("node01: {", "node01: {stethoscope_node_key: 1, "))
+    command = [
+        sys.executable, "-m", "stethoscope.cli", "--dsn", db, "--spool-dir", str(tmp_path / "spool"),
+        "serve", "--no-model", "--no-sweep", "--secret-file", str(secret), "--listen", "127.0.0.1:0",
+        "--http", "127.0.0.1:0", "--interval", "2", "--rules", str(rule_dir), "--log-format", "json",
+        "--execute", "--inventory", str(hosts), "-e", f"stethoscope_diagnose_log={tmp_path / 'findings.log'}",
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=TOP)
+    out: list[str] = []
+    err: list[str] = []
+    families = {}
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        head = proc.stdout.readline()
+        match = re.search(r"http (http://[\d.]+:\d+)/healthz", head)
+        assert match, head + (proc.stderr.read() if proc.poll() is not None else "")
+        threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True).start()  # type: ignore[arg-type]
+        threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True).start()  # type: ignore[arg-type]
+        first = {s.name: s.value for f in text_string_to_metric_families(_get(f"{match[1]}/metrics"))
+                 for s in f.samples if f.name == "stethoscope_actions"}  # fmt: skip
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            families = {f.name: f for f in text_string_to_metric_families(_get(f"{match[1]}/metrics"))}
+            counted = {
+                (s.labels["action"], s.labels["outcome"]): s.value
+                for s in families["stethoscope_actions"].samples
+            }
+            if counted[("drain", "refused")] >= 1 and counted[("log", "ok")] >= 1:
+                break
+            time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert first and set(first.values()) == {0.0}  # every combination present from the start, at 0
+    assert counted[("drain", "refused")] == 1 and counted[("log", "ok")] == 1
+    assert counted[("ticket", "failed")] == 0 and len(counted) >= 8 * 6
+    gauges = {
+        (f, s.labels["limit"]): s.value
+        for f in ("stethoscope_breaker_isolated", "stethoscope_breaker_limit")
+        for s in families[f].samples
+    }
+    assert gauges[("stethoscope_breaker_isolated", "own")] == 1
+    assert gauges[("stethoscope_breaker_limit", "own")] == 1
+    assert gauges[("stethoscope_breaker_limit", "out_of_service")] == 2
+    records = [json.loads(line) for line in out if line.startswith("{")]
+    (plan,) = [r for r in records if r["event"] == "plan"]  # the first executing cycle's only
+    said = steps(plan["incidents"], "node02")
+    assert said["drain"]["will"] == "refused by the breaker" and said["log"]["will"] == "runs"
+    actions = [json.loads(line) for line in err if line.startswith("{")]
+    refused = [a for a in actions if a.get("event") == "action" and a["action"] == DRAIN]
+    assert refused and refused[0]["outcome"] == "refused" and refused[0]["node"] == "node02"
+    assert refused[0]["rule"] == "worn_ssd" and refused[0]["txn"] and "own limit" in refused[0]["why"]
+    assert any(a.get("action") == "log" and a["outcome"] == "ok" for a in actions)
+
+
+def test_an_action_log_line_shows_playbook_and_slurm_text_as_written():
+    """Regression: an action's reason carries a playbook's and Slurm's text, printed raw: an escape
+    sequence in it reached the operator's terminal."""
+    from stethoscope.remediation.action_events import ActionEvent
+
+    why = "scontrol: \x1b[2J\x1b]0;owned\x07\nnext"
+    event = ActionEvent(DRAIN, "failed", "node02", "worn_ssd", "txn1", why)
+    line = event.text()
+    assert "\x1b" not in line and "\x07" not in line and "\n" not in line
+    assert "\\x1b[2J" in line and line.startswith(f"action {DRAIN} failed: node node02")
