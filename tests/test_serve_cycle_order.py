@@ -14,7 +14,9 @@ from stethoscope.telemetry.keyring import Keyring
 
 
 class _NoFindings:
-    """serve's Cycles at its seam: one cycle that matched nothing."""
+    """serve's Cycles at its seam: one cycle that matched nothing, in a dry run."""
+
+    execute_with = None
 
     def run(self, rules: list, at_ms: int, store: Any = None) -> CycleResult:
         return CycleResult(at_ms=at_ms, findings=[], rules=len(rules), executing=False)

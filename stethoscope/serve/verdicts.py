@@ -15,6 +15,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from stethoscope.remediation.breaker import CircuitBreaker
+from stethoscope.remediation.breaker_state import armed
+from stethoscope.remediation.cycle import Cycles
+from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
 from stethoscope.telemetry import gate, wire
 from stethoscope.telemetry.keyring import Keyring
@@ -37,26 +41,22 @@ class Room:
     why: str = ""
 
 
-def room_of(breaker: object) -> Room:
-    """The room of an armed remediation.breaker.CircuitBreaker (its own limit), read-only."""
-    own = frozenset(getattr(breaker, "own", set()))
-    allowed = int(getattr(breaker, "allowed", 0))
+def room_of(breaker: CircuitBreaker) -> Room:
+    """The room of an armed circuit breaker (its own limit), read-only."""
+    own = frozenset(breaker.own)
+    allowed = breaker.allowed
     why = f"{len(own)} nodes isolated by stethoscope, its own limit {allowed}"
     return Room(own, max(allowed - len(own), 0), why)
 
 
-def room_for(store: object, cycles: object) -> Room:
+def room_for(store: Store, cycles: Cycles) -> Room:
     """The breaker's room as serve's executor sees it now (remediation.breaker_state.armed); no cap for
     a dry-run serve. A breaker that cannot be armed allows no new failure: the gates drain no more
     than the executor could."""
-    execute_with = getattr(cycles, "execute_with", None)
-    if execute_with is None:
+    if cycles.execute_with is None:
         return Room()
-    from stethoscope.remediation.breaker_state import armed
-
     try:
-        context = execute_with(getattr(store, "dsn", None), getattr(store, "database", None))
-        return room_of(armed(store, context))  # type: ignore[arg-type]
+        return room_of(armed(store, cycles.execute_with(store.dsn, store.database)))
     except Exception as exc:
         return Room(frozenset(), 0, f"its state not known ({type(exc).__name__}: {redact(str(exc))})")
 
