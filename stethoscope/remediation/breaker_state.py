@@ -22,10 +22,8 @@ def armed(store: Store, context: Any) -> CircuitBreaker:
     settings = Settings.of(context)
     hosts = context.inventory.hosts
     breaker = settings.breaker(len(hosts))
-    configured = context.setting("stethoscope_slurm_environment") or {}
-    slurm = read_nodes({str(k): str(v) for k, v in dict(configured).items()})
-    names = {name: host.slurm_name for name, host in hosts.items()}
-    breaker.arm(Ledger(store), names, slurm, now_ms(), settings.playbook_timeout * 1000)
+    slurm = read_nodes(context.slurm_environment)
+    breaker.arm(Ledger(store), context.slurm_names, slurm, now_ms(), settings.playbook_timeout * 1000)
     return breaker
 
 

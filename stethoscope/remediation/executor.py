@@ -95,6 +95,17 @@ class Context:
             **self.overrides,
         }
 
+    @property
+    def slurm_environment(self) -> dict[str, str]:
+        """The environment `scontrol` runs in (stethoscope_slurm_environment), as strings."""
+        configured = self.setting("stethoscope_slurm_environment") or {}
+        return {str(k): str(v) for k, v in dict(configured).items()}
+
+    @property
+    def slurm_names(self) -> dict[str, str]:
+        """Inventory host -> the name Slurm knows it by."""
+        return {name: host.slurm_name for name, host in self.inventory.hosts.items()}
+
 
 def _checked_id(name: str, value: Any, pattern: re.Pattern[str]) -> str:
     """A transaction or rule id as it may name a folder, a Slurm reason or a ticket label."""
@@ -314,14 +325,13 @@ class Executor:
         shaped: _Shaped,
     ) -> dict[str, tuple[str, list[str]]]:
         """Settle what dead executors left in flight; the actions of theirs that never started."""
-        environment = self.ctx.setting("stethoscope_slurm_environment") or {}
-        names = {name: host.slurm_name for name, host in self.ctx.inventory.hosts.items()}
+        environment, names = self.ctx.slurm_environment, self.ctx.slurm_names
         done = reconcile(
             ledger,
             Orphans(live, self._timeout_ms, busy),
             self.at_ms,
             names,
-            lambda: read_nodes({str(k): str(v) for k, v in dict(environment).items()}),
+            lambda: read_nodes(environment),
             shaped.plan,
         )
         for state, status in done.settled:
@@ -377,9 +387,8 @@ class Executor:
         """Who is out of service now and who was isolated within the window, from the actions
         table and, where it can be asked, Slurm; in-flight drains past their timeout expire (with
         `expire`; else they are only looked at)."""
-        environment = self.ctx.setting("stethoscope_slurm_environment") or {}
-        slurm = read_nodes({str(k): str(v) for k, v in dict(environment).items()})
-        names = {name: host.slurm_name for name, host in self.ctx.inventory.hosts.items()}
+        slurm = read_nodes(self.ctx.slurm_environment)
+        names = self.ctx.slurm_names
         self.breaker.arm(
             ledger,
             names,
@@ -674,8 +683,7 @@ class Executor:
         """Slurm's reason when it shows the node drained for another reason than this txn's (a
         person's, another txn's, the gate's): the slurm_node module keeps it and reports ok. None
         when the drain is this txn's, or Slurm cannot be asked (the drain's own result stands)."""
-        environment = self.ctx.setting("stethoscope_slurm_environment") or {}
-        slurm = read_nodes({str(k): str(v) for k, v in dict(environment).items()})
+        slurm = read_nodes(self.ctx.slurm_environment)
         node = slurm.get(slurm_name) if slurm else None
         if node is None or not node.out_of_service or txn_id in node.reason.split():
             return None

@@ -14,15 +14,14 @@ from typing import Any
 from stethoscope.diagnosis.levels import action_label
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.remediation.action_events import short_action
-from stethoscope.remediation.ledger import DRAIN, NEEDS_PERSON, Ledger
+from stethoscope.remediation.breaker_state import armed
+from stethoscope.remediation.ledger import DRAIN, NEEDS_PERSON
 from stethoscope.remediation.life import decide
 from stethoscope.remediation.retries import REFUSED, next_attempt
 from stethoscope.remediation.settings import Settings
 from stethoscope.remediation.silence_table import silencer
-from stethoscope.remediation.slurm_state import read_nodes
 from stethoscope.store.client import Store
 from stethoscope.terminal import terminal_safe_data
-from stethoscope.timeutil import now_ms
 
 # what a step of the plan says
 RUNS, REFUSED_BY_BREAKER, SILENCED, DONE, RETRY_DUE, NEEDS_A_PERSON = (
@@ -48,7 +47,6 @@ def preview(
     `findings`: the matched ones (not those held open), `rules` as fitted to the cadence."""
     settings = Settings.of(context)
     hosts = context.inventory.hosts
-    breaker = settings.breaker(len(hosts))
     matched = [dict(f) for f in findings if not f.get("held")]  # decide() annotates its findings
     plan = decide(
         store,
@@ -61,11 +59,7 @@ def preview(
         backoff=settings.backoff,
         quiet=silencer(store, context),
     )
-    configured = context.setting("stethoscope_slurm_environment") or {}
-    environment = {str(k): str(v) for k, v in dict(configured).items()}
-    slurm = read_nodes(environment)
-    names = {name: host.slurm_name for name, host in hosts.items()}
-    breaker.arm(Ledger(store), names, slurm, now_ms(), settings.playbook_timeout * 1000)
+    breaker = armed(store, context)  # read-only, as the executor's would be now
     incidents: dict[str, dict[str, Any]] = {}
 
     def incident(finding: dict[str, Any], txn: str) -> dict[str, Any]:

@@ -122,10 +122,7 @@ def _maintenance(context: Any) -> dict[str, tuple[str, int]]:
     its nodes' Slurm names; without a context, as this process is set up, a node named as Slurm does."""
     environment, names = {}, None
     if context is not None:
-        environment = {
-            str(k): str(v) for k, v in dict(context.setting("stethoscope_slurm_environment") or {}).items()
-        }
-        names = {node: host.slurm_name for node, host in context.inventory.hosts.items()}
+        environment, names = context.slurm_environment, context.slurm_names
     held = read_maintenance(environment) or {}
     if names is not None:
         held = {node: held[slurm] for node, slurm in names.items() if slurm in held}
