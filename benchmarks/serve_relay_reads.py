@@ -9,7 +9,15 @@ store through serve's relay), the commands interleaved. Reported per command: p5
 of the whole call (process start included), its exit codes, calls that exited 3 or printed a lock
 error; and, as the reference, the same commands run directly on the database after serve stopped.
 
+With `--execute`, serve acts (a real slurmctld from tools/slurm_lab.py holds the lab's nodes, a
+loopback Jira stand-in takes the tickets), so the reads run while its first executing cycles drain,
+bundle evidence and ticket the lab's faults. Once its actions have settled (no action for two cycles),
+`--inject NODE` starts an XID 79 on that healthy node (`tools/lab.py inject`), as a GPU that falls
+off the bus between sweeps, and the seconds from then to the node's drain in Slurm and to its ticket
+are reported (issue 27's target: both within 5 minutes, with sweeps every 120 s and cycles every 60 s).
+
     .venv/bin/python benchmarks/serve_relay_reads.py [--nodes 16] [--calls 50] [--direct-calls 5]
+        [--execute [--inject node09]]
 """
 
 from __future__ import annotations
@@ -30,9 +38,13 @@ from pathlib import Path
 
 TOP = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOP / "benchmarks"))
+sys.path.insert(0, str(TOP / "tools"))
+sys.path.insert(0, str(TOP / "tests"))
 
+from http_standin import StandIn  # noqa: E402  (the tests' loopback Jira)
 from provenance import stamp, write_results  # noqa: E402
 from serve_lab64 import build_lab, nearest_rank  # noqa: E402
+from slurm_lab import SlurmCluster  # noqa: E402
 
 READS = {
     "summary": ["summary"],
@@ -42,6 +54,7 @@ READS = {
     "diagnose": ["diagnose", "--json"],
 }
 TARGET_P95_SECONDS = 2.0
+TARGET_FAULT_SECONDS = 300
 LOCKED = ("Cannot lock", "in use by another process")
 
 
@@ -69,6 +82,47 @@ def health(http: str) -> dict:
         return json.loads(response.read())
 
 
+def actions(lines: list[str]) -> list[dict]:
+    records = (json.loads(line) for line in list(lines) if line.startswith("{"))
+    return [record for record in records if record.get("event") == "action"]
+
+
+def settle(lines: list[str], interval: float, limit: float) -> float:
+    """Seconds until serve logged no action for two cycles (its first executing backlog done)."""
+    started, seen, quiet_since = time.monotonic(), -1, time.monotonic()
+    while time.monotonic() - started < limit:
+        count = len(actions(lines))
+        if count != seen:
+            seen, quiet_since = count, time.monotonic()
+        elif count and time.monotonic() - quiet_since >= 2 * interval:
+            return round(quiet_since - started, 1)
+        time.sleep(2)
+    return -1.0
+
+
+def fault_to_ticket(env: dict[str, str], node: str, slurm: SlurmCluster, jira: StandIn) -> dict[str, object]:
+    """Inject an XID 79 on `node` and time its drain in Slurm and its ticket."""
+    subprocess.run([sys.executable, str(TOP / "tools/lab.py"), "inject", node, "xid_79"], env=env, check=True)
+    injected, drained, ticketed = time.monotonic(), None, None
+    while time.monotonic() - injected < 3 * TARGET_FAULT_SECONDS and (drained is None or ticketed is None):
+        if drained is None and "DRAIN" in slurm.node(node)["state"]:
+            drained = time.monotonic() - injected
+        issues = [json.dumps(issue) for issue in list(jira.issues.values())]
+        if ticketed is None and any(node in issue and "gpu_xid_79" in issue for issue in issues):
+            ticketed = time.monotonic() - injected
+        time.sleep(1)
+    return {
+        "node": node,
+        "fault": "xid_79",
+        "seconds_to_drain": round(drained, 1) if drained is not None else None,
+        "seconds_to_ticket": round(ticketed, 1) if ticketed is not None else None,
+        "target_seconds": TARGET_FAULT_SECONDS,
+        "target_met": drained is not None
+        and ticketed is not None
+        and max(drained, ticketed) <= TARGET_FAULT_SECONDS,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=16)
@@ -76,8 +130,18 @@ def main() -> None:
     parser.add_argument("--direct-calls", type=int, default=5, help="per command, after serve stopped")
     parser.add_argument("--sweep-interval", type=int, default=120)
     parser.add_argument("--interval", type=float, default=60, help="seconds between diagnosis cycles")
+    parser.add_argument("--execute", action="store_true", help="serve acts (real slurmctld, Jira stand-in)")
+    parser.add_argument(
+        "--breaker-fraction",
+        type=float,
+        default=0.5,
+        help="with --execute: room for the lab's own faults (the lab repeats 6 faulty nodes in 8)",
+    )
+    parser.add_argument("--inject", metavar="NODE", help="with --execute: an XID 79 on this healthy node")
     parser.add_argument("--out", type=Path, default=TOP / "benchmarks/results/serve_relay_reads.json")
     args = parser.parse_args()
+    if args.inject and not args.execute:
+        parser.error("--inject needs --execute")
     provenance = stamp()
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
@@ -98,6 +162,19 @@ def main() -> None:
             *cli, "serve", "--inventory", str(inventory), "--secret-file", str(secret), "--listen",
             "127.0.0.1:0", "--http", "127.0.0.1:0", "--interval", str(args.interval), "--log-format", "json",
         ]  # fmt: skip
+        slurm = jira = None
+        if args.execute:
+            slurm = SlurmCluster(tmp / "slurm", nodes=f"node[01-{args.nodes:02d}]").start()
+            jira = StandIn().start()
+            env.update(slurm.env)
+            env.update(STETHOSCOPE_TICKET_USER="bot", STETHOSCOPE_TICKET_TOKEN="t0ken")
+            env["STETHOSCOPE_LOCK_DIR"] = str(tmp / "locks")
+            serve += [
+                "--execute", "-e", f"stethoscope_ticket_url={jira.url}",
+                "-e", f"stethoscope_evidence_dir={tmp / 'evidence'}",
+                "-e", f"stethoscope_diagnose_log={tmp / 'findings.log'}",
+                "-e", f"stethoscope_breaker_fraction={args.breaker_fraction}",
+            ]  # fmt: skip
         proc = subprocess.Popen(
             serve, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp
         )
@@ -120,9 +197,21 @@ def main() -> None:
             for name, words in READS.items():
                 beside[name].append(call(cli, words, env, tmp))
         measured_seconds = time.monotonic() - measure_started
+        fault: dict[str, object] | None = None
+        settled = None
+        if slurm is not None and jira is not None:
+            settled = settle(lines, args.interval, 1800)
+            if args.inject:
+                fault = fault_to_ticket(env, args.inject, slurm, jira)
         last = health(http)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=300)
+        drains = [r for r in actions(lines) if r.get("action") == "drain"]
+        tickets = len(jira.issues) if jira else 0
+        if jira:
+            jira.stop()
+        if slurm:
+            slurm.stop()
         direct: dict[str, list[tuple[float, int, bool]]] = {name: [] for name in READS}
         for _ in range(args.direct_calls):
             for name, words in READS.items():
@@ -130,6 +219,7 @@ def main() -> None:
     cycles = [json.loads(line) for line in lines if line.startswith("{")]
     results = {
         "nodes": args.nodes,
+        "serve_mode": "execute" if args.execute else "dry-run",
         "calls_per_command": args.calls,
         "target_p95_seconds": TARGET_P95_SECONDS,
         "beside_serve": {name: figures(samples) for name, samples in beside.items()},
@@ -146,6 +236,15 @@ def main() -> None:
         "serve_cycles_meanwhile": sum(1 for r in cycles if r.get("event") == "cycle"),
         "serve_sweeps": last.get("sweeps"),
     }
+    if args.execute:
+        results.update(
+            breaker_fraction=args.breaker_fraction,
+            actions_logged=len(actions(lines)),
+            drain_actions_logged=len(drains),
+            tickets_opened=tickets,
+            seconds_until_actions_settled=settled,
+            fault_injected=fault,
+        )
     write_results(args.out, results, provenance)
     print(json.dumps(results, indent=1))
 

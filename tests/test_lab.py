@@ -115,3 +115,30 @@ def test_a_climbing_ssd_is_warned_about_before_it_crosses_its_hard_limit(tmp_pat
     first = first_findings(store, tmp_path, "node07", ["sda"], rules, steps, now_ms() - steps * SWEEP_MS)
     assert first["ssd_reallocated_sectors"] == 49  # 4 + 2 x 49 = 102 > 100, wear-out 8 < 10
     assert first["ssd_reallocated_climbing"] < first["ssd_reallocated_sectors"]
+
+
+def test_an_injected_xid_79_starts_now_on_the_nodes_gpu_0_and_stays(tmp_path):
+    from ansible_collections.aicluster.stethoscope.plugins.module_utils.kernel_log import parse_xid_events
+
+    lab_cmd(tmp_path, "build", "--nodes", "8")
+    dmesg = lambda node: replay(tmp_path, node, "dmesg").stdout  # noqa: E731
+    assert [e["xid"] for e in parse_xid_events(dmesg("node05"))] == []
+    assert lab_cmd(tmp_path, "inject", "node05", "xid_79").strip() == "lab: xid_79 on node05"
+    gpus = replay(tmp_path, "node05", "nvidia-smi", "-q", "-x").stdout
+    first_bus = gpus.split("<pci_bus_id>", 1)[1][4:14].lower()  # 00000000:BB:DD.F -> 0000:bb:dd
+    for _ in range(2):  # at once, and after each later step
+        events = parse_xid_events(dmesg("node05"))
+        assert [(e["xid"], e["bdf"]) for e in events] == [(79, first_bus)]
+        assert "GPU has fallen off the bus" in events[0]["line"]
+        lab_cmd(tmp_path, "advance")
+    assert parse_xid_events(dmesg("node01")) == []  # only the node named
+
+
+def test_inject_refuses_a_node_the_lab_has_not(tmp_path):
+    lab_cmd(tmp_path, "build", "--nodes", "2")
+    env = {**os.environ, "STETHOSCOPE_LAB_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, str(TOP / "tools/lab.py"), "inject", "node07", "xid_79"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 1 and "no node node07" in out.stderr

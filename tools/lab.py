@@ -20,6 +20,7 @@ nodes grow, so rates and trends are real across several sweeps.
 
     python tools/lab.py build [--nodes N] [--inventory PATH]   # (re)build .lab at step 0
     python tools/lab.py advance                                # next step (builds first if needed)
+    python tools/lab.py inject NODE FAULT                      # a fault that starts now (xid_79)
     python tools/lab.py episodes --out DIR [--seed 7] [--per-family N] [--hw-class h200|shifted]
                                    # the learned diagnosis's training data (stethoscope_training.episodes)
 """
@@ -121,6 +122,9 @@ def node_name(index: int) -> str:
 # Slow variants of a fault, built only when named (`--only-faults climbing_ssd`): each takes the place of
 # the fault it varies, on the same node and capture.
 VARIANTS = {"climbing_ssd": "worn_ssd"}
+# Faults that can start on any node of a built lab, at the step it has reached (`inject`): what a
+# node that was healthy a sweep ago shows.
+INJECTABLE = ("xid_79",)
 
 
 def profile_of(index: int, only_faults: list[str] | None = None) -> Profile:
@@ -241,6 +245,12 @@ def xid_lines(bus: str, codes: list[int], step: int) -> str:
             body = re.sub(r"\): \d+,", f"): {code},", body)
             lines.append(f"[{seconds:12.6f}] {body}")
     return "\n".join(lines) + "\n"
+
+
+def first_gpu_bus(xml: str) -> str:
+    """The kernel's name of GPU 0's bus (`0000:3b:00`) from nvidia-smi's `00000000:3B:00.0`."""
+    match = re.search(r"<pci_bus_id>[0-9A-Fa-f]{4}([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})", xml)
+    return match[1].lower() if match else "0000:00:06"
 
 
 def worn_ssd(data: dict, step: int) -> dict:
@@ -365,6 +375,9 @@ def dynamic_files(node: Path, profile: Profile, step: int) -> None:
     dmesg = DMESG.read_text()
     if "row_remap_pending" in profile.faults:
         dmesg += xid_lines("0000:00:06", [63, 48] if step % 2 else [63], step)
+    if "xid_79" in profile.faults:  # GPU 0 fell off the bus: the kernel logs it once
+        line = xid_lines(first_gpu_bus(xml), [79], 0)
+        dmesg += line.split(": 79, ", 1)[0] + ": 79, pid=0, GPU has fallen off the bus.\n"  # NVIDIA's text
     write(out / "dmesg.txt", dmesg)
     write(out / "nvidia-smi_nvlink_-s.txt", nvlink_status(profile))
     write(out / "SYNTHETIC_nvidia-smi_nvlink_-e.txt", nvlink_errors(profile, step))
@@ -637,10 +650,30 @@ def advance() -> int:
     step = int((LAB / "step").read_text()) + 1
     recorded = json.loads((LAB / "nodes.json").read_text())
     for index in range(recorded["count"]):
-        profile = profile_of(index, recorded.get("only_faults"))
+        profile = with_injected(profile_of(index, recorded.get("only_faults")), index, recorded)
         dynamic_files(LAB / "nodes" / node_name(index), profile, step)
     write(LAB / "step", f"{step}\n")
     return step
+
+
+def with_injected(profile: Profile, index: int, recorded: dict) -> Profile:
+    injected = recorded.get("injected", {}).get(node_name(index), [])
+    return replace(profile, faults=(*profile.faults, *injected)) if injected else profile
+
+
+def inject(node: str, fault: str) -> None:
+    """Start `fault` on `node` now: its outputs change at once, and every later step keeps it."""
+    recorded = json.loads((LAB / "nodes.json").read_text())
+    names = [node_name(i) for i in range(recorded["count"])]
+    if node not in names:
+        raise SystemExit(f"lab inject: no node {node} in the lab at {LAB} ({names[0]}..{names[-1]})")
+    injected = recorded.setdefault("injected", {}).setdefault(node, [])
+    if fault not in injected:
+        injected.append(fault)
+    write(LAB / "nodes.json", json.dumps(recorded))
+    index, step = names.index(node), int((LAB / "step").read_text())
+    profile = with_injected(profile_of(index, recorded.get("only_faults")), index, recorded)
+    dynamic_files(LAB / "nodes" / node, profile, step)
 
 
 def write_episodes(out: Path, seed: int, per_family: int, hw_class: str) -> int:
@@ -675,6 +708,9 @@ def main(argv: list[str] | None = None) -> int:
         "the other nodes are built healthy",
     )
     commands.add_parser("advance", help="advance the replay one step")
+    inject_cmd = commands.add_parser("inject", help="start a fault on a node of the built lab")
+    inject_cmd.add_argument("node")
+    inject_cmd.add_argument("fault", choices=INJECTABLE)
     episodes_cmd = commands.add_parser("episodes", help="write labelled episodes for the learned diagnosis")
     episodes_cmd.add_argument("--out", type=Path, required=True)
     episodes_cmd.add_argument("--seed", type=int, default=7)
@@ -690,6 +726,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--nodes must be at least 1")
         only = [f for f in args.only_faults.split(",") if f] if args.only_faults is not None else None
         build(args.nodes, args.inventory, only)
+    elif args.command == "inject":
+        inject(args.node, args.fault)
+        print(f"lab: {args.fault} on {args.node}")
     else:
         print(f"lab: step {advance()}")
     return 0
