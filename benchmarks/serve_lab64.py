@@ -110,6 +110,8 @@ def main() -> None:
         http = match[1]
         lines: list[str] = []
         threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True).start()
+        # drained, so that serve never blocks writing to a full pipe
+        threading.Thread(target=lambda: list(proc.stderr or []), daemon=True).start()
         sweep_seconds: list[float] = []
         seen_finish = None
         deadline = time.monotonic() + args.minutes * 60

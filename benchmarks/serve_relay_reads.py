@@ -55,6 +55,7 @@ READS = {
 }
 TARGET_P95_SECONDS = 2.0
 TARGET_FAULT_SECONDS = 300
+SETTLE_LIMIT_SECONDS = 600  # the lab's counters keep growing, so new findings keep coming: inject anyway
 LOCKED = ("Cannot lock", "in use by another process")
 
 
@@ -88,7 +89,8 @@ def actions(lines: list[str]) -> list[dict]:
 
 
 def settle(lines: list[str], interval: float, limit: float) -> float:
-    """Seconds until serve logged no action for two cycles (its first executing backlog done)."""
+    """Seconds until serve logged no action for two cycles (its first executing backlog done); -1 when
+    it did not within `limit` seconds."""
     started, seen, quiet_since = time.monotonic(), -1, time.monotonic()
     while time.monotonic() - started < limit:
         count = len(actions(lines))
@@ -184,8 +186,10 @@ def main() -> None:
         if not match:
             raise SystemExit(f"serve did not start: {head}{proc.stderr.read() if proc.stderr else ''}")
         http = match[1]
-        lines: list[str] = []
+        lines: list[str] = []  # its cycles (stdout)
+        said: list[str] = []  # its action lines (stderr), drained so that serve never blocks writing them
         threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True).start()
+        threading.Thread(target=lambda: said.extend(proc.stderr or []), daemon=True).start()
         started = time.monotonic()
         while health(http).get("sweeps", {}).get("ok", 0) < 1:  # the lab's data stored
             if time.monotonic() - started > 600 or proc.poll() is not None:
@@ -200,13 +204,13 @@ def main() -> None:
         fault: dict[str, object] | None = None
         settled = None
         if slurm is not None and jira is not None:
-            settled = settle(lines, args.interval, 1800)
+            settled = settle(said, args.interval, SETTLE_LIMIT_SECONDS)
             if args.inject:
                 fault = fault_to_ticket(env, args.inject, slurm, jira)
         last = health(http)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=300)
-        drains = [r for r in actions(lines) if r.get("action") == "drain"]
+        drains = [r for r in actions(said) if r.get("action") == "playbook:remediate/drain.yml"]
         tickets = len(jira.issues) if jira else 0
         if jira:
             jira.stop()
@@ -239,7 +243,7 @@ def main() -> None:
     if args.execute:
         results.update(
             breaker_fraction=args.breaker_fraction,
-            actions_logged=len(actions(lines)),
+            actions_logged=len(actions(said)),
             drain_actions_logged=len(drains),
             tickets_opened=tickets,
             seconds_until_actions_settled=settled,
