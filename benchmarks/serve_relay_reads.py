@@ -55,7 +55,6 @@ READS = {
 }
 TARGET_P95_SECONDS = 2.0
 TARGET_FAULT_SECONDS = 300
-SETTLE_LIMIT_SECONDS = 600  # the lab's counters keep growing, so new findings keep coming: inject anyway
 LOCKED = ("Cannot lock", "in use by another process")
 
 
@@ -109,7 +108,7 @@ def fault_to_ticket(env: dict[str, str], node: str, slurm: SlurmCluster, jira: S
     while time.monotonic() - injected < 3 * TARGET_FAULT_SECONDS and (drained is None or ticketed is None):
         if drained is None and "DRAIN" in slurm.node(node)["state"]:
             drained = time.monotonic() - injected
-        issues = [json.dumps(issue) for issue in list(jira.issues.values())]
+        issues = [f"{issue.get('summary')} {issue.get('labels')}" for issue in list(jira.issues.values())]
         if ticketed is None and any(node in issue and "gpu_xid_79" in issue for issue in issues):
             ticketed = time.monotonic() - injected
         time.sleep(1)
@@ -140,6 +139,13 @@ def main() -> None:
         help="with --execute: room for the lab's own faults (the lab repeats 6 faulty nodes in 8)",
     )
     parser.add_argument("--inject", metavar="NODE", help="with --execute: an XID 79 on this healthy node")
+    parser.add_argument(
+        "--settle-limit",
+        type=float,
+        default=600,
+        help="seconds to wait for serve's actions to settle before injecting (the lab's counters keep "
+        "growing, so new findings keep coming: it injects anyway after this)",
+    )
     parser.add_argument("--out", type=Path, default=TOP / "benchmarks/results/serve_relay_reads.json")
     args = parser.parse_args()
     if args.inject and not args.execute:
@@ -204,7 +210,7 @@ def main() -> None:
         fault: dict[str, object] | None = None
         settled = None
         if slurm is not None and jira is not None:
-            settled = settle(said, args.interval, SETTLE_LIMIT_SECONDS)
+            settled = settle(said, args.interval, args.settle_limit)
             if args.inject:
                 fault = fault_to_ticket(env, args.inject, slurm, jira)
         last = health(http)
