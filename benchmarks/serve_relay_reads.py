@@ -46,6 +46,8 @@ from provenance import stamp, write_results  # noqa: E402
 from serve_lab64 import build_lab, nearest_rank  # noqa: E402
 from slurm_lab import SlurmCluster  # noqa: E402
 
+from stethoscope.remediation.ledger import DRAIN  # noqa: E402
+
 READS = {
     "summary": ["summary"],
     "incidents": ["incidents"],
@@ -216,7 +218,7 @@ def main() -> None:
         last = health(http)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=300)
-        drains = [r for r in actions(said) if r.get("action") == "playbook:remediate/drain.yml"]
+        drains = [r for r in actions(said) if r.get("action") == DRAIN]
         tickets = len(jira.issues) if jira else 0
         if jira:
             jira.stop()

@@ -57,6 +57,8 @@ class MetricSpec:
     layer: str = ""
     # the interval rules/metrics.yml declares, which a rule's author counted on (0: `interval` is it)
     authored: int = 0
+    # why no shipped rule reads this metric (throughput, an inventory fact, read through another one)
+    informational: str = ""
 
     @property
     def authored_interval(self) -> int:
@@ -209,8 +211,18 @@ def _specs(path: Path, entries: dict) -> dict[str, MetricSpec]:
         interval = entry.get("interval")
         if not isinstance(interval, int) or interval <= 0:
             raise CatalogError(f"{path}: {name}: interval must be a positive number of seconds")
+        informational = entry.get("informational", "")
+        if not isinstance(informational, str) or ("informational" in entry and not informational.strip()):
+            raise CatalogError(f"{path}: {name}: informational must be the reason no rule reads it, as text")
         specs[name] = MetricSpec(
-            name, str(entry.get("unit", "")), kind, better, interval, entry.get("help", ""), layer
+            name,
+            str(entry.get("unit", "")),
+            kind,
+            better,
+            interval,
+            entry.get("help", ""),
+            layer,
+            informational=informational.strip(),
         )
     return specs
 

@@ -23,6 +23,7 @@ from conftest import FIXTURES, TOP, fixture_text
 
 CATALOG = Catalog.load()
 UNIT_SUFFIXES = (
+    "_bytes",
     "_celsius",
     "_watts",
     "_mhz",
@@ -106,6 +107,12 @@ def test_names_carry_their_unit_or_are_known_exceptions():
         "gpu_retired_pages_pending",
         "pcie_aer_status_flags",
         "ansible_host_unreachable",  # 0/1, like nvlink_link_up
+        # a broken instrument (collector_failure): 0/1 gauges, and the tool's exit code
+        "collector_failed",
+        "collector_gpu_lost",
+        "collector_hca_missing",
+        "collector_disk_unreadable",
+        "collector_exit_code",
     }
     for name, spec in CATALOG.metrics.items():
         if name.startswith("smart_") and name not in exceptions:

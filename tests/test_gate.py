@@ -489,3 +489,29 @@ def test_with_serve_stopped_the_cached_verdict_counts_until_its_grace_then_is_sa
     assert "FAIL: stethoscope gate: no fresh verdict (last at " in stale.stderr, stale.stderr
     assert _run_on_node(clear, "--grace", "0.2", "--fail-when-unverified").returncode == 1
     assert not calls.exists()  # never drained for
+
+
+def test_the_gate_fails_no_more_nodes_than_the_tightest_breaker_limit_allows():
+    from stethoscope.remediation.breaker import CircuitBreaker
+    from stethoscope.serve.verdicts import capped, room_of
+
+    failing = {f"node{i:02d}": {"verdict": gate.FAIL, "reasons": ["gpu_too_hot"]} for i in (1, 2, 9)}
+    # 16 nodes: own limit 1 (none used); out of service limit 2, which one human drain leaves room in
+    one_human = CircuitBreaker(16, others={"node09": "a person's drain"})
+    verdicts = capped(failing, room_of(one_human))
+    assert [n for n, v in verdicts.items() if v["verdict"] == gate.FAIL] == ["node01", "node09"]
+    # two human drains fill the out-of-service limit: the own limit's spare one is not room
+    two_humans = CircuitBreaker(16, others={"node09": "a person's drain", "node10": "down"})
+    verdicts = capped(failing, room_of(two_humans))
+    assert [n for n, v in verdicts.items() if v["verdict"] == gate.FAIL] == ["node09"]
+    assert verdicts["node01"]["reasons"][0].startswith(
+        "held back by the circuit breaker: circuit breaker, out-of-service limit"
+    )
+    # the window: one node isolated and resumed within it leaves no room for a new one
+    window = CircuitBreaker(16, fraction=0.2, recent={"node05"})
+    verdicts = capped(failing, room_of(window))
+    assert [n for n, v in verdicts.items() if v["verdict"] == gate.FAIL] == []
+    # a node the window already counts (isolated and resumed within it) takes no more of the window
+    again = CircuitBreaker(16, fraction=0.2, recent={"node02"})
+    verdicts = capped(failing, room_of(again))
+    assert [n for n, v in verdicts.items() if v["verdict"] == gate.FAIL] == ["node02"]

@@ -126,6 +126,8 @@ def xid(code, counts, step_ms=60_000):
 FIRST_XID = [1, 1, 1]  # appeared inside the 15-minute window: one new event
 AFTER_MARKING = [0, 0, 1]  # pre-existing at the first read, then one new event
 SEEN_BEFORE = 10 * 60_000  # three samples 10 minutes apart: the series was there before the window
+# the XIDs with a shipped rule (docs/reference/xid.md, section "What stethoscope does")
+RULED_XIDS = (46, 48, 62, 63, 64, 74, 79, 92, 94, 95, 109, 119, 120, 136, 140, 143, 144, 145, 146, 149, 150)
 
 
 def throttle(bits):
@@ -146,6 +148,9 @@ FLEET = {
     "allreduce_busbw_below_fleet",
     "gemm_below_fleet",
     "fio_iops_below_fleet",
+    "rdma_bw_below_fleet",
+    "rdma_latency_above_fleet",
+    "fio_latency_above_fleet",
 }
 # rule -> (series of the node that must fire it, series of the node that must not)
 CASES = {
@@ -174,8 +179,70 @@ CASES = {
             xid(code, FIRST_XID if code % 2 else AFTER_MARKING),
             xid(code, [1, 1, 1], SEEN_BEFORE) + xid(code + 1, [0, 0, 0]) + xid(13, [1, 2, 5]),
         )
-        for code in (48, 63, 64, 74, 79, 92, 94, 95, 119)
+        for code in RULED_XIDS
     },
+    # the collector's rows (collect_gpu): a lost GPU named as its XID rows name it, SXids per switch
+    "gpu_lost": (
+        [S("gpu_lost_events_total", [0, 0, 1], "pci:0000:b3:00", {"reason": "fallen_off_bus"})],
+        [S("gpu_lost_events_total", [0, 0, 1], "gpu1", {"reason": "init_failed"})],
+    ),
+    "gpu_init_failed": (
+        [S("gpu_lost_events_total", [0, 0, 1], "gpu1", {"reason": "init_failed"})],
+        [S("gpu_lost_events_total", [0, 0, 1], "gpu1", {"reason": "fallen_off_bus"})],
+    ),
+    "nvswitch_sxid_fatal": (
+        [S("nvswitch_sxid_errors_total", [0, 0, 2], "nvswitch0", {"sxid": "20034", "severity": "fatal"})],
+        [S("nvswitch_sxid_errors_total", [0, 1, 4], "nvswitch0", {"sxid": "12028", "severity": "nonfatal"})],
+    ),
+    "nvswitch_sxid_nonfatal": (
+        [S("nvswitch_sxid_errors_total", [0, 1, 4], "nvswitch3", {"sxid": "12028", "severity": "nonfatal"})],
+        [S("nvswitch_sxid_errors_total", [2, 2], "nvswitch3", {"sxid": "12028", "severity": "fatal"}, HOUR)],
+    ),
+    # collector_failure.failure_rows: the cause's gauge on the device, collector_failed with its labels
+    "collector_gpu_lost": (
+        [S("collector_gpu_lost", [0, 0, 1], "gpu0", {"collector": "gpu", "tool": "nvidia-smi", "rc": "255"})],
+        [S("collector_gpu_lost", [1, 0, 0], "gpu0", {"collector": "gpu", "tool": "nvidia-smi", "rc": "255"})],
+    ),
+    "collector_hca_missing": (
+        [S("collector_hca_missing", [0, 1], "mlx5_1", {"collector": "rdma", "tool": "ibstat", "rc": "255"})],
+        [S("collector_hca_missing", [1, 0], "mlx5_1", {"collector": "rdma", "tool": "ibstat", "rc": "255"})],
+    ),
+    "collector_disk_unreadable": (
+        [
+            S(
+                "collector_disk_unreadable",
+                [0, 1],
+                "sdb",
+                {"collector": "smart", "tool": "smartctl", "rc": "2"},
+            )
+        ],
+        [
+            S(
+                "collector_disk_unreadable",
+                [0, 0],
+                "sdb",
+                {"collector": "smart", "tool": "smartctl", "rc": "2"},
+            )
+        ],
+    ),
+    "collector_failed": (
+        [
+            S(
+                "collector_failed",
+                [1],
+                "tuning",
+                {"collector": "tuning", "tool": "cpupower", "rc": "1", "cause": "tool_failed"},
+            )
+        ],
+        [
+            S(
+                "collector_failed",
+                [1],
+                "gpu",
+                {"collector": "gpu", "tool": "nvidia-smi", "rc": "255", "cause": "gpu_lost"},
+            )
+        ],
+    ),
     "gpu_xid_preexisting": (
         [S("gpu_xid_preexisting_total", [2], "gpu1", {"xid": "79"}), *xid(79, [0])],
         xid(79, [0, 0, 0], SEEN_BEFORE),
@@ -269,6 +336,42 @@ CASES = {
     "nvme_critical_warning_temperature": (
         [S("nvme_critical_warning", [2], "nvme0n1")],
         [S("nvme_critical_warning", [2, 0], "nvme0n1")],
+    ),
+    # smartctl's verdicts and error counters (tests/test_storage_rules.py feeds them real captures)
+    "smart_disk_failing": (
+        [S("smart_health_passed", [1, 0], "sdb")],
+        [S("smart_health_passed", [0, 1], "sdb"), S("smart_exit_status", [64], "sdc")],
+    ),
+    "smart_attribute_failing_now": (
+        [S("smart_attribute_failing", [2], "sdb", {"attribute": "reallocated_sector_ct"})],
+        [S("smart_attribute_failing", [1], "sdb", {"attribute": "airflow_temperature_cel"})],
+    ),
+    "smart_attribute_failed_in_past": (
+        [S("smart_exit_status", [32], "sdb")],
+        [
+            S("smart_exit_status", [4], "sdb"),
+            S("smart_attribute_failing", [0], "sdb", {"attribute": "spin_up_time"}),
+        ],
+    ),
+    "smart_error_log_has_errors": (
+        [S("smart_exit_status", [216], "sdb")],
+        [S("smart_exit_status", [4], "sdb")],
+    ),
+    "smart_self_test_failed": (
+        [S("smart_exit_status", [128], "sdb")],
+        [S("smart_exit_status", [64], "sdb")],
+    ),
+    "nvme_media_errors_rising": (
+        [S("nvme_media_errors_total", [0, 0, 3], "nvme0n1")],
+        [S("nvme_media_errors_total", [7, 7, 7], "nvme0n1")],
+    ),
+    "sas_uncorrected_errors_rising": (
+        [S("disk_uncorrected_errors_total", [535, 536], "sdb", {"operation": "write"})],
+        [S("disk_uncorrected_errors_total", [535, 535], "sdb", {"operation": "write"})],
+    ),
+    "sas_grown_defects_rising": (
+        [S("disk_grown_defects_total", [260, 263], "sdb")],
+        [S("disk_grown_defects_total", [260, 260], "sdb")],
     ),
     "nvme_endurance_consumed": (
         [S("nvme_percentage_used", [101], "nvme0n1")],
@@ -413,6 +516,55 @@ CASES = {
             S("disk_temperature_celsius", swing(63, 2, 120, period=15, seed=1), "nvme1n1", step_ms=SWEEP),
         ],
     ),
+    # every health signal ruled (tests/test_every_signal_ruled.py): counters as the collectors store them
+    "gpu_retired_pages_pending": (
+        [S("gpu_retired_pages_pending", [0, 1], "gpu0")],
+        [S("gpu_retired_pages_pending", [1, 0], "gpu0")],
+    ),
+    "gpu_hbm_temperature_high": (
+        [S("gpu_memory_temperature_celsius", [96, 97, 96, 98, 97], "gpu2")],
+        [S("gpu_memory_temperature_celsius", [80, 85, 99, 84, 82], "gpu2")],  # one hot sample: not sustained
+    ),
+    "nvlink_crc_error_rate": (
+        [S("nvlink_crc_errors_total", counter(1000, [7000] * 5), "gpu1/link2")],  # ~117/s
+        [S("nvlink_crc_errors_total", counter(1000, [3000] * 5), "gpu1/link2")],  # 50/s
+    ),
+    "gpu_pcie_replay_rate": (
+        [S("gpu_pcie_replay_errors_total", counter(20, [40] * 5), "gpu3")],  # 200 in 5 min
+        [S("gpu_pcie_replay_errors_total", counter(20, [10] * 5), "gpu3")],
+    ),
+    "rdma_local_ack_timeouts": (
+        [S("rdma_local_ack_timeout_errors_total", counter(10, [120] * 5), "mlx5_0/1")],  # 2/s
+        [S("rdma_local_ack_timeout_errors_total", counter(10, [30] * 5), "mlx5_0/1")],  # 0.5/s
+    ),
+    "rdma_rnr_nak_retry_exceeded": (
+        [S("rdma_rnr_nak_retry_errors_total", [4, 4, 4, 5], "mlx5_3/1")],
+        [S("rdma_rnr_nak_retry_errors_total", [4, 4, 4, 4], "mlx5_3/1")],
+    ),
+    "ib_port_rcv_errors": (
+        [S("ib_port_rcv_errors_total", counter(0, [900] * 5), "mlx5_1/1")],  # 15/s
+        [S("ib_port_rcv_errors_total", counter(0, [60] * 5), "mlx5_1/1")],  # 1/s
+    ),
+    # the lab's node08 (tools/lab.py): ib0 at 4096 over a port whose active MTU is 2048
+    "ipoib_mtu_above_port_mtu": (
+        [S("ib_port_ipoib_mtu_excess_bytes", [2052] * 3, "mlx5_1/1", {"interface": "ib0"})],
+        [
+            S("ib_port_ipoib_mtu_excess_bytes", [0] * 3, "mlx5_0/1", {"interface": "ib0"}),
+            S("ib_port_ipoib_mtu_excess_bytes", [0, 2052, 0], "mlx5_1/1", {"interface": "ib0"}),
+        ],
+    ),
+    "numa_balancing_during_bench": (
+        [S("numa_balancing_enabled", [0, 1], labels={"phase": "bench"})],
+        [S("numa_balancing_enabled", [0, 0], labels={"phase": "bench"}), S("numa_balancing_enabled", [1, 1])],
+    ),
+    # values as smartctl reports them on the failing WD3200BEVT and the healthy PM883 (public/smartctl)
+    "ata_uncorrectable_sectors": (
+        [S("smart_current_pending_sector", [1], "sdb"), S("smart_reported_uncorrect", [84], "sdb")],
+        [S("smart_current_pending_sector", [0], "sda"), S("smart_uncorrectable_error_cnt", [0], "sda")],
+    ),
+    "rdma_bw_below_fleet": fleet("bench_rdma_bw_gbit_per_s", 80, device="mlx5_0"),
+    "rdma_latency_above_fleet": fleet("bench_rdma_latency_p99_us", 200, device="mlx5_0"),
+    "fio_latency_above_fleet": fleet("bench_fio_randread_latency_p99_us", 200, device="nvme0n1"),
     "training_subhealth": (
         [
             S("train_loss_variance", [0.08] * 6),

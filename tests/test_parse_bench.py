@@ -22,19 +22,20 @@ from conftest import fixture_text
 
 
 @pytest.mark.parametrize(
-    "fixture, rows, average",
+    "fixture, rows, average, wrong",
     [
-        ("all_reduce_perf_8xA100-SXM4-80GB_nccl2.16.2_gcm.txt", 6, 210.99),
-        ("all_reduce_perf_2node_16xA100-SXM4-80GB_nccl2.12.12_gcm.txt", 6, 150.209),
-        ("all_reduce_perf_8xA100-SXM4-40GB_superbench.txt", 34, 68.4048),  # no root column, NCCL INFO lines
-        ("all_gather_perf_superbench.txt", 34, 58.2651),  # no redop column
-        ("all_gather_perf_2node_H200_gke_nccl2.25.1.txt", 24, 15.0709),
+        ("all_reduce_perf_8xA100-SXM4-80GB_nccl2.16.2_gcm.txt", 6, 210.99, 0),
+        ("all_reduce_perf_2node_16xA100-SXM4-80GB_nccl2.12.12_gcm.txt", 6, 150.209, 0),
+        # run with "validation: 0": #wrong is N/A, nothing was checked
+        ("all_reduce_perf_8xA100-SXM4-40GB_superbench.txt", 34, 68.4048, None),  # no root, NCCL INFO lines
+        ("all_gather_perf_superbench.txt", 34, 58.2651, None),  # no redop column
+        ("all_gather_perf_2node_H200_gke_nccl2.25.1.txt", 24, 15.0709, 0),
     ],
 )
-def test_nccl_tests_tables(fixture, rows, average):
+def test_nccl_tests_tables(fixture, rows, average, wrong):
     parsed = parse_nccl_tests(fixture_text(f"public/nccl-tests/{fixture}"))
     assert len(parsed["rows"]) == rows and parsed["avg_busbw_gb_per_s"] == average
-    assert parsed["wrong"] == 0 and not parsed["failed"]
+    assert parsed["wrong"] == wrong and parsed["validated"] is (wrong is not None) and not parsed["failed"]
 
 
 def test_nccl_tests_8xa100_values():

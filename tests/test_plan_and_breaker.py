@@ -179,3 +179,52 @@ def test_an_action_log_line_shows_playbook_and_slurm_text_as_written():
     line = event.text()
     assert "\x1b" not in line and "\x07" not in line and "\n" not in line
     assert "\\x1b[2J" in line and line.startswith(f"action {DRAIN} failed: node node02")
+
+
+def test_the_plan_says_silenced_retry_due_and_needs_a_person(tmp_path, db, http_standin):
+    """node03 is silenced; node02's api_call fails (its endpoint answers 503): the plan says its
+    retry is due once the backoff passed, and, when the last attempt failed and no person was asked
+    (an executor killed before it could ask), that the incident needs a person."""
+    from stethoscope.store.batch import MetricColumns
+
+    hook = http_standin(fail_first=1000)
+    with Store(db) as store:
+        worn(store, "node02", now_ms() - 5_000)
+        batch = MetricColumns()
+        batch.append("node03", "smart_reallocated_sector_ct", "sda", {}, 184.0, now_ms() - 2_000)
+        batch.append("node03", "smart_media_wearout_indicator_normalized", "sda", {}, 8.0, now_ms() - 2_000)
+        store.insert_metrics(batch)
+    call = {"type": "api_call", "endpoint": hook.url, "payload": "{}", "retries": 0, "timeout": 5}
+    rule_dir = str(rules(tmp_path, [call]))
+    settings = ("stethoscope_action_retries=1", "stethoscope_action_backoff=1")
+    args = execute_args(tmp_path, *settings)[1:]
+    cli(db, "silence", "add", "--node", "node03", "--for", "1h", "--reason", "disk swap", check_rc=(0,))
+
+    def plan():
+        return json.loads(
+            cli(db, "diagnose", "--no-model", "--plan", "--json", "--rules", rule_dir, *args).stdout
+        )
+
+    first = plan()
+    assert steps(first, "node02")["api_call"]["will"] == "runs"
+    silenced = steps(first, "node03")["silenced"]
+    assert "disk swap" in silenced["why"]
+
+    def execute():
+        cli(db, "diagnose", "--no-model", "--json", "--rules", rule_dir, "--execute", *args)
+        time.sleep(1.5)  # past the backoff of 1 s
+
+    execute()  # attempt 1 of 2 fails
+    due = steps(plan(), "node02")["api_call"]
+    assert (due["will"], due["why"]) == ("retry due", "attempt 2 of 2 after failed")
+    execute()  # attempt 2 of 2 fails: a person is asked at once
+    assert "needs a person" not in json.dumps(plan())
+    with Store(db) as store:  # as an executor killed between the last failure and the asking leaves it
+        store.command(
+            f"ALTER TABLE {store.database}.actions DELETE WHERE action = 'needs_person' "
+            "SETTINGS mutations_sync = 2"
+        )
+    asked = steps(plan(), "node02")["api_call"]
+    assert (asked["will"], asked["why"]) == ("needs a person", "failed")
+    assert "node03" not in {r[0] for r in table(db, "SELECT target FROM DB.actions")}  # silenced: nothing ran
+    assert len([r for r in hook.requests if r.method == "POST"]) == 2

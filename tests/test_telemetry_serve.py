@@ -236,9 +236,14 @@ def test_serve_playbook_installs_the_unit_check_mode_writes_nothing_and_reruns_c
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
     assert f"serve --inventory {inventory} --secret-file {tmp_path / 'etc/cluster.secret'}" in exec_start
     assert "--http 127.0.0.1:9976" in exec_start and "--execute" not in exec_start
+    assert "--gate-listen" not in exec_start  # no verdicts unless asked
     assert oct((tmp_path / "etc/cluster.secret").stat().st_mode & 0o777) == "0o600"
     assert "changed=0" in play()
     assert "s" * 32 not in play("-v")
+    play("-e", "serve_gate_listen=10.0.0.1:9977")
+    unit = (tmp_path / "stethoscope-serve.service").read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert exec_start.endswith("--interval 60 --gate-listen 10.0.0.1:9977"), exec_start
 
 
 class _Timed:

@@ -4,13 +4,17 @@
 
 from __future__ import annotations
 
+import re
+
+from ansible_collections.aicluster.stethoscope.plugins.module_utils import collector_failure
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import (
     CollectorError,
     result,
-    run_checked,
 )
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.kernel_log import (
     normalize_bdf,
+    parse_gpu_lost_events,
+    parse_sxid_events,
     parse_xid_events,
 )
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.metric_rows import metric
@@ -24,24 +28,27 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error 
 
 NAME = "gpu"
 NO_DEVICE_MARKERS = ("No devices were found", "couldn't communicate with the NVIDIA driver")
+SEEN_STATE = "gpu_devices"  # the GPUs the last good sweep saw (bus -> device): a lost one keeps its name
+# "Unable to determine the device handle for GPU0000:A1:00.0: ..." (older drivers: "GPU 0000:...")
+HANDLE_BUS = re.compile(r"GPU\s?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})\.[0-7]")
 
 
 def collect(ctx, dmon_samples=1, read_kernel_log=True):
     if not ctx.which("nvidia-smi"):
         return result(False, {"reason": "nvidia-smi not found"})
+    seen = ctx.load_state(SEEN_STATE).get("gpus", {})
     argv = ["nvidia-smi", "-q", "-x"]
     rc, out, err = ctx.run(argv)
-    if rc != 0 and any(marker in (out + err) for marker in NO_DEVICE_MARKERS):
+    if rc != 0 and not seen and any(marker in (out + err) for marker in NO_DEVICE_MARKERS):
         return result(False, {"reason": (out + err).strip().splitlines()[0]})
-    if rc != 0:
-        run_checked(ctx, argv, "nvidia-smi -q -x")
     try:
-        query = parse_query_xml(out)
-    except ParseError as exc:
-        raise CollectorError(str(exc), argv, rc, out, err) from None
+        query = _query(ctx, argv, rc, out, err, seen)
+    except CollectorError as exc:
+        return _without_nvidia_smi(ctx, exc, seen, read_kernel_log)
     gpus = query["gpus"]
     if not gpus:
         return result(False, {"reason": "nvidia-smi lists no GPU", "driver_version": query["driver_version"]})
+    _remember(ctx, gpus)
     warnings = []
     metrics = gpu_metrics(gpus)
     metrics += _dmon(ctx, dmon_samples, warnings)
@@ -55,6 +62,59 @@ def collect(ctx, dmon_samples=1, read_kernel_log=True):
         "xid_preexisting": xid.pop("preexisting", {}),
     }
     return result(True, facts, metrics, warnings)
+
+
+def _query(ctx, argv, rc, out, err, seen):
+    """The parsed `nvidia-smi -q -x`, or a CollectorError saying what its failure means."""
+    said = "%s\n%s" % (err, out)
+    line = collector_failure.first_line(err, out)
+    if rc == 124:
+        raise CollectorError(
+            "nvidia-smi -q -x: timed out after %ss" % ctx.timeout, argv, rc, out, err, cause="tool_failed"
+        )
+    if rc != 0:
+        cause = collector_failure.classify("nvidia-smi", rc, said, had_hardware=bool(seen))
+        raise CollectorError(
+            "nvidia-smi -q -x: exit code %s: %s" % (rc, line),
+            argv,
+            rc,
+            out,
+            err,
+            cause=cause,
+            device=_lost_device(said, seen) if cause == collector_failure.GPU_LOST else None,
+        )
+    try:
+        return parse_query_xml(out)
+    except ParseError as exc:
+        raise CollectorError(str(exc), argv, rc, out, err, cause="tool_failed") from None
+
+
+def _lost_device(said, seen):
+    """The GPU nvidia-smi names in its failure, as the last good sweep named it (else pci:<bus>)."""
+    found = HANDLE_BUS.search(said)
+    if not found:
+        return None
+    bus = normalize_bdf(found.group(1))
+    return seen.get(bus, "pci:" + bus)
+
+
+def _remember(ctx, gpus):
+    buses = {normalize_bdf(gpu["bus_id"]): gpu["device"] for gpu in gpus if gpu.get("bus_id")}
+    if ctx.load_state(SEEN_STATE).get("gpus") != buses:
+        ctx.save_state(SEEN_STATE, {"gpus": buses})
+
+
+def _without_nvidia_smi(ctx, exc, seen, read_kernel_log):
+    """nvidia-smi failed: the kernel log is still read (a lost GPU's Xid 79 is there), with the GPUs
+    named as the last good sweep saw them; the failure travels beside the rows."""
+    warnings = []
+    known = [{"bus_id": bus, "device": device} for bus, device in sorted(seen.items())]
+    xid = _xid(ctx, known, warnings) if read_kernel_log else {"source": "disabled", "events": []}
+    metrics = xid.pop("metrics", [])
+    facts = {"xid": xid, "xid_preexisting": xid.pop("preexisting", {})}
+    return result(
+        bool(seen) or None, facts, metrics, warnings, failures=[collector_failure.from_error(NAME, exc)]
+    )
 
 
 def _dmon(ctx, samples, warnings):
@@ -87,7 +147,8 @@ def _xid(ctx, gpus, warnings):
     cursor = state.get("cursor", {}) if same_boot else {}
     source, out = _kernel_log(ctx, warnings)
     if out is None:
-        return {"source": source, "readable": False, "events": [], "metrics": _xid_rows(counts)}
+        rows = _xid_rows(counts) + _other_rows(state)
+        return {"source": source, "readable": False, "events": [], "metrics": rows}
     events = parse_xid_events(out)
     by_bus = {normalize_bdf(gpu["bus_id"]): gpu["device"] for gpu in gpus if gpu.get("bus_id")}
     last_seen = cursor.get("monotonic", -1.0)
@@ -108,16 +169,21 @@ def _xid(ctx, gpus, warnings):
             continue
         counts[key] = counts.get(key, 0) + 1
         new_events.append(dict(event, device=device))
-    timed = [e["monotonic"] for e in events if e["monotonic"] is not None]
+    other = _other_kernel_events(out, by_bus, state, cursor, first_read)
+    timed = [e["monotonic"] for e in events + other["events"] if e["monotonic"] is not None]
     ctx.save_state(
         "gpu_xid",
-        {
-            "boot_id": boot_id,
-            "cursor": {"monotonic": max([*timed, last_seen]), "untimed": max(untimed, seen_untimed)},
-            "counts": counts,
-        },
+        dict(
+            other["state"],
+            boot_id=boot_id,
+            cursor=dict(
+                other["cursor"], monotonic=max([*timed, last_seen]), untimed=max(untimed, seen_untimed)
+            ),
+            counts=counts,
+        ),
     )
-    rows = _xid_rows(counts)
+    rows = _xid_rows(counts) + other["rows"]
+    new_events += other["new_events"]
     reported = {}
     for key, count in sorted(preexisting.items()):
         device, xid = key.rsplit("|", 1)
@@ -153,4 +219,49 @@ def _xid_rows(counts):
     for key, count in sorted(counts.items()):
         device, xid = key.rsplit("|", 1)
         rows.append(metric("gpu_xid_errors_total", device, count, {"xid": xid}))
+    return rows
+
+
+# Kernel-log events other than XIDs: (kind, parser, state key of their counts, metric, label names).
+# A lost GPU's Xid 79 line and its NVRM line are two metrics, each counted once; rules read one of them.
+OTHER_EVENTS = (
+    ("gpu_lost", parse_gpu_lost_events, "lost_counts", "gpu_lost_events_total", ("reason",)),
+    ("sxid", parse_sxid_events, "sxid_counts", "nvswitch_sxid_errors_total", ("sxid", "severity")),
+)
+
+
+def _other_kernel_events(out, by_bus, state, cursor, first_read):
+    """GPU-lost and NVSwitch SXid events under the XID reader's cursor (one monotonic position; each
+    kind keeps its own count of untimed lines). On the first read they are pre-existing: counted from 0."""
+    found = {"events": [], "new_events": [], "rows": [], "state": {}, "cursor": {}}
+    for kind, parse, counts_key, _name, labels in OTHER_EVENTS:
+        events = parse(out)
+        counts = dict(state.get(counts_key, {}))
+        untimed_key = "untimed_" + kind
+        seen_untimed, untimed = cursor.get(untimed_key, 0), 0
+        for event in events:
+            if event["monotonic"] is None:
+                untimed += 1
+                if untimed <= seen_untimed:
+                    continue
+            elif event["monotonic"] <= cursor.get("monotonic", -1.0):
+                continue
+            device = event.get("switch") or by_bus.get(event["bdf"], "pci:" + event["bdf"])
+            key = "|".join([device] + [str(event[label]) for label in labels])
+            counts[key] = counts.get(key, 0) + (0 if first_read else 1)
+            if not first_read:
+                found["new_events"].append(dict(event, device=device, kind=kind))
+        found["events"] += events
+        found["state"][counts_key] = counts
+        found["cursor"][untimed_key] = max(untimed, seen_untimed)
+    found["rows"] = _other_rows(found["state"])
+    return found
+
+
+def _other_rows(state):
+    rows = []
+    for _kind, _parse, counts_key, name, labels in OTHER_EVENTS:
+        for key, count in sorted(state.get(counts_key, {}).items()):
+            device, *values = key.split("|")
+            rows.append(metric(name, device, count, dict(zip(labels, values))))
     return rows

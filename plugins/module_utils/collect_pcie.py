@@ -23,6 +23,42 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.pcie import 
 
 NAME = "pcie_aer"
 DEVICES = "/sys/bus/pci/devices"
+# lspci's names of the AER status bits and their place in the register (Linux pci_regs.h
+# PCI_ERR_COR_* and PCI_ERR_UNC_*): pcie_aer_status_flags is the register as the device holds it.
+CORRECTABLE_STATUS_BITS = {
+    "RxErr": 0,
+    "BadTLP": 6,
+    "BadDLLP": 7,
+    "Rollover": 8,
+    "Timeout": 12,
+    "AdvNonFatalErr": 13,
+    "CorrIntErr": 14,
+    "HeaderOF": 15,
+}
+UNCORRECTABLE_STATUS_BITS = {
+    "DLP": 4,
+    "SDES": 5,
+    "TLP": 12,
+    "FCP": 13,
+    "CmpltTO": 14,
+    "CmpltAbrt": 15,
+    "UnxCmplt": 16,
+    "RxOF": 17,
+    "MalfTLP": 18,
+    "ECRC": 19,
+    "UnsupReq": 20,
+    "ACSViol": 21,
+    "UncorrIntErr": 22,
+    "BlockedTLP": 23,
+    "AtomicOpBlocked": 24,
+    "TLPBlockedErr": 25,
+    "PoisonTLPBlocked": 26,
+    "DMWrReqBlocked": 27,
+    "IDECheck": 28,
+    "MisIDETLP": 29,
+    "PCRC_CHECK": 30,
+    "TLPXlatBlocked": 31,
+}
 
 
 def collect(ctx, busy_devices=()):
@@ -93,8 +129,24 @@ def _lspci_fallback(ctx, facts, warnings):
         raise CollectorError(str(exc), argv, 0, out, "") from None
     rows = []
     for device in parsed:
-        for key, kind in (("cesta", "correctable"), ("uesta", "uncorrectable")):
+        for key, kind, bits in (
+            ("cesta", "correctable", CORRECTABLE_STATUS_BITS),
+            ("uesta", "uncorrectable", UNCORRECTABLE_STATUS_BITS),
+        ):
             if device[key] is not None:
-                rows.append(metric("pcie_aer_status_flags", device["bdf"], len(device[key]), {"kind": kind}))
+                mask = status_bitmask(device[key], bits, device["bdf"], warnings)
+                rows.append(metric("pcie_aer_status_flags", device["bdf"], mask, {"kind": kind}))
     facts["lspci"] = parsed
     return "lspci", rows
+
+
+def status_bitmask(flags, bits, bdf, warnings):
+    """The status register from the names of its set flags; a name this table lacks (a newer lspci)
+    is warned about rather than dropped unseen."""
+    mask = 0
+    for flag in flags:
+        if flag in bits:
+            mask |= 1 << bits[flag]
+        else:
+            warnings.append("lspci -vvv %s: AER status flag %s+ has no known bit, left out" % (bdf, flag))
+    return mask

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from ansible_collections.aicluster.stethoscope.plugins.module_utils import collector_failure
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import (
     CollectorError,
     rate,
@@ -82,10 +83,34 @@ def _port(ctx, hca, port):
     return entry, rows
 
 
+SEEN_STATE = "rdma_devices"  # the HCAs sweeps saw: one gone since is hca_missing, until it is back
+# (an HCA removed or renamed on purpose: delete this state file on the node, see rdma_facts' notes)
+
+
 def collect(ctx):
     hcas = ctx.listdir(CLASS)
+    seen = ctx.load_state(SEEN_STATE).get("hcas", [])
+    gone = sorted(set(seen) - set(hcas))
+    failures = []
+    if gone:  # said, and the HCAs still there are read: one dead HCA never hides the others' rows
+        failures.append(
+            collector_failure.from_error(
+                NAME,
+                CollectorError(
+                    "sysfs: %s gone from %s (seen by an earlier sweep)" % (", ".join(gone), ctx.path(CLASS)),
+                    tool="sysfs",
+                    cause=collector_failure.HCA_MISSING,
+                    device=gone[0],
+                ),
+            )
+        )
     if not hcas:
-        return _ibstat_fallback(ctx)
+        if failures:
+            return result(True, {"ports": {}, "source": "sysfs"}, [], [], failures=failures)
+        return _ibstat_fallback(ctx, had_hardware=bool(seen))
+    known = sorted(set(seen) | set(hcas))
+    if known != seen:
+        ctx.save_state(SEEN_STATE, {"hcas": known})
     ports, rows = {}, []
     for hca in hcas:
         for port in ctx.listdir("%s/%s/ports" % (CLASS, hca)):
@@ -93,10 +118,14 @@ def collect(ctx):
             ports["%s/%s" % (hca, port)] = entry
             rows += port_rows
     warnings = []
-    _active_mtu(ctx, ports, rows, warnings)
+    try:
+        _active_mtu(ctx, ports, rows, warnings)
+    except CollectorError as exc:  # verbs that find no HCA: said, and sysfs's rows kept
+        failures.append(collector_failure.from_error(NAME, exc))
+    rows += _ipoib_mtu_excess(ctx, ports)
     _queue_pairs(ctx, ports, rows, warnings)
     rows += _drop_rates(ctx, ports)
-    return result(True, {"ports": ports, "source": "sysfs"}, rows, warnings)
+    return result(True, {"ports": ports, "source": "sysfs"}, rows, warnings, failures=failures)
 
 
 def _active_mtu(ctx, ports, rows, warnings):
@@ -104,12 +133,78 @@ def _active_mtu(ctx, ports, rows, warnings):
         warnings.append("ibv_devinfo not found: ib_port_active_mtu skipped (sysfs lacks it)")
         return
     argv = ["ibv_devinfo"]
-    out = run_checked(ctx, argv, "ibv_devinfo")
-    for (hca, port), info in sorted(_parse(ctx, parse_ibv_devinfo, out).items()):
+    rc, out, err = ctx.run(argv)
+    found = _parse(ctx, parse_ibv_devinfo, out) if rc == 0 else {}
+    if not found:  # sysfs lists HCAs (ports): verbs that find none, or fail, are a dead HCA or stack
+        said = "%s\n%s" % (err, out)
+        raise CollectorError(
+            "ibv_devinfo: exit code %s: %s" % (rc, collector_failure.first_line(err, out) or "no output"),
+            argv,
+            rc,
+            out,
+            err,
+            cause=collector_failure.classify("ibv_devinfo", rc, said, had_hardware=bool(ports)),
+        )
+    for (hca, port), info in sorted(found.items()):
         key = "%s/%s" % (hca, port)
         if "active_mtu" in info:
             ports.setdefault(key, {})["active_mtu"] = info["active_mtu"]
             rows.append(metric("ib_port_active_mtu", key, info["active_mtu"]))
+
+
+IPOIB_HEADER = 4  # IPoIB's MTU is the IB MTU less its 4-byte header: 4092 on a 4096 port
+ARPHRD_INFINIBAND = "32"  # /sys/class/net/<interface>/type of an IPoIB interface
+
+
+def _ipoib_interfaces(ctx):
+    """{interface: MTU} of the node's IPoIB interfaces in datagram mode (by link type; by the ib* name
+    where sysfs gives no type, as a node root prefix may not). Connected mode carries up to 65520
+    bytes over reliable connections whatever the port's MTU: it is left out."""
+    found = {}
+    for interface in ctx.listdir("/sys/class/net"):
+        kind = ctx.read("/sys/class/net/%s/type" % interface)
+        mtu = ctx.read("/sys/class/net/%s/mtu" % interface)
+        ipoib = kind == ARPHRD_INFINIBAND or (kind is None and interface.startswith("ib"))
+        connected = ctx.read("/sys/class/net/%s/mode" % interface) == "connected"
+        if ipoib and not connected and mtu and mtu.isdigit():
+            found[interface] = int(mtu)
+    return found
+
+
+def _ports_of(ctx, interface, ib_ports):
+    """The IB ports an IPoIB interface sends through: its HCA's (<hca>/device/net/<interface>) port
+    dev_port + 1. Where no HCA lists its interfaces, every IB port (env_lock's reading)."""
+    listed = {
+        hca: ctx.listdir("%s/%s/device/net" % (CLASS, hca)) for hca in {k.split("/")[0] for k in ib_ports}
+    }
+    if not any(listed.values()):
+        return sorted(ib_ports)
+    dev_port = ctx.read("/sys/class/net/%s/dev_port" % interface)
+    port = int(dev_port) + 1 if dev_port and dev_port.isdigit() else 1
+    return [
+        key
+        for key in sorted(ib_ports)
+        if interface in listed[key.split("/")[0]] and key.endswith("/%d" % port)
+    ]
+
+
+def _ipoib_mtu_excess(ctx, ports):
+    """Per IB port and IPoIB interface on it: how far the interface's MTU (+ its header) exceeds the
+    port's active MTU (the seed's server 4096 / switch 2048 case: > 0, large frames dropped)."""
+    ib_ports = {
+        key: entry["active_mtu"]
+        for key, entry in ports.items()
+        if entry.get("link_layer") == "InfiniBand" and isinstance(entry.get("active_mtu"), int)
+    }
+    rows = []
+    if not ib_ports:
+        return rows
+    for interface, mtu in sorted(_ipoib_interfaces(ctx).items()):
+        for key in _ports_of(ctx, interface, ib_ports):
+            excess = mtu + IPOIB_HEADER - ib_ports[key]
+            ports[key].setdefault("ipoib_mtu", {})[interface] = mtu
+            rows.append(metric("ib_port_ipoib_mtu_excess_bytes", key, excess, {"interface": interface}))
+    return rows
 
 
 def _queue_pairs(ctx, ports, rows, warnings):
@@ -145,7 +240,7 @@ def _drop_rates(ctx, ports):
     return rows
 
 
-def _ibstat_fallback(ctx):
+def _ibstat_fallback(ctx, had_hardware=False):
     if not ctx.which("ibstat"):
         return result(
             False, {"reason": "no %s and no ibstat: no InfiniBand/RDMA on this node" % ctx.path(CLASS)}
@@ -156,8 +251,15 @@ def _ibstat_fallback(ctx):
         ports = parse_ibstat(out)
     except ParseError as exc:
         raise CollectorError(str(exc), argv, rc, out, err) from None
-    if rc != 0:
-        run_checked(ctx, argv, "ibstat")
+    if rc != 0 or (had_hardware and not ports):
+        raise CollectorError(
+            "ibstat: exit code %s: %s" % (rc, collector_failure.first_line(err, out) or "no output"),
+            argv,
+            rc,
+            out,
+            err,
+            cause=collector_failure.classify("ibstat", rc, "%s\n%s" % (err, out), had_hardware),
+        )
     if not ports:
         return result(False, {"reason": "ibstat lists no port"})
     rows = []

@@ -11,15 +11,20 @@ import time
 
 
 class CollectorError(Exception):
-    """A collector cannot give a truthful answer; becomes fail_json with the command's output."""
+    """A collector cannot give a truthful answer; becomes fail_json with the command's output, and
+    `collector_failed` rows naming `tool` (argv[0] unless told), `cause` (collector_failure.classify
+    when not told) and `device` (the collector's name unless it is one device it could not read)."""
 
-    def __init__(self, msg, cmd=None, rc=None, stdout=None, stderr=None):
+    def __init__(self, msg, cmd=None, rc=None, stdout=None, stderr=None, tool=None, cause=None, device=None):
         super().__init__(msg)
         self.msg = msg
         self.cmd = cmd
         self.rc = rc
         self.stdout = stdout
         self.stderr = stderr
+        self.tool = tool or (cmd[0] if cmd else None)
+        self.cause = cause
+        self.device = device
 
 
 class Context:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from ansible_collections.aicluster.stethoscope.plugins.module_utils import collector_failure
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import (
     CollectorError,
     Context,
@@ -50,37 +51,77 @@ def make_context(module):
     )
 
 
+# Every failure series a collector has had, per collector: each later sweep sends them again, at 0
+# while it answers, so a cleared series never falls silent (UNKNOWN) after a repair.
+FAILURE_STATE = "collector_failures"
+
+
 def run_collectors(module, collectors):
     """collectors: [(name, callable(ctx, previous_results) -> result dict)]. Each runs even if another
-    failed; the module fails afterwards, naming every collector that could not answer."""
+    failed. A failure (a CollectorError, or a result's `failures` beside the rows it could still
+    read) is stored like any reading: `collector_failed` rows and a fact with the tool's first line;
+    the series are 0 from when the collector answers again. The module fails afterwards, naming every
+    collector that could not answer, and still returns every row."""
     ctx = make_context(module)
+    previous = ctx.load_state(FAILURE_STATE)
+    known = dict(previous)
     facts, metrics, failures, done = {}, [], [], {}
     for name, collect in collectors:
         try:
             outcome = collect(ctx, done)
         except CollectorError as exc:
-            failures.append((name, exc))
-            continue
-        done[name] = outcome
+            outcome = {"present": None, "facts": {}, "metrics": [], "warnings": []}
+            outcome["failures"] = [collector_failure.from_error(name, exc)]
+        items = outcome.get("failures") or []
         fact = {"present": outcome["present"]}
         fact.update(outcome["facts"])
-        facts["stethoscope_%s" % name] = fact
         metrics.extend(outcome["metrics"])
+        rows = [row for item in items for row in collector_failure.failure_rows(item)]
+        clear = _cleared(previous.get(name, []), rows)
+        metrics.extend(rows + clear)
+        if rows:
+            known[name] = clear + rows
+        if items:
+            failures.extend(items)
+            fact["failures"] = [collector_failure.fact(item) for item in items]
+        else:
+            done[name] = outcome
+        facts["stethoscope_%s" % name] = fact
         for warning in outcome["warnings"]:
             module.warn("%s: %s" % (name, warning))
+    if known != previous:
+        ctx.save_state(FAILURE_STATE, known)
     if failures:
-        first = failures[0][1]
+        first = failures[0]
         module.fail_json(
-            msg="; ".join(exc.msg for _name, exc in failures),
-            failed_collectors=[name for name, _exc in failures],
-            cmd=first.cmd,
-            rc=first.rc,
-            stdout=first.stdout,
-            stderr=first.stderr,
+            msg="; ".join(item["msg"] for item in failures),
+            failed_collectors=_unique(item["collector"] for item in failures),
+            cmd=first["cmd"],
+            rc=first["rc"],
+            stdout=first["stdout"],
+            stderr=first["stderr"],
             ansible_facts=facts,
             stethoscope_metrics=metrics,
         )
     module.exit_json(changed=False, ansible_facts=facts, stethoscope_metrics=metrics)
+
+
+def _cleared(before, now):
+    """The known failure series that this sweep does not repeat, at 0."""
+    repeated = {_series(row) for row in now}
+    return collector_failure.cleared([row for row in before if _series(row) not in repeated])
+
+
+def _unique(names):
+    seen = []
+    for name in names:
+        if name not in seen:
+            seen.append(name)
+    return seen
+
+
+def _series(row):
+    return row["name"], row["device"], tuple(sorted(row["labels"].items()))
 
 
 BENCH_ARGUMENT_SPEC = {

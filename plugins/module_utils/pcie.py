@@ -64,7 +64,8 @@ def link_degraded(width, max_width, speed, max_speed, busy):
     return 0
 
 
-_STANZA = re.compile(r"^([0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7] ")
+# The domain is 4 hex digits, or more behind an Intel VMD (`10000:e0:06.0`); `lspci` without -D omits it.
+_STANZA = re.compile(r"^([0-9a-f]{4,8}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7] ")
 _FLAGS = re.compile(r"(\w+)([+-])")
 
 

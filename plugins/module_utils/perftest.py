@@ -33,19 +33,38 @@ FAILURE_MARKERS = (
 )
 # perftest's MB is 2^20 bytes (its "MB/sec" without --report_gbits); Gb/sec is 10^9 bits.
 MB_PER_SEC_TO_GBIT = 1048576 * 8 / 1e9
+# perftest closes every result table with a line of dashes; a run stopped by ^C or killed ends without it.
+CLOSING_LINE = "-" * 20
+
+
+def _incomplete_failure(open_tables, last_number, last_line):
+    if not open_tables:
+        return None
+    return (
+        "incomplete: the output ends at line %d inside the result table, without its closing line "
+        "(the run was interrupted or killed): %r" % (last_number, last_line.strip()[:80])
+    )
 
 
 def parse_perftest(text):
-    """-> {"kind": "lat"|"bw", "rows": [...], "bw_unit", "failed", "failure"}; bandwidth rows also carry
-    "bw_average_gbit_per_s". Interleaved warnings ("Conflicting CPU frequency") are skipped."""
+    """-> {"kind": "lat"|"bw", "rows": [...], "bw_unit", "incomplete", "failed", "failure"}; bandwidth rows
+    also carry "bw_average_gbit_per_s". Interleaved warnings ("Conflicting CPU frequency") are skipped.
+    `incomplete` (and so `failed`) when a result table lacks its closing line: the rows read so far are
+    what an interrupted run measured, never a complete result."""
     kind, unit, rows, failure = None, None, [], None
+    open_tables, last_number, last_line = 0, 0, ""
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if not stripped:
             continue
+        last_number, last_line = number, line
         if failure is None and any(marker in stripped for marker in FAILURE_MARKERS):
             failure = stripped
+        if stripped.startswith(CLOSING_LINE):
+            open_tables = max(0, open_tables - 1)
+            continue
         if stripped.startswith("#bytes"):
+            open_tables += 1
             if "t_typical" in stripped:
                 kind = "lat"
             elif "BW average" in stripped:
@@ -76,4 +95,13 @@ def parse_perftest(text):
     if kind is None and failure is None:
         line_no, line = first_nonblank(text)
         raise ParseError(TOOL, "no '#bytes' result header and no recognised failure", line_no, line)
-    return {"kind": kind, "bw_unit": unit, "rows": rows, "failed": failure is not None, "failure": failure}
+    incomplete = _incomplete_failure(open_tables, last_number, last_line)
+    failure = failure or incomplete
+    return {
+        "kind": kind,
+        "bw_unit": unit,
+        "rows": rows,
+        "incomplete": incomplete is not None,
+        "failed": failure is not None,
+        "failure": failure,
+    }

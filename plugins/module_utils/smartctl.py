@@ -1,6 +1,6 @@
 # Copyright: stethoscope developers
 # Apache License 2.0
-"""Pure parser for `smartctl -j -a` (ATA and NVMe)."""
+"""Pure parser for `smartctl -j -a` (ATA, SCSI/SAS and NVMe)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ TOOL = "smartctl -j"
 # smartctl's exit status is a bitmask: bits 0-1 mean it could not read the device at all.
 EXIT_CANNOT_READ = 0x3
 _FIRST_NUMBER = re.compile(r"-?\d+")
+# `-d megaraid,N` or `-d sat+megaraid,N`: a physical disk N behind a MegaRAID controller
+_MEGARAID_TYPE = re.compile(r"^(?:sat\+)?(megaraid,\d+)$")
+# smartctl's per-attribute WHEN_FAILED, as the metric smart_attribute_failing reports it
+WHEN_FAILED = {"": 0, "past": 1, "now": 2}
+SCSI_ERROR_LOGS = ("read", "write", "verify")
 
 
 def _raw_value(attribute):
@@ -50,7 +55,7 @@ def parse_smartctl_json(text):
         for m in expect(TOOL, header.get("messages") or [], list, "messages")
         if isinstance(m, dict)
     ]
-    name = os.path.basename(str(device.get("name", ""))) or None
+    slot = _megaraid_slot(device)
     health = expect(TOOL, data.get("smart_status") or {}, dict, "smart_status").get("passed")
     table = expect(
         TOOL,
@@ -71,7 +76,7 @@ def parse_smartctl_json(text):
                 "normalized": _number(attribute.get("value")),
                 "worst": _number(attribute.get("worst")),
                 "thresh": _number(attribute.get("thresh")),
-                "when_failed": attribute.get("when_failed", ""),
+                "when_failed": _when_failed(attribute),
             }
         )
     nvme = data.get("nvme_smart_health_information_log")
@@ -80,9 +85,11 @@ def parse_smartctl_json(text):
             k: _number(v) for k, v in expect(TOOL, nvme, dict, "nvme_smart_health_information_log").items()
         }
     return {
-        "device": name,
+        "device": _device_name(device, slot),
+        "slot": slot,
         "protocol": device.get("protocol"),
-        "model": data.get("model_name"),
+        # a SCSI disk's vendor and product: scsi_model_name in newer smartctl (7.4), model_name in older (7.1)
+        "model": data.get("model_name") or data.get("scsi_model_name"),
         "serial": data.get("serial_number"),
         "firmware": data.get("firmware_version"),
         "exit_status": _number(header.get("exit_status")) or 0,
@@ -93,33 +100,91 @@ def parse_smartctl_json(text):
         ),
         "ata_attributes": attributes,
         "nvme_health": nvme,
+        "scsi_health": _scsi_health(data),
     }
+
+
+def _megaraid_slot(device):
+    match = _MEGARAID_TYPE.match(str(device.get("type", "")))
+    return match.group(1) if match else None
+
+
+def _device_name(device, slot):
+    """The block device (`sda`, `nvme0n1`); a disk behind MegaRAID is its controller and slot
+    (`bus0:megaraid,3` for `/dev/bus/0 -d megaraid,3`): the path alone names the controller."""
+    path = str(device.get("name", ""))
+    if slot:
+        return "%s:%s" % (path.replace("/dev/", "", 1).replace("/", ""), slot)
+    return os.path.basename(path) or None
+
+
+def _when_failed(attribute):
+    when = attribute.get("when_failed", "")
+    if not isinstance(when, str) or when.lower() not in WHEN_FAILED:
+        raise ParseError(
+            TOOL, "attribute %r: when_failed %r is not now, past or empty" % (attribute["name"], when)
+        )
+    return when.lower()
+
+
+def _scsi_health(data):
+    """A SCSI (SAS) disk's grown defect list and uncorrected errors per error counter log (read,
+    write, verify: the logs the drive keeps); None for ATA and NVMe."""
+    logs = expect(TOOL, data.get("scsi_error_counter_log") or {}, dict, "scsi_error_counter_log")
+    defects = _number(data.get("scsi_grown_defect_list"))
+    if not logs and defects is None:
+        return None
+    uncorrected = {}
+    for operation in SCSI_ERROR_LOGS:
+        if operation in logs:
+            log = expect(TOOL, logs[operation], dict, "scsi_error_counter_log." + operation)
+            uncorrected[operation] = _number(log.get("total_uncorrected_errors"))
+    return {"grown_defects": defects, "uncorrected_errors": uncorrected}
 
 
 def smart_metrics(disk):
     rows, dev = [], disk["device"]
+    # behind a RAID controller the slot names the disk: its serial tells a swapped disk from the old one
+    disk_labels = {"serial": str(disk["serial"])} if disk.get("slot") and disk.get("serial") else {}
     add(
         rows,
         "smart_health_passed",
         dev,
         None if disk["health_passed"] is None else int(disk["health_passed"]),
+        disk_labels,
     )
-    add(rows, "smart_exit_status", dev, disk["exit_status"])
-    add(rows, "disk_temperature_celsius", dev, disk["temperature_celsius"])
-    names = [attribute["name"].lower() for attribute in disk["ata_attributes"]]
-    for attribute in disk["ata_attributes"]:
-        base = "smart_" + attribute["name"].lower()
+    add(rows, "smart_exit_status", dev, disk["exit_status"], disk_labels)
+    add(rows, "disk_temperature_celsius", dev, disk["temperature_celsius"], disk_labels)
+    rows += _ata_rows(disk["ata_attributes"], dev, disk_labels)
+    nvme = disk["nvme_health"]
+    if nvme:
+        add(rows, "nvme_percentage_used", dev, nvme.get("percentage_used"), disk_labels)
+        add(rows, "nvme_media_errors_total", dev, nvme.get("media_errors"), disk_labels)
+        add(rows, "nvme_critical_warning", dev, nvme.get("critical_warning"), disk_labels)
+        add(rows, "nvme_available_spare_percent", dev, nvme.get("available_spare"), disk_labels)
+    scsi = disk.get("scsi_health")
+    if scsi:
+        add(rows, "disk_grown_defects_total", dev, scsi["grown_defects"], disk_labels)
+        for operation, count in sorted(scsi["uncorrected_errors"].items()):
+            add(rows, "disk_uncorrected_errors_total", dev, count, dict(disk_labels, operation=operation))
+    return rows
+
+
+def _ata_rows(attributes, dev, disk_labels):
+    rows = []
+    names = [attribute["name"].lower() for attribute in attributes]
+    for attribute in attributes:
+        name = attribute["name"].lower()
         # Some firmware reports two attributes under one name (the Intel S4500 does, with ids 170/232):
         # the id then keeps them apart instead of one silently replacing the other.
         labels = (
-            {"attribute_id": str(attribute["id"])} if names.count(attribute["name"].lower()) > 1 else None
+            dict(disk_labels, attribute_id=str(attribute["id"])) if names.count(name) > 1 else disk_labels
         )
+        base = "smart_" + name
         add(rows, base, dev, attribute["raw"], labels)
         add(rows, base + "_normalized", dev, attribute["normalized"], labels)
-    nvme = disk["nvme_health"]
-    if nvme:
-        add(rows, "nvme_percentage_used", dev, nvme.get("percentage_used"))
-        add(rows, "nvme_media_errors_total", dev, nvme.get("media_errors"))
-        add(rows, "nvme_critical_warning", dev, nvme.get("critical_warning"))
-        add(rows, "nvme_available_spare_percent", dev, nvme.get("available_spare"))
+        # a threshold of 0 means the attribute can never fail: no row for it
+        if attribute["thresh"] != 0 or attribute["when_failed"]:
+            failing = WHEN_FAILED[attribute["when_failed"]]
+            add(rows, "smart_attribute_failing", dev, failing, dict(labels, attribute=name))
     return rows

@@ -23,13 +23,16 @@ def run(ctx, binary, args, algos, launcher, repetitions, fingerprint, max_rsd_pe
                     "repetition": repetition,
                     "rc": parsed["rc"],
                     "wrong": parsed["wrong"],
+                    "validated": parsed["validated"],
                     "avg_busbw_gb_per_s": parsed["avg_busbw_gb_per_s"],
                     "nccl_version": parsed["nccl_version"],
                 }
             )
             if parsed["failed"] or (parsed["rc"] != 0 and not parsed["rows"]):
+                what = parsed["failure"] or "exit code %s" % parsed["rc"]
                 raise CollectorError(
-                    "%s (NCCL_ALGO=%s): launch failed: %s" % (binary, algo, parsed["failure"]),
+                    "%s (NCCL_ALGO=%s): %s%s"
+                    % (binary, algo, "" if parsed["rows"] else "launch failed: ", what),
                     argv,
                     parsed["rc"],
                     _out,

@@ -39,7 +39,13 @@ def run(
             argv = client_argv(test, server, device, size, iterations)
             parsed, out = run_and_parse(ctx, argv, parse_perftest, test)
             runs.append(
-                {"test": test, "repetition": repetition, "rc": parsed["rc"], "failure": parsed["failure"]}
+                {
+                    "test": test,
+                    "repetition": repetition,
+                    "rc": parsed["rc"],
+                    "incomplete": parsed["incomplete"],
+                    "failure": parsed["failure"],
+                }
             )
             if parsed["failed"] or parsed["rc"] != 0:
                 raise CollectorError(

@@ -11,7 +11,8 @@ version_added: "0.1.0"
 description:
   - Runs nccl-tests (C(all_reduce_perf -b 8 -e 2G -f 2) by default) once per algorithm with C(NCCL_ALGO=Ring) and C(Tree), I(repetitions) times.
   - Reports out-of-place bus bandwidth per size and the average (C(bench_allreduce_busbw_gb_per_s), labels algo and size), and the time per size as the median and max over repetitions (C(bench_allreduce_latency_us), label stat).
-  - Results with C(#wrong) above zero fail the task (data corruption on the path); MPI and NCCL launch failures fail it with the line that says what happened.
+  - Results with C(#wrong) above zero fail the task (data corruption on the path); MPI and NCCL launch failures fail it with the line that says what happened, and so does a run cut short (C(Test NCCL failure) after some sizes, or a table without its C(Avg bus bandwidth) summary).
+  - Reads output behind C(mpirun --tag-output) and C(srun --label) prefixes; a run with validation off (C(-c 0)) is recorded as not validated, its wrong results as unknown, never 0.
 extends_documentation_fragment:
   - aicluster.stethoscope.node
   - aicluster.stethoscope.bench
@@ -62,7 +63,7 @@ stability:
   type: list
   elements: dict
 runs:
-  description: Per run the algorithm, exit code, wrong results, average bus bandwidth and NCCL version.
+  description: Per run the algorithm, exit code, wrong results (null when the run did not check them, C(-c 0)), whether it validated, average bus bandwidth and NCCL version.
   returned: success
   type: list
   elements: dict

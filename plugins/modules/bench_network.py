@@ -10,7 +10,7 @@ short_description: RDMA latency and bandwidth to a peer with perftest
 version_added: "0.1.0"
 description:
   - Runs perftest clients (C(ib_write_lat), C(ib_read_lat), C(ib_write_bw)) against a server started on the peer (the C(bench_network) role starts it), I(repetitions) times.
-  - Reports typical, p99 and p99.9 latency (perftest's own percentiles) and average bandwidth in Gbit/s; a run that ends in C(Failed status) fails the task with that line.
+  - Reports typical, p99 and p99.9 latency (perftest's own percentiles) and average bandwidth in Gbit/s; a run that ends in C(Failed status) fails the task with that line, and so does a run whose result table lacks its closing line (stopped by ^C or killed mid-sweep), which is incomplete, never a result.
 extends_documentation_fragment:
   - aicluster.stethoscope.node
   - aicluster.stethoscope.bench
@@ -66,6 +66,11 @@ stethoscope_metrics:
   elements: dict
 stability:
   description: Per metric the repetitions, median, relative standard deviation and the unstable flag.
+  returned: success
+  type: list
+  elements: dict
+runs:
+  description: Per client run the test, repetition, exit code, whether its output was incomplete and the failure line.
   returned: success
   type: list
   elements: dict

@@ -21,6 +21,17 @@ description:
     already there are pre-existing, not new, they are reported in C(xid_preexisting) and as
     C(gpu_xid_preexisting_total) rows, and their C(gpu_xid_errors_total) series start at 0.
     In check mode the cursor is not written.
+  - Under the same cursor, NVRM lines without an Xid prefix that say the driver lost a GPU (C(GPU has
+    fallen off the bus), the multi-line C(The NVIDIA GPU ... has fallen off the bus) at driver load,
+    C(RmInitAdapter failed)) count C(gpu_lost_events_total) (label C(reason)), apart from the Xid 79
+    line of the same incident; NVSwitch SXid lines count C(nvswitch_sxid_errors_total) on C(nvswitchN)
+    (labels C(sxid), C(severity)). Their new events are in the facts' C(xid.events) with a C(kind).
+  - When C(nvidia-smi -q -x) fails the kernel log is still read (a lost GPU's Xid 79 is there), with the
+    GPUs named as the last good sweep saw them (kept in the state file). The task then fails and still
+    returns every row, among them C(collector_failed) (labels C(collector), C(tool), C(rc), C(cause)),
+    C(collector_exit_code) and, when the tool's words say a GPU is lost (C(Unable to determine the
+    device handle), C(GPU is lost), exit code 255, or C(No devices were found) on a node that had GPUs),
+    C(collector_gpu_lost) on that GPU. They go back to 0 when nvidia-smi answers again.
 extends_documentation_fragment:
   - aicluster.stethoscope.node
 options:
@@ -61,6 +72,15 @@ ansible_facts:
       type: dict
       sample: {"present": true, "driver_version": "580.159.04", "gpus": [{"device": "gpu0", "name": "NVIDIA H200"}],
                "xid_preexisting": {"gpu0": {"79": 1}}}
+    stethoscope_gpu.failures:
+      description: >-
+        When nvidia-smi failed: per failure the tool, exit code, cause (C(gpu_lost) or C(tool_failed)),
+        the tool's first line, the device and the message.
+      returned: failure
+      type: list
+      elements: dict
+      sample: [{"tool": "nvidia-smi", "rc": 255, "cause": "gpu_lost", "device": "gpu0",
+                "first_line": "Unable to determine the device handle for GPU 0000:C1:00.0: GPU is lost."}]
 stethoscope_metrics:
   description: Metric rows with catalog names (rules/metrics.yml), read by the ClickHouse callback.
   returned: always

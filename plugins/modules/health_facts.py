@@ -15,6 +15,11 @@ description:
     sweep costs one module transfer per host instead of six.
   - Each collector runs even when another fails; the task then fails naming every collector that could
     not answer, and still returns the metric rows of those that did.
+  - A collector's failure (timed out, non-zero exit, unparseable output) is itself rows,
+    C(collector_failed) 1 (labels C(collector), C(tool), C(rc), C(cause)), C(collector_exit_code), and
+    where the tool's words mean hardware C(collector_gpu_lost), C(collector_hca_missing) or
+    C(collector_disk_unreadable) on the device it could not read; 0 once the collector answers again.
+    The collector's fact carries C(failures) with the tool's first line.
   - GPUs busy in this sweep (utilisation above zero) are passed to the PCIe collector, for which a lower
     link speed then counts as degradation.
 extends_documentation_fragment:
@@ -59,7 +64,7 @@ stethoscope_metrics:
   elements: dict
   sample: [{"name": "ib_port_state", "device": "mlx5_0/1", "value": 4.0, "labels": {}}]
 failed_collectors:
-  description: Collectors whose tool output could not be understood.
+  description: Collectors whose tool failed; their facts carry C(failures) and their rows C(collector_failed).
   returned: failure
   type: list
   elements: str

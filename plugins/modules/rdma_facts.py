@@ -16,6 +16,16 @@ description:
     C(ibstat) where sysfs has no InfiniBand class.
   - C(rdma_qps_dropped_per_second) is the rate of out_of_buffer plus physical receive discards between
     sweeps.
+  - C(ib_port_ipoib_mtu_excess_bytes) (label C(interface)) is, per InfiniBand port, an IPoIB interface's
+    MTU plus its 4-byte header less the port's active MTU; above 0 the interface sends frames the port
+    cannot carry.
+  - An HCA an earlier sweep saw that is gone from sysfs, C(ibstat) failing to stat an IB device it
+    listed, or C(ibv_devinfo) finding no device while sysfs lists HCAs fails the task with
+    C(collector_failed), C(collector_exit_code) and C(collector_hca_missing) rows (0 once the
+    collector answers again), beside the rows of the HCAs still there; the fact C(failures) keeps the
+    tool's first line. A gone HCA is reported every sweep until it is back; one removed or renamed on
+    purpose is forgotten by deleting the node's C(rdma_devices) state file in the module's state
+    folder.
 extends_documentation_fragment:
   - aicluster.stethoscope.node
 author:
@@ -44,6 +54,11 @@ ansible_facts:
       returned: always
       type: dict
       sample: {"present": true, "source": "sysfs", "ports": {"mlx5_0/1": {"state": 4, "rate_gbit_per_s": 400.0}}}
+failed_collectors:
+  description: C(rdma) when its tool failed (see C(collector_failed)).
+  returned: failure
+  type: list
+  elements: str
 stethoscope_metrics:
   description: Metric rows with catalog names (rules/metrics.yml), read by the ClickHouse callback.
   returned: always

@@ -11,11 +11,19 @@ version_added: "0.1.0"
 description:
   - Runs C(smartctl -j -a) on every disk under C(/sys/block) (or the listed ones).
   - 'ATA attributes become C(smart_<name>) (raw as smartctl decodes it: the first number of its raw string) and C(smart_<name>_normalized); NVMe drives report percentage used, media errors, critical warning and available spare.'
+  - 'Each ATA attribute with a threshold gives C(smart_attribute_failing) (label C(attribute): 2 at or below its threshold now, 1 in the past, 0 never); SAS drives give C(disk_grown_defects_total) and C(disk_uncorrected_errors_total) (label C(operation): read, write, verify).'
+  - 'A disk behind a MegaRAID controller (listed in O(devices) as C(/dev/bus/0 -d megaraid,3)) is named C(bus0:megaraid,3), and its rows carry its C(serial) as a label.'
+  - A disk that cannot be read (smartctl timed out, unparseable output, or it cannot open a disk the
+    kernel lists) does not stop the others; the task then fails with C(collector_failed) and
+    C(collector_exit_code) rows on that disk, and C(collector_disk_unreadable) where smartctl's words say
+    the disk is gone (C(No such device), an I/O error); 0 once the disk answers again.
 extends_documentation_fragment:
   - aicluster.stethoscope.node
 options:
   devices:
-    description: Block device names (C(sda), C(nvme0n1)); default every disk under C(/sys/block).
+    description:
+      - Block device names (C(sda), C(nvme0n1)); default every disk under C(/sys/block).
+      - A disk behind a RAID controller as C(smartctl --scan) lists it, C(PATH -d TYPE) (C(/dev/bus/0 -d megaraid,3), C(/dev/bus/0 -d sat+megaraid,3)).
     type: list
     elements: str
     default: []
@@ -44,7 +52,14 @@ ansible_facts:
       description: Per disk model, firmware, health verdict, ATA attributes or NVMe health log.
       returned: always
       type: dict
-      sample: {"present": true, "disks": {"sda": {"model": "INTEL SSDSC2KB240G7", "health_passed": true}}}
+      sample: {"present": true, "disks": {"sda": {"model": "INTEL SSDSC2KB240G7", "health_passed": true},
+               "bus0:megaraid,0": {"model": "TOSHIBA AL15SEB24EQY", "slot": "megaraid,0", "serial": "X1234",
+                                   "scsi_health": {"grown_defects": 0, "uncorrected_errors": {"read": 0, "write": 0, "verify": 0}}}}}
+failed_collectors:
+  description: C(smart) when a disk could not be read (see C(collector_failed)).
+  returned: failure
+  type: list
+  elements: str
 stethoscope_metrics:
   description: Metric rows with catalog names (rules/metrics.yml), read by the ClickHouse callback.
   returned: always

@@ -11,9 +11,6 @@ Incidents act in parallel (`stethoscope_executor_parallel`, default 4), one inci
 from __future__ import annotations
 
 import functools
-import json
-import os
-import re
 import sys
 import threading
 from collections.abc import Collection
@@ -22,20 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stethoscope.diagnosis.findings import held_finding, printable, template_context
+from stethoscope.diagnosis.findings import held_finding, template_context
 from stethoscope.diagnosis.hysteresis import Held
 from stethoscope.diagnosis.levels import action_label
 from stethoscope.diagnosis.rules import Action, Rule
-from stethoscope.inventory import Inventory
-from stethoscope.paths import default_spool_dir
-from stethoscope.paths import state_dir as default_state_dir
-from stethoscope.private_files import private_dir
 from stethoscope.remediation.ack import paused_txns
 from stethoscope.remediation.action_events import ActionEvent, emit, publish_breaker, ticket_key
 from stethoscope.remediation.action_pool import ActionPool
-from stethoscope.remediation.actions.http import send
-from stethoscope.remediation.actions.playbook import playbook_environment, run_playbook
+from stethoscope.remediation.actions.means import Act
+from stethoscope.remediation.actions.notify import send_alert
+from stethoscope.remediation.actions.registry import handler
 from stethoscope.remediation.breaker import CircuitBreaker, drain_in_place
+from stethoscope.remediation.context import Context
 from stethoscope.remediation.incident_view import notes
 from stethoscope.remediation.ledger import (
     DRAIN,
@@ -64,54 +59,11 @@ from stethoscope.remediation.slurm_state import read_nodes
 from stethoscope.store.client import Store, StoreError
 from stethoscope.store.dsn import redact
 from stethoscope.store.spool import Spool
-from stethoscope.templating import TemplateFailure, Undefined, render
+from stethoscope.templating import TemplateFailure
 from stethoscope.timeutil import iso, now_ms
 
 __all__ = ["Context", "Executor", "Settings", "new_txn_id"]
-# a transaction id names a folder, a Slurm reason and a ticket label (verify.yml checks the same);
-# a rule id as the rule loader takes it (model findings' ids hold '.')
-TXN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
-RULE_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _RECORDS = threading.Lock()  # one store handle at a time in this process (embedded), every executor's
-
-
-@dataclass
-class Context:
-    dsn: str
-    database: str | None
-    inventory: Inventory
-    overrides: dict[str, Any] = field(default_factory=dict)
-    state_dir: Path = field(default_factory=default_state_dir)
-    spool_dir: Path = field(default_factory=default_spool_dir)
-
-    def setting(self, name: str, default: Any = None) -> Any:
-        return self.overrides.get(name, self.inventory.settings.get(name, default))
-
-    @property
-    def variables(self) -> dict[str, Any]:
-        return {
-            **self.inventory.settings,
-            **self.inventory.settings.get("stethoscope_diagnose_vars", {}),
-            **self.overrides,
-        }
-
-    @property
-    def slurm_environment(self) -> dict[str, str]:
-        """The environment `scontrol` runs in (stethoscope_slurm_environment), as strings."""
-        configured = self.setting("stethoscope_slurm_environment") or {}
-        return {str(k): str(v) for k, v in dict(configured).items()}
-
-    @property
-    def slurm_names(self) -> dict[str, str]:
-        """Inventory host -> the name Slurm knows it by."""
-        return {name: host.slurm_name for name, host in self.inventory.hosts.items()}
-
-
-def _checked_id(name: str, value: Any, pattern: re.Pattern[str]) -> str:
-    """A transaction or rule id as it may name a folder, a Slurm reason or a ticket label."""
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise ValueError(f"{name} {ascii(value)[:80]} is not an id of the form {pattern.pattern}")
-    return value
 
 
 @dataclass
@@ -474,7 +426,7 @@ class Executor:
         node = finding["node_id"]
         message = f"stethoscope: incident {txn_id} on {node} needs a person: {what}"
         context = template_context(finding, txn_id, self.ctx.variables)
-        alert = self._alert(finding, {}, context, message)
+        alert = send_alert(self, Act(finding, {}, context), message)
         self._record(
             note_row(
                 txn_id,
@@ -561,130 +513,5 @@ class Executor:
     def _dispatch(
         self, finding: dict[str, Any], action: Action, refused_before: bool = False
     ) -> tuple[str, str, Any]:
-        params = dict(action.params)
         context = template_context(finding, finding["txn_id"], self.ctx.variables)
-        if action.type == "playbook":
-            extra = params.get("extra_vars") or {}
-            return self._playbook(finding, params["playbook"], extra, alert_refusal=not refused_before)
-        if action.type == "api_call":
-            return self._api_call(finding, params, context)
-        template = params.get("message") or finding.get("rule_message")
-        # without a template of the rule's, the finding's message as it is: it quotes stored data
-        message = render(template, context) if template else finding["message"]
-        if action.type == "alert":
-            return self._alert(finding, params, context, message)
-        entry = {"at": iso(now_ms()), "txn_id": finding["txn_id"], **printable(finding), "message": message}
-        private_dir(self.log_path.parent)
-        # findings name nodes and their faults: the log is its owner's alone, wherever it is set
-        # (one an older version left readable becomes private too)
-        descriptor = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        os.fchmod(descriptor, 0o600)
-        with os.fdopen(descriptor, "a", encoding="utf-8") as log:
-            log.write(json.dumps(entry, sort_keys=True) + "\n")
-        return "ok", str(self.log_path), {"message": message}
-
-    def _api_call(self, finding: dict[str, Any], params: dict[str, Any], context: dict[str, Any]):
-        try:
-            endpoint = render(params["endpoint"], context)
-        except Undefined as exc:  # its endpoint names a setting not configured: nothing to call
-            return "skipped", "", {"reason": f"endpoint not configured: {exc}"}
-        payload = render(params["payload"], context) if "payload" in params else None
-        headers = {k: render(str(v), context) for k, v in (params.get("headers") or {}).items()}
-        result = send(
-            endpoint,
-            payload.encode() if payload is not None else None,
-            method=str(params.get("method", "POST")).upper(),
-            idempotency_key=finding["txn_id"],
-            headers=headers,
-            timeout=float(params.get("timeout", 10)),
-            retries=int(params.get("retries", 3)),
-        )
-        detail = {"http_status": result.status, "attempts": result.attempts, "response": result.detail}
-        return ("ok" if result.ok else "failed"), endpoint, detail
-
-    def _alert(self, finding: dict[str, Any], params: dict[str, Any], context: dict[str, Any], message: str):
-        endpoint_template = params.get("endpoint") or self.ctx.setting("stethoscope_alert_webhook")
-        if not endpoint_template:
-            return (
-                "skipped",
-                "",
-                {"message": message, "reason": "no webhook configured (stethoscope_alert_webhook)"},
-            )
-        endpoint = render(str(endpoint_template), context)
-        body = {"text": message, "txn_id": finding["txn_id"], "finding": printable(finding)}
-        result = send(
-            endpoint,
-            json.dumps(body, sort_keys=True).encode(),
-            idempotency_key=finding["txn_id"],
-            timeout=self.http_timeout,
-            retries=self.http_retries,
-        )
-        detail = {"message": message, "http_status": result.status, "attempts": result.attempts}
-        if not result.ok:
-            detail["response"] = result.detail
-        return ("ok" if result.ok else "failed"), endpoint, detail
-
-    def _playbook(
-        self, finding: dict[str, Any], name: str, extra: dict[str, Any], alert_refusal: bool = True
-    ) -> tuple[str, str, Any]:
-        node = finding["node_id"]
-        host = self.ctx.inventory.host(node)
-        if host is None:
-            return "skipped", node, {"reason": f"{node!r} is not a host of {self.ctx.inventory.path}"}
-        if f"playbook:{name}" == DRAIN:
-            allowed, why = self.breaker.permit(node)
-            if not allowed:
-                if not alert_refusal:  # refused again: its first refusal was alerted
-                    return "refused", node, {"reason": why, "alert": "alerted at the first refusal"}
-                alert = self._alert(
-                    finding, {}, template_context(finding, finding["txn_id"], self.ctx.variables), why
-                )
-                return "refused", node, {"reason": why, "alert": alert[0]}
-        extravars = {
-            # the roles' default sits beside the playbooks, which an installed package holds read-only
-            "stethoscope_evidence_dir": str(
-                self.ctx.setting("stethoscope_evidence_dir", self.ctx.state_dir / "evidence")
-            ),
-            **{k: v for k, v in extra.items()},
-            **self.ctx.overrides,
-            "stethoscope_remediate_execute": True,
-        }
-        # the finding is the store's data, which a node wrote: never a template (a device named
-        # `{{ lookup('pipe', ...) }}` would run on the controller), and ids only of their pattern
-        untrusted = {
-            "stethoscope_txn_id": _checked_id("txn_id", finding["txn_id"], TXN_ID),
-            "stethoscope_rule_id": _checked_id("rule_id", finding["rule_id"], RULE_ID),
-            "stethoscope_finding": printable(finding),
-        }
-        # the callback writes where this process reads, and spools where it replays (serve's spool);
-        # an embedded database this process may hold is not waited for
-        envvars = playbook_environment(self.ctx.dsn, self.ctx.database, self.ctx.spool_dir)
-        draining = f"playbook:{name}" == DRAIN
-        try:
-            result = run_playbook(
-                name, self.ctx.inventory.path, node, extravars, envvars, self.playbook_timeout, untrusted
-            )
-        except BaseException:
-            if draining:
-                self.breaker.release(node)
-            raise
-        if draining and (not result.ok or result.skipped):
-            self.breaker.release(node)
-        detail = {"rc": result.rc, "runner_status": result.status, "events": result.events}
-        if result.skipped:  # the playbook had nothing to act with (its backend not configured)
-            return "skipped", node, {"reason": result.skipped, **detail}
-        other = self._drained_by_other(host.slurm_name, finding["txn_id"]) if draining and result.ok else None
-        if other is not None:  # the drain left in place someone else's: not stethoscope's isolation
-            self.breaker.release(node)
-            return "skipped", node, {"reason": f"drained by someone else: {other}", **detail}
-        return ("ok" if result.ok else "failed"), node, detail
-
-    def _drained_by_other(self, slurm_name: str, txn_id: str) -> str | None:
-        """Slurm's reason when it shows the node drained for another reason than this txn's (a
-        person's, another txn's, the gate's): the slurm_node module keeps it and reports ok. None
-        when the drain is this txn's, or Slurm cannot be asked (the drain's own result stands)."""
-        slurm = read_nodes(self.ctx.slurm_environment)
-        node = slurm.get(slurm_name) if slurm else None
-        if node is None or not node.out_of_service or txn_id in node.reason.split():
-            return None
-        return node.reason
+        return handler(action.type)(self, Act(finding, dict(action.params), context, refused_before))

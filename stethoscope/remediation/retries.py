@@ -15,6 +15,7 @@ Retries run on the cycle's clock (the evaluation time), as the finding's life do
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +61,10 @@ class Backoff:
 
 
 def duration_setting(value: Any) -> int | None:
-    """A setting that is a duration: 5m, 1h, or whole seconds; None if it is neither."""
+    """A setting that is a duration: 5m, 1h, or whole seconds (`-e name=300` gives the text "300");
+    None if it is neither."""
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
+        value = int(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return value if value > 0 else None
     return parse_duration(value)

@@ -6,13 +6,14 @@ once their grace has passed (a symptom the gate says, never a drain).
 
 The executor's safety rules hold for the gate too: each verdict carries serve's mode (a dry-run
 serve's failures are advisory: the gate drains nothing), and no more nodes fail than the circuit
-breaker has room for: the nodes stethoscope already isolated, and at most the breaker's remaining
-own limit of others (in name order); the rest are ok, "held back by the circuit breaker"."""
+breaker has room for: the nodes already out of service, and at most as many others (in name order) as
+the tightest of the breaker's limits has spare; the rest are ok, "held back by the circuit breaker"."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stethoscope.remediation.breaker import CircuitBreaker
@@ -33,20 +34,19 @@ def default_grace(interval: float) -> float:
 
 @dataclass(frozen=True)
 class Room:
-    """What the circuit breaker allows the gates: `isolated`, the nodes stethoscope isolated now (they
-    may fail); `more`, how many others may; `why`, said on the verdicts held back."""
+    """What the circuit breaker allows the gates: `isolated`, the nodes out of service now (they may
+    fail); `admit`, whether one more node may, reserving it (None: no cap, a dry-run serve whose
+    failures are advisory)."""
 
     isolated: frozenset[str] = field(default_factory=frozenset)
-    more: int | None = None  # None: no cap (a dry-run serve, whose failures are advisory)
-    why: str = ""
+    admit: Callable[[str], tuple[bool, str]] | None = None
 
 
 def room_of(breaker: CircuitBreaker) -> Room:
-    """The room of an armed circuit breaker (its own limit), read-only."""
-    own = frozenset(breaker.own)
-    allowed = breaker.allowed
-    why = f"{len(own)} nodes isolated by stethoscope, its own limit {allowed}"
-    return Room(own, max(allowed - len(own), 0), why)
+    """The room of a breaker armed for this look alone (its permits are reserved in it, never in the
+    executor's): the nodes out of service now may fail (they take no further isolation), and others
+    as its three limits allow, the window's counting a node it already counts once (as a drain)."""
+    return Room(frozenset(breaker.isolated), breaker.permit)
 
 
 def room_for(store: Store, cycles: Cycles) -> Room:
@@ -58,21 +58,21 @@ def room_for(store: Store, cycles: Cycles) -> Room:
     try:
         return room_of(armed(store, cycles.execute_with(store.dsn, store.database)))
     except Exception as exc:
-        return Room(frozenset(), 0, f"its state not known ({type(exc).__name__}: {redact(str(exc))})")
+        unknown = f"its state not known ({type(exc).__name__}: {redact(str(exc))})"
+        return Room(frozenset(), lambda _node: (False, unknown))
 
 
 def capped(verdicts: dict[str, dict], room: Room) -> dict[str, dict]:
-    """`verdicts` with the failures the breaker has no room for held back."""
-    if room.more is None:
+    """`verdicts` with the failures the breaker has no room for held back (in name order)."""
+    if room.admit is None:
         return verdicts
-    left = room.more
     out = {}
     for node in sorted(verdicts):
         verdict = verdicts[node]
         if verdict["verdict"] == gate.FAIL and node not in room.isolated:
-            if left <= 0:
-                verdict = gate.hold_back(verdict, room.why)
-            left -= 1
+            allowed, why = room.admit(node)
+            if not allowed:
+                verdict = gate.hold_back(verdict, why)
         out[node] = verdict
     return out
 
