@@ -136,7 +136,18 @@ def incidents(
     for state in ledger.action_states(chosen) if chosen else []:
         states.setdefault(state.txn_id, []).append(state)
     found = [_incident(t, m, states.get(t, []), catalog or default_catalog()) for t, m in chosen.items()]
-    found.sort(key=lambda i: (i.status == RESOLVED, -SEVERITY_ORDER.get(i.severity, 0), -i.last_seen_ms))
+    # ties (incidents seen at the same instant) in a fixed order: the same listing every time
+    found.sort(
+        key=lambda i: (
+            i.status == RESOLVED,
+            -SEVERITY_ORDER.get(i.severity, 0),
+            -i.last_seen_ms,
+            i.node_id,
+            i.device or "",
+            i.txn_id,
+            ", ".join(i.rules),
+        )
+    )
     return found
 
 

@@ -141,5 +141,16 @@ def recorded_findings(
         and (include_resolved or k.status != "resolved")
         and (node is None or k.node_id == node or node in k.nodes)
     ]
-    found.sort(key=lambda i: (i.status == "resolved", -SEVERITY_ORDER.get(i.severity, 0), -i.last_seen_ms))
+    # ties (incidents seen at the same instant) in a fixed order: the same listing every time
+    found.sort(
+        key=lambda i: (
+            i.status == "resolved",
+            -SEVERITY_ORDER.get(i.severity, 0),
+            -i.last_seen_ms,
+            i.node_id,
+            i.device or "",
+            i.txn_id,
+            ", ".join(i.rules),
+        )
+    )
     return found
