@@ -65,48 +65,24 @@ def collect(ctx, devices=None):
 def _read_disk(ctx, name, argv, rc, out, err):
     """The parsed disk, or a CollectorError for this disk: timed out, unparseable, or not openable
     (a disk the kernel lists that smartctl cannot open: `disk_unreadable` when its words say so)."""
+
+    def failure(message, cause=collector_failure.TOOL_FAILED, said=out):
+        return CollectorError(message, argv, rc, said, err, cause=cause, device=name)
+
     if rc == 124:
-        raise CollectorError(
-            "smartctl -j -a /dev/%s: timed out after %ss" % (name, ctx.timeout),
-            argv,
-            rc,
-            out,
-            err,
-            cause=collector_failure.TOOL_FAILED,
-            device=name,
-        )
+        raise failure("smartctl -j -a /dev/%s: timed out after %ss" % (name, ctx.timeout))
     try:
         disk = parse_smartctl_json(out)
     except ParseError as exc:
-        raise CollectorError(
-            str(exc) + " (/dev/%s)" % name,
-            argv,
-            rc,
-            out,
-            err,
-            cause=collector_failure.TOOL_FAILED,
-            device=name,
-        ) from None
+        raise failure(str(exc) + " (/dev/%s)" % name) from None
     disk["device"] = disk["device"] or name
     if rc & EXIT_CANNOT_READ:
         said = "; ".join(disk["messages"]) or (err or "").strip()
+        message = "smartctl /dev/%s: exit status %d, device not readable: %s" % (name, rc, said)
         cause = collector_failure.classify("smartctl", rc, said, had_hardware=True)
-        if cause != collector_failure.DISK_UNREADABLE:
-            # not a disk that stopped answering: a RAID volume ("try adding '-d megaraid,N'"), a
-            # virtual or USB disk without SMART; said, as before, and never a finding
-            disk["unreadable"] = "smartctl /dev/%s: exit status %d, device not readable: %s" % (
-                name,
-                rc,
-                said,
-            )
-            return disk
-        raise CollectorError(
-            "smartctl /dev/%s: exit status %d, device not readable: %s" % (name, rc, said),
-            argv,
-            rc,
-            said,
-            err,
-            cause=cause,
-            device=name,
-        )
+        if cause == collector_failure.DISK_UNREADABLE:
+            raise failure(message, cause, said)
+        # not a disk that stopped answering: a RAID volume ("try adding '-d megaraid,N'"), a virtual
+        # or USB disk without SMART; said, as before, and never a finding
+        disk["unreadable"] = message
     return disk

@@ -136,19 +136,22 @@ def incidents(
     for state in ledger.action_states(chosen) if chosen else []:
         states.setdefault(state.txn_id, []).append(state)
     found = [_incident(t, m, states.get(t, []), catalog or default_catalog()) for t, m in chosen.items()]
-    # ties (incidents seen at the same instant) in a fixed order: the same listing every time
-    found.sort(
-        key=lambda i: (
-            i.status == RESOLVED,
-            -SEVERITY_ORDER.get(i.severity, 0),
-            -i.last_seen_ms,
-            i.node_id,
-            i.device or "",
-            i.txn_id,
-            ", ".join(i.rules),
-        )
-    )
+    found.sort(key=listing_order)
     return found
+
+
+def listing_order(found: Incident) -> tuple:
+    """Open before resolved, worst and latest first; ties (seen at the same instant) in a fixed order,
+    so that a listing is the same every time."""
+    return (
+        found.status == RESOLVED,
+        -SEVERITY_ORDER.get(found.severity, 0),
+        -found.last_seen_ms,
+        found.node_id,
+        found.device or "",
+        found.txn_id,
+        ", ".join(found.rules),
+    )
 
 
 def incident(store: Store, txn_id: str, catalog: Catalog | None = None) -> Incident | None:

@@ -18,9 +18,8 @@ from collections.abc import Collection
 from typing import Any
 
 from stethoscope.diagnosis.findings import RULE_FAILED
-from stethoscope.diagnosis.levels import SEVERITY_ORDER
 from stethoscope.diagnosis.rules import Rule
-from stethoscope.remediation.incident_view import Incident
+from stethoscope.remediation.incident_view import Incident, listing_order
 from stethoscope.remediation.ledger import KnownFinding, Ledger
 from stethoscope.remediation.life import settle_silent
 from stethoscope.remediation.silences import SILENCED
@@ -141,16 +140,5 @@ def recorded_findings(
         and (include_resolved or k.status != "resolved")
         and (node is None or k.node_id == node or node in k.nodes)
     ]
-    # ties (incidents seen at the same instant) in a fixed order: the same listing every time
-    found.sort(
-        key=lambda i: (
-            i.status == "resolved",
-            -SEVERITY_ORDER.get(i.severity, 0),
-            -i.last_seen_ms,
-            i.node_id,
-            i.device or "",
-            i.txn_id,
-            ", ".join(i.rules),
-        )
-    )
+    found.sort(key=listing_order)
     return found
