@@ -380,3 +380,25 @@ def test_on_stop_the_pool_drops_the_work_not_started_and_lets_the_running_work_f
     release.set()
     closing.join(60)
     assert ran == ["drain"] and pool.pending() == 0
+
+
+def test_an_incident_that_drains_starts_before_incidents_queued_earlier_that_do_not():
+    """A node to isolate waits for no backlog of tickets and alerts: with every worker busy, the
+    incident whose work drains is started first when a worker frees, then the others in their order."""
+    from stethoscope.remediation.action_pool import ActionPool
+
+    pool = ActionPool(1)
+    running, release, started = threading.Event(), threading.Event(), []
+
+    def blocker() -> None:
+        running.set()
+        release.wait(60)
+
+    pool.submit("busy", ["ticket"], blocker)
+    assert running.wait(60)
+    pool.submit("ticket-a", ["ticket"], lambda: started.append("ticket-a"))
+    pool.submit("ticket-b", ["alert"], lambda: started.append("ticket-b"))
+    pool.submit("drain-c", ["drain", "ticket"], lambda: started.append("drain-c"), first=True)
+    release.set()
+    wait_for(lambda: pool.pending() == 0, 30, "the queued work did not run")
+    assert started == ["drain-c", "ticket-a", "ticket-b"]

@@ -1,11 +1,15 @@
 """Where a long-running executor's actions run (`serve --execute`): a pool of threads beside the
 diagnosis cycle, so that playbooks never hold a cycle up. One incident's work runs in order, after
 the work of that incident queued before it; different incidents run in parallel
-(`stethoscope_executor_parallel`). While an incident has work queued or running, the cycle knows
-which actions it has planned (`busy`) and does not plan them again."""
+(`stethoscope_executor_parallel`). When every worker is busy, an incident whose work isolates a node
+(`first`) starts before incidents queued earlier that do not: a node to drain waits for no backlog of
+tickets and alerts, and keeps taking jobs no longer than it must. While an incident has work queued
+or running, the cycle knows which actions it has planned (`busy`) and does not plan them again."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 from collections import deque
@@ -21,6 +25,9 @@ class ActionPool:
         self._guard = threading.Lock()
         self._idle = threading.Condition(self._guard)
         self._queues: dict[str, deque[tuple[frozenset[str], Callable[[], None]]]] = {}
+        # incidents waiting for a worker, the ones marked `first` ahead, then in their order
+        self._waiting: list[tuple[int, int, str]] = []
+        self._order = itertools.count()
 
     def busy(self) -> dict[str, frozenset[str]]:
         """Incidents with work queued or running -> the actions that work has planned."""
@@ -30,15 +37,25 @@ class ActionPool:
                 for txn, queue in self._queues.items()
             }
 
-    def submit(self, txn_id: str, labels: Collection[str], work: Callable[[], None]) -> None:
-        """Run `work` after the work of `txn_id` queued before it."""
+    def submit(
+        self, txn_id: str, labels: Collection[str], work: Callable[[], None], *, first: bool = False
+    ) -> None:
+        """Run `work` after the work of `txn_id` queued before it; a new incident marked `first` goes
+        ahead of the incidents still waiting for a worker."""
         with self._guard:
             queue = self._queues.get(txn_id)
             if queue is not None:
                 queue.append((frozenset(labels), work))
                 return
             self._queues[txn_id] = deque([(frozenset(labels), work)])
-        self._threads.submit(self._run, txn_id)
+            heapq.heappush(self._waiting, (0 if first else 1, next(self._order), txn_id))
+        self._threads.submit(self._run_next)
+
+    def _run_next(self) -> None:
+        """One task per incident submitted: whichever incident waits first when a worker frees."""
+        with self._guard:
+            _, _, txn_id = heapq.heappop(self._waiting)
+        self._run(txn_id)
 
     def _run(self, txn_id: str) -> None:
         while True:

@@ -241,7 +241,9 @@ class Executor:
             queued = [(w, labels) for w, labels in beside if labels is not None]
             self._plan_rows([w for w, _ in queued])  # on record before any of it is queued
             for work, labels in queued:
-                pool.submit(work.txn_id, labels, functools.partial(self._incident, work))
+                pool.submit(
+                    work.txn_id, labels, functools.partial(self._incident, work), first=DRAIN in labels
+                )
         findings = [*findings, *(held_finding(held, rules) for held in plan.held)]
         self._tell(findings, plan.open_txns)
         return findings
