@@ -20,7 +20,7 @@ LAYERS = ("compute", "communication", "storage", "network", "job")
 _CUMULATIVE = ("delta", "rate", "growth_percent", "slope", "last")
 # The aggregates a rule may apply to each kind (docs/design.md "Metric catalog"); the first is the default.
 AGGREGATES = {
-    "gauge": ("avg", "max", "min", "last", "p99", "stddev", "cv", "slope", "rising_fraction"),
+    "gauge": ("avg", "max", "min", "last", "p99", "stddev", "cv", "slope", "rising_fraction", "any"),
     "counter": _CUMULATIVE,
     "events": _CUMULATIVE,
 }

@@ -195,6 +195,25 @@ def test_network_failed_status_fails_the_task(tmp_path):
     assert log.read_text().splitlines() == ["ib_write_bw -d mlx5_3 -s 2 -n 1000 -F --report_gbits 10.1.2.3"]
 
 
+def root_with_hca_and_sata_disk(tmp_path):
+    """The real H200 VM root, plus mlx5_0 of the real gpud H100 sysfs capture with a node GUID (from the
+    real ibstat capture of such a node; the sysfs capture has none), a VPD that is not VPD, and a
+    SATA disk whose vpd_pg80 holds its serial."""
+    root = tmp_path / "root"
+    shutil.copytree(REAL / "root", root)
+    hca = root / "sys/class/infiniband/mlx5_0"
+    shutil.copytree(REAL.parent.parent / "public/sysfs/sys-class-infiniband-h100_gpud/mlx5_0", hca)
+    (hca / "node_guid").write_text("a088:c203:00e3:142a\n")
+    (hca / "device").mkdir()
+    (hca / "device/vpd").write_bytes(b"\xff" * 64)  # an unprogrammed VPD EEPROM
+    disk = root / "sys/block/sda/device"
+    disk.mkdir(parents=True)
+    (disk / "model").write_text("SAMSUNG MZ7LH960\n")
+    (disk / "rev").write_text("3B6Q\n")
+    (disk / "vpd_pg80").write_bytes(b"\x00\x80\x00\x0eS455NY0M123456")
+    return root
+
+
 def test_fingerprint_class_ignores_serials_the_node_does_not(tmp_path):
     bindir, log = tmp_path / "bin", tmp_path / "argv.log"
     xml = (REAL / "commands/nvidia-smi_-q_-x.xml").read_text()
@@ -202,15 +221,12 @@ def test_fingerprint_class_ignores_serials_the_node_does_not(tmp_path):
     (tmp_path / "b.xml").write_text(
         xml.replace("<serial>1650000000001</serial>", "<serial>1650000000002</serial>")
     )
+    root = root_with_hca_and_sata_disk(tmp_path)
     results = []
     for name in ("a", "b"):
         fake_tools(bindir, log, {"nvidia-smi": f"cat {tmp_path / name}.xml"})
-        results.append(
-            run_module(tmp_path, "fingerprint", {"root": str(REAL / "root")}, bindir)[
-                "stethoscope_fingerprint"
-            ]
-        )
-    a, b = results
+        results.append(run_module(tmp_path, "fingerprint", {"root": str(root)}, bindir))
+    a, b = (result["stethoscope_fingerprint"] for result in results)
     assert a["class_fingerprint"] == b["class_fingerprint"] and a["node_fingerprint"] != b["node_fingerprint"]
     assert a["detail"]["gpu"] == {
         "models": ["NVIDIA H200"],
@@ -218,6 +234,15 @@ def test_fingerprint_class_ignores_serials_the_node_does_not(tmp_path):
         "driver": "580.159.04",
         "vbios": ["96.00.A5.00.1A"],
     }
+    # a NIC or SSD swap is seen: their identities are in what the node fingerprint hashes
+    assert a["detail"]["serials"]["nic"] == [
+        {"node_guid": "a088:c203:00e3:142a", "sys_image_guid": None, "port_guids": []}
+    ]
+    assert a["detail"]["serials"]["disk"] == ["S455NY0M123456"]
+    assert a["detail"]["disks"] == [{"vendor": None, "model": "SAMSUNG MZ7LH960", "firmware": "3B6Q"}]
+    # VPD that is not VPD is a warning, never a failure of the task
+    assert not results[0]["failed"]
+    assert [w for w in a["warnings"] if w.startswith("mlx5_0: pci vpd: unknown resource tag 0xff")]
 
 
 @pytest.mark.skipif(shutil.which("fio") is None, reason="fio (Debian package) is installed by .ci/run")

@@ -7,6 +7,7 @@ into embedded ClickHouse and the shipped rules."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -19,7 +20,14 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils import (
     collect_rdma,
     collector_failure,
 )
-from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import Context
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import (
+    CollectorError,
+    Context,
+)
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import (
+    FAILURE_STATE,
+    run_collectors,
+)
 from stethoscope.store.client import Store
 
 from conftest import PUBLIC, fixture_text
@@ -125,6 +133,26 @@ def test_nvidia_smi_failing_still_reads_the_kernel_log_and_names_the_lost_gpu(tm
     assert xid == {("gpu0", "79"): 1.0}
 
 
+def test_a_lost_gpu_nvidia_smi_cannot_name_is_named_by_the_kernel_logs_xid_79(tmp_path):
+    """ "No devices were found" names no bus; the same sweep's Xid 79 does: the failure is that GPU's,
+    so its finding joins the Xid 79's incident (one ticket, one drain), not one of the collector's;
+    the next sweeps name it so too, though the log has nothing new."""
+    node = Node(tmp_path)
+    node.outputs = {
+        ("nvidia-smi", "-q", "-x"): (0, XML, ""),
+        ("nvidia-smi", "dmon", "-c", "1", "-s", "pucvmet"): (0, DMON, ""),
+        ("dmesg",): (0, H200_LOG, ""),
+    }
+    collect_gpu.collect(node.context())
+    node.outputs[("nvidia-smi", "-q", "-x")] = (6, fixture_text(SMI_NO_DEVICES), "")
+    node.outputs[("dmesg",)] = (0, H200_LOG + at_boot_time(XID_79, 6000.5), "")
+    (failure,) = collect_gpu.collect(node.context())["failures"]
+    assert (failure["cause"], failure["device"]) == ("gpu_lost", "gpu0")
+    node.outputs[("dmesg",)] = (0, H200_LOG + at_boot_time(XID_79, 6000.5), "")  # nothing new in the log
+    (again,) = collect_gpu.collect(node.context())["failures"]
+    assert (again["cause"], again["device"]) == ("gpu_lost", "gpu0")  # still that GPU's, as it was
+
+
 def test_a_dead_hca_named_by_ibstat_is_hca_missing(tmp_path):
     node = Node(tmp_path)
     ibpanic = fixture_text(IBSTAT_PANIC)
@@ -206,3 +234,51 @@ def test_a_gpu_lost_mid_run_is_a_critical_finding_on_the_sweep_that_first_sees_i
     back = sweep(tmp_path, tmp_dsn, H200_LOG + at_boot_time(XID_79, 6000.5), nvidia_smi_fails=False)
     assert back.returncode == 0, back.stdout[-3000:]
     assert [value for _d, _l, value in stored(tmp_dsn, "collector_gpu_lost")] == [1.0, 0.0]  # it clears
+
+
+class ModuleStandIn:
+    """What run_collectors asks of AnsibleModule: its parameters, and the result it ends with."""
+
+    def __init__(self, state_dir: Path):
+        self.params = {"root": "/", "state_dir": str(state_dir), "timeout": 5}
+        self.check_mode = False
+        self.result: dict = {}
+
+    def get_bin_path(self, _name):
+        return None
+
+    def warn(self, _text):
+        pass
+
+    def fail_json(self, **result):
+        self.result = dict(result, failed=True)
+
+    def exit_json(self, **result):
+        self.result = result
+
+
+def test_a_cleared_failure_is_sent_at_0_for_a_day_then_forgotten(tmp_path):
+    """A repaired instrument's failure series is sent at 0 while UNKNOWN would miss it (24 h), then
+    dropped: the node's memory of failures does not grow with every exit code it ever saw."""
+
+    def failing(_ctx, _done):
+        raise CollectorError("cpupower failed", cmd=["cpupower", "frequency-info"], rc=1, stderr="no")
+
+    def answering(_ctx, _done):
+        return {"present": True, "facts": {}, "metrics": [], "warnings": []}
+
+    def sweep(collect) -> dict:
+        module = ModuleStandIn(tmp_path)
+        run_collectors(module, [("tuning", collect)])
+        return {(r["name"], r["device"]): r["value"] for r in module.result["stethoscope_metrics"]}
+
+    state = tmp_path / f"{FAILURE_STATE}.json"
+    assert sweep(failing)[("collector_failed", "tuning")] == 1
+    assert sweep(answering)[("collector_failed", "tuning")] == 0
+    assert sweep(answering)[("collector_failed", "tuning")] == 0
+    kept = json.loads(state.read_text())
+    for row in kept["tuning"]:
+        row["cleared_at"] -= 25 * 3600  # as if it was cleared a day and an hour ago
+    state.write_text(json.dumps(kept))
+    assert sweep(answering) == {}
+    assert json.loads(state.read_text()) == {}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REAL, fake_tools, run_module
+from conftest import PUBLIC, REAL, fake_tools, run_module
 
 
 def node_root(tmp_path: Path) -> Path:
@@ -244,3 +244,55 @@ def test_bootloader_restore_removes_exactly_what_lock_added(tmp_path, tool):
     assert log.read_text().splitlines() == lock_argv + restore_argv
     twice = run_module(tmp_path, "env_lock", {**args, "state": "restored"}, bindir)
     assert twice["changed"] is False and log.read_text().splitlines() == lock_argv + restore_argv
+
+
+GRUB_LAYOUTS = {
+    # Debian layout, single-quoted: the edit lands inside the quotes
+    "single-quoted Debian": (
+        b"GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT='quiet splash'\nGRUB_CMDLINE_LINUX=\"\"\n",
+        "GRUB_CMDLINE_LINUX_DEFAULT='quiet splash intel_idle.max_cstate=1 processor.max_cstate=1'",
+    ),
+    # RHEL layout (only GRUB_CMDLINE_LINUX): edited there, no _DEFAULT line left behind by restore
+    "RHEL, only GRUB_CMDLINE_LINUX": (
+        (PUBLIC / "grub/rhel7_cloud_image").read_bytes(),
+        'GRUB_CMDLINE_LINUX="console=tty0 crashkernel=auto console=ttyS0,115200n8 no_timer_check '
+        'net.ifnames=0 intel_idle.max_cstate=1 processor.max_cstate=1"',
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(GRUB_LAYOUTS))
+def test_grub_layouts_locked_once_and_restored_byte_exact(tmp_path, layout):
+    original, edited_line = GRUB_LAYOUTS[layout]
+    root, bindir = node_root(tmp_path), tmp_path / "bin"
+    bindir.mkdir()
+    grub = root / "etc/default/grub"
+    grub.write_bytes(original)
+    args = {
+        "root": str(root),
+        "state_dir": str(tmp_path / "s"),
+        "persistent_cstates": True,
+        "hold_cpu_dma_latency": False,
+    }
+    locked = run_module(tmp_path, "env_lock", args, bindir)
+    assert not locked["failed"] and locked["reboot_required"]
+    assert edited_line in grub.read_text().splitlines()
+    if b"GRUB_CMDLINE_LINUX_DEFAULT" not in original:
+        assert "GRUB_CMDLINE_LINUX_DEFAULT" not in grub.read_text()
+    again = run_module(tmp_path, "env_lock", args, bindir)
+    assert again["changed"] is False and again["reboot_required"] is False
+    restored = run_module(tmp_path, "env_lock", {**args, "state": "restored"}, bindir)
+    assert restored["changed"] and restored["reboot_required"]
+    assert grub.read_bytes() == original
+
+
+def test_a_grub_file_it_cannot_edit_safely_fails_naming_the_line(tmp_path):
+    root, bindir = node_root(tmp_path), tmp_path / "bin"
+    bindir.mkdir()
+    grub = root / "etc/default/grub"
+    grub.write_text('GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="$(cat /etc/kernel/cmdline)"\n')
+    args = {"root": str(root), "state_dir": str(tmp_path / "s"), "persistent_cstates": True}
+    result = run_module(tmp_path, "env_lock", args, bindir)
+    assert result["failed"] and not result.get("changed")
+    assert f"{grub}: a command substitution at line 2" in result["msg"]
+    assert grub.read_text().endswith('"$(cat /etc/kernel/cmdline)"\n')

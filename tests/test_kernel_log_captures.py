@@ -162,7 +162,8 @@ def test_the_shipped_rules_turn_the_collectors_rows_into_findings(tmp_path, stor
     assert rules["gpu_lost"].severity == "critical" and rules["gpu_lost"].level == "L4"
     assert fired("gpu_xid_79") == {("pci:0000:91:00", 1.0)}  # the Xid line, counted apart
     assert {device for device, _ in fired("nvswitch_sxid_fatal")} == {"nvswitch0", "nvswitch1", "nvswitch2"}
-    assert {device for device, _ in fired("nvswitch_sxid_nonfatal")} == {"nvswitch2"}  # its unknown one
+    assert fired("nvswitch_sxid_nonfatal") == set()  # the capture's SXids are fatal, and one unknown
+    assert {device for device, _ in fired("nvswitch_sxid_unknown_severity")} == {"nvswitch2"}
 
 
 def test_a_gpu_lost_mid_run_is_critical_through_the_module_callback_store_and_rules(tmp_path, tmp_dsn):

@@ -38,6 +38,9 @@ def put(store, node, device, **series):
     store.insert_metrics(batch)
 
 
+CPUPOWER_FAILED = {"collector": "tuning", "tool": "cpupower", "rc": "1", "cause": "tool_failed"}
+
+
 def S(metric, values, device="node", labels=None, step_ms=60_000):
     return (metric, device, labels or {}, values, step_ms)
 
@@ -198,6 +201,11 @@ CASES = {
         [S("nvswitch_sxid_errors_total", [0, 1, 4], "nvswitch3", {"sxid": "12028", "severity": "nonfatal"})],
         [S("nvswitch_sxid_errors_total", [2, 2], "nvswitch3", {"sxid": "12028", "severity": "fatal"}, HOUR)],
     ),
+    # its headline line lost: may be fatal, never read as a corrected one
+    "nvswitch_sxid_unknown_severity": (
+        [S("nvswitch_sxid_errors_total", [0, 1], "nvswitch2", {"sxid": "20034", "severity": "unknown"})],
+        [S("nvswitch_sxid_errors_total", [0, 3], "nvswitch2", {"sxid": "12028", "severity": "nonfatal"})],
+    ),
     # collector_failure.failure_rows: the cause's gauge on the device, collector_failed with its labels
     "collector_gpu_lost": (
         [S("collector_gpu_lost", [0, 0, 1], "gpu0", {"collector": "gpu", "tool": "nvidia-smi", "rc": "255"})],
@@ -225,22 +233,17 @@ CASES = {
             )
         ],
     ),
+    # two sweeps in a row (5 minutes apart) that failed; one failure after an answer is a blip
     "collector_failed": (
+        [S("collector_failed", [1, 1], "tuning", CPUPOWER_FAILED, step_ms=300_000)],
         [
+            S("collector_failed", [0, 1], "tuning", CPUPOWER_FAILED, step_ms=300_000),
             S(
                 "collector_failed",
-                [1],
-                "tuning",
-                {"collector": "tuning", "tool": "cpupower", "rc": "1", "cause": "tool_failed"},
-            )
-        ],
-        [
-            S(
-                "collector_failed",
-                [1],
+                [1, 1],
                 "gpu",
                 {"collector": "gpu", "tool": "nvidia-smi", "rc": "255", "cause": "gpu_lost"},
-            )
+            ),
         ],
     ),
     "gpu_xid_preexisting": (
@@ -250,6 +253,8 @@ CASES = {
     # the H200 under load holds its 700 W cap with SW power cap (0x4) and full clocks: healthy
     "gpu_thermal_throttling": (throttle(0x40 | 0x4), throttle(0x4)),
     "gpu_hw_power_brake": (throttle(0x80), throttle(0x4 | 0x1)),
+    # HW slowdown alone is ambiguous (thermal or power brake); beside 0x40 its cause is named
+    "gpu_hw_slowdown": (throttle(0x8 | 0x4), throttle(0x8 | 0x40)),
     "nvlink_physical_error": (
         [
             S("nvlink_error_rate_percent", [0.01] * 3, "gpu2/link3"),

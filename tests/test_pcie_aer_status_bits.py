@@ -13,6 +13,8 @@ from conftest import fixture_text
 H100 = "public/lspci/lspci_vvv_H100-SXM5_10de-2330_AER_CESta_RxErr_BadTLP.txt"
 PEX_SWITCH = "public/lspci/lspci_vvv_PEX890xx_switch_AER_UESta_UnsupReq.txt"
 CX7 = "public/lspci/lspci_vvv_ConnectX-7_MT2910.txt"
+# older pciutils name CESta bit 13 NonFatalErr (newer ones AdvNonFatalErr)
+OLD_PCIUTILS = "public/lspci/lspci_vv_RX580_old_pciutils_CESta_NonFatalErr_rocm-issue157.txt"
 
 
 def status_rows(tmp_path, capture):
@@ -39,6 +41,8 @@ def status_rows(tmp_path, capture):
         (PEX_SWITCH, {"correctable": 0, "uncorrectable": 0x100000}),
         # CESta AdvNonFatalErr+: bit 13
         (CX7, {"correctable": 0x2000, "uncorrectable": 0}),
+        # CESta BadTLP+ BadDLLP+ Timeout+ NonFatalErr+ (the older name): bits 6, 7, 12 and 13
+        (OLD_PCIUTILS, {"correctable": 0x40 | 0x80 | 0x1000 | 0x2000, "uncorrectable": 0}),
     ],
 )
 def test_status_flags_are_the_register_bits(tmp_path, capture, expected):

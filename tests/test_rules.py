@@ -283,7 +283,8 @@ def test_rules_check_rejects_an_aggregate_the_metric_kind_does_not_allow(tmp_pat
     assert f"{path}:5: aggregate: avg does not apply to ib_symbol_errors_total, a counter " in result.stderr
     assert "(a counter allows delta, rate, growth_percent, slope, last)" in result.stderr
     assert f"{path}:10: aggregate: delta does not apply to gpu_temperature_celsius, a gauge " in result.stderr
-    assert "(a gauge allows avg, max, min, last, p99, stddev, cv, slope, rising_fraction)" in result.stderr
+    gauge_allows = "(a gauge allows avg, max, min, last, p99, stddev, cv, slope, rising_fraction, any)"
+    assert gauge_allows in result.stderr
     loaded = load_rules(path, CATALOG)
     assert [r.rule_id for r in loaded.rules] == ["events_by_default"]
     (condition,) = loaded.rules[0].when.items

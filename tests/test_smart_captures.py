@@ -145,6 +145,40 @@ def test_the_collector_reads_a_megaraid_slot_with_its_device_type():
     assert result["facts"]["disks"]["bus0:megaraid,0"]["model"] == "TOSHIBA AL15SEB24EQY"
 
 
+def test_a_megaraid_slot_that_fails_is_named_as_its_rows_are():
+    """The failure of a disk behind MegaRAID is the disk's series (`bus0:megaraid,0`), the one its
+    readings had, not the option text the operator wrote."""
+    ctx = ReplayContext({"/dev/bus/0": (124, "", "")})
+    (failure,) = collect_smart.collect(ctx, ["/dev/bus/0 -d megaraid,0"])["failures"]
+    assert failure["device"] == "bus0:megaraid,0"
+
+
+def test_disks_behind_megaraid_are_found_by_smartctl_scan_when_no_devices_are_given():
+    """/sys/block shows only the controller's virtual disk; `smartctl --scan` lists the physical disks
+    behind it (glouton's capture of a Proxmox host), and each is read through the controller."""
+    scan = fixture_text("public/smartctl/scan_proxmox_megaraid14_glouton.txt")
+    ctx = ReplayContext(
+        {"--scan": (0, scan, ""), "/dev/sda": (0, fixture_text(f"public/smartctl/{SAS_FAILING}"), "")}
+    )
+    ctx.answers["/dev/bus/0"] = (0, fixture_text(f"public/smartctl/{SAS_MEGARAID}"), "")
+    collect_smart.collect(ctx)
+    assert ctx.argvs[0] == ["smartctl", "--scan"]
+    assert ctx.argvs[1:] == [["smartctl", "-j", "-a", "/dev/sda"]] + [
+        ["smartctl", "-j", "-a", "-d", f"megaraid,{n}", "/dev/bus/0"] for n in range(14)
+    ]
+
+
+def test_a_scan_without_raid_adds_no_disk_to_those_of_sys_block():
+    ctx = ReplayContext(
+        {
+            "--scan": (0, fixture_text("public/smartctl/scan_home_sata2_nvme1_glouton.txt"), ""),
+            "/dev/sda": (0, fixture_text(f"public/smartctl/{SAS_FAILING}"), ""),
+        }
+    )
+    result = collect_smart.collect(ctx)
+    assert ctx.argvs[1:] == [["smartctl", "-j", "-a", "/dev/sda"]] and not result["warnings"]
+
+
 def test_a_device_entry_of_another_shape_is_refused():
     with pytest.raises(CollectorError, match="megaraid"):
         collect_smart.collect(ReplayContext({}), ["/dev/bus/0 megaraid,0"])
@@ -177,6 +211,18 @@ def test_smart_facts_module_reads_a_megaraid_slot_and_a_sas_disk(tmp_path):
     assert value(sdb, "disk_uncorrected_errors_total", operation="write") == 535
     assert value(slot, "disk_uncorrected_errors_total", operation="write") == 0
     assert value(slot, "smart_health_passed", serial="REDACTED") == 1
+
+
+def test_a_devices_list_with_a_bad_entry_is_refused_before_any_disk_is_read(tmp_path):
+    """A mistyped `devices` entry is the operator's configuration, not a broken instrument: the task
+    fails naming it, smartctl never runs, and no collector_failed row reads as a disk problem."""
+    bindir, log = tmp_path / "bin", tmp_path / "argv.log"
+    fake_tools(bindir, log, {"smartctl": {"-j -a /dev/sdb": f"public/smartctl/{SAS_FAILING}"}})
+    args = {"devices": ["sdb", "/dev/bus/0 megaraid,0"], "state_dir": str(tmp_path / "s")}
+    result = run_module(tmp_path, "smart_facts", args, bindir)
+    assert result["failed"] is True and "'/dev/bus/0 megaraid,0'" in result["msg"]
+    assert not log.exists() or log.read_text() == ""
+    assert not result.get("stethoscope_metrics")
 
 
 def test_a_raid_volume_smartctl_cannot_open_is_said_not_a_failure():

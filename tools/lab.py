@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -531,6 +532,8 @@ def tool_scripts(node: Path, profile: Profile) -> None:
     tools = {name: dict(cases) for name, cases in TOOLS.items()}
     tools["smartctl"] = {f"-j -a /dev/{disk}": f"smartctl_{disk}.json" for disk in profile.disks}
     controllers = sorted({d[:5] for d in profile.disks if d.startswith("nvme")})
+    tools["smartctl"]["--scan"] = "smartctl_scan.txt"
+    (out / "smartctl_scan.txt").write_text(smartctl_scan(profile.disks, controllers))
     if profile.ib == "gpud":
         tools["ibv_devinfo"] = {"": "ibv_devinfo.txt"}
     if profile.ib is None:
@@ -570,6 +573,14 @@ def tool_scripts(node: Path, profile: Profile) -> None:
         )
     )
     nccl.chmod(0o755)
+
+
+def smartctl_scan(disks: Iterable[str], controllers: list[str]) -> str:
+    """What `smartctl --scan` prints for the node's disks: SCSI/SATA disks and NVMe controllers, in
+    the lines of glouton's real captures (tests/fixtures/public/smartctl/scan_*)."""
+    lines = [f"/dev/{d} -d scsi # /dev/{d}, SCSI device" for d in sorted(disks) if not d.startswith("nvme")]
+    lines += [f"/dev/{c} -d nvme # /dev/{c}, NVMe device" for c in controllers]
+    return "".join(line + "\n" for line in lines)
 
 
 def nvme_script(path: Path, out: Path, controllers: list[str]) -> None:

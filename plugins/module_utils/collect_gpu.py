@@ -100,8 +100,20 @@ def _lost_device(said, seen):
 
 def _remember(ctx, gpus):
     buses = {normalize_bdf(gpu["bus_id"]): gpu["device"] for gpu in gpus if gpu.get("bus_id")}
-    if ctx.load_state(SEEN_STATE).get("gpus") != buses:
+    if ctx.load_state(SEEN_STATE) != {"gpus": buses}:
         ctx.save_state(SEEN_STATE, {"gpus": buses})
+
+
+def _lost_named_by_log(ctx, seen, events):
+    """The lost GPU nvidia-smi could not name ("No devices were found"), named by the kernel log of the
+    same sweep (one GPU with an Xid 79 or fallen off the bus), or as an earlier sweep of this loss named
+    it: so its finding joins that GPU's incident. None when nothing says which GPU."""
+    lost = sorted({e["device"] for e in events if e.get("xid") == 79 or e.get("reason") == "fallen_off_bus"})
+    state = ctx.load_state(SEEN_STATE)
+    if len(lost) != 1:
+        return state.get("lost")
+    ctx.save_state(SEEN_STATE, {"gpus": seen, "lost": lost[0]})
+    return lost[0]
 
 
 def _without_nvidia_smi(ctx, exc, seen, read_kernel_log):
@@ -112,6 +124,8 @@ def _without_nvidia_smi(ctx, exc, seen, read_kernel_log):
     xid = _xid(ctx, known, warnings) if read_kernel_log else {"source": "disabled", "events": []}
     metrics = xid.pop("metrics", [])
     facts = {"xid": xid, "xid_preexisting": xid.pop("preexisting", {})}
+    if exc.cause == collector_failure.GPU_LOST and not exc.device:
+        exc.device = _lost_named_by_log(ctx, seen, xid["events"])
     return result(
         bool(seen) or None, facts, metrics, warnings, failures=[collector_failure.from_error(NAME, exc)]
     )

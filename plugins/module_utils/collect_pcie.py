@@ -32,6 +32,7 @@ CORRECTABLE_STATUS_BITS = {
     "Rollover": 8,
     "Timeout": 12,
     "AdvNonFatalErr": 13,
+    "NonFatalErr": 13,  # the same bit as older pciutils name it
     "CorrIntErr": 14,
     "HeaderOF": 15,
 }

@@ -12,6 +12,8 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_co
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.smartctl import (
     EXIT_CANNOT_READ,
+    device_name,
+    parse_scan_raid,
     parse_smartctl_json,
     smart_metrics,
 )
@@ -40,15 +42,29 @@ def smartctl_argv(device):
     )
 
 
+def refused_devices(devices):
+    """The `devices` entries smartctl_argv refuses, with why: a configuration error, said before any
+    disk is read (never a collector failure that would read as a disk problem)."""
+    refused = []
+    for device in devices:
+        try:
+            smartctl_argv(device)
+        except CollectorError as exc:
+            refused.append(exc.msg)
+    return refused
+
+
 def collect(ctx, devices=None):
     if not ctx.which("smartctl"):
         return result(False, {"reason": "smartctl not found"})
-    names = list(devices) if devices else block_devices(ctx)
+    warnings = []
+    names = list(devices) if devices else block_devices(ctx) + _raid_disks(ctx, warnings)
     if not names:
-        return result(False, {"reason": "no disks under %s" % ctx.path("/sys/block")})
-    disks, rows, warnings, failures = {}, [], [], []
-    for name in names:
-        argv = smartctl_argv(name)
+        return result(False, {"reason": "no disks under %s" % ctx.path("/sys/block")}, warnings=warnings)
+    disks, rows, failures = {}, [], []
+    for entry in names:
+        argv = smartctl_argv(entry)
+        name = device_name(argv[-1], argv[-2] if "-d" in argv else "")
         rc, out, err = ctx.run(argv)
         try:
             disk = _read_disk(ctx, name, argv, rc, out, err)
@@ -62,6 +78,21 @@ def collect(ctx, devices=None):
     return result(True, {"disks": disks}, rows, warnings, failures=failures)
 
 
+def _raid_disks(ctx, warnings):
+    """The physical disks behind a RAID controller, which /sys/block does not list (it shows the
+    controller's virtual disks): `smartctl --scan`'s megaraid entries. A scan that fails is said, and
+    the disks of /sys/block are still read."""
+    argv = ["smartctl", "--scan"]
+    rc, out, err = ctx.run(argv)
+    try:
+        if rc != 0:
+            raise ParseError("smartctl --scan", "exit code %s: %s" % (rc, (err or out).strip()[:200]))
+        return parse_scan_raid(out)
+    except ParseError as exc:
+        warnings.append("%s; disks behind a RAID controller not read" % exc)
+        return []
+
+
 def _read_disk(ctx, name, argv, rc, out, err):
     """The parsed disk, or a CollectorError for this disk: timed out, unparseable, or not openable
     (a disk the kernel lists that smartctl cannot open: `disk_unreadable` when its words say so)."""
@@ -70,15 +101,15 @@ def _read_disk(ctx, name, argv, rc, out, err):
         return CollectorError(message, argv, rc, said, err, cause=cause, device=name)
 
     if rc == 124:
-        raise failure("smartctl -j -a /dev/%s: timed out after %ss" % (name, ctx.timeout))
+        raise failure("%s: timed out after %ss" % (" ".join(argv), ctx.timeout))
     try:
         disk = parse_smartctl_json(out)
     except ParseError as exc:
-        raise failure(str(exc) + " (/dev/%s)" % name) from None
+        raise failure("%s (%s)" % (exc, argv[-1])) from None
     disk["device"] = disk["device"] or name
     if rc & EXIT_CANNOT_READ:
         said = "; ".join(disk["messages"]) or (err or "").strip()
-        message = "smartctl /dev/%s: exit status %d, device not readable: %s" % (name, rc, said)
+        message = "%s: exit status %d, device not readable: %s" % (" ".join(argv), rc, said)
         cause = collector_failure.classify("smartctl", rc, said, had_hardware=True)
         if cause == collector_failure.DISK_UNREADABLE:
             raise failure(message, cause, said)

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 
+from ansible_collections.aicluster.stethoscope.plugins.module_utils import grub_default
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import CollectorError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.infiniband import parse_ibv_devinfo
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvme_feature import parse_get_feature
@@ -17,6 +18,7 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error 
 
 CPU = "/sys/devices/system/cpu"
 GRUB_DEFAULT = "/etc/default/grub"
+GRUB_D = "/etc/default/grub.d"
 CSTATE_ARGS = ("intel_idle.max_cstate=1", "processor.max_cstate=1")
 VWC = "0x06"  # Volatile Write Cache; 0x08 is interrupt coalescing
 
@@ -105,17 +107,56 @@ def plan_write_cache(ctx):
 
 
 def plan_grub(ctx):
-    text = ctx.read(GRUB_DEFAULT)
-    if text is None:
+    """The kernel command line edit, in the file and variable grub_default's layout rule picks; the
+    item keeps the edit record restore needs to give back the file's original bytes."""
+    sources = grub_sources(ctx)
+    if not sources:
         return [skipped("grub", "no %s (not a GRUB system)" % ctx.path(GRUB_DEFAULT))]
-    match = re.search(r'^GRUB_CMDLINE_LINUX_DEFAULT="([^"]*)"', text, re.M)
-    current = match.group(1) if match else ""
-    missing = [arg for arg in CSTATE_ARGS if arg not in current.split()]
-    if not missing:
+    planned = _grub(ctx, grub_default.add_args_to_files, sources, CSTATE_ARGS)
+    if planned is None:
         return []
-    item = change("grub", GRUB_DEFAULT, current, " ".join(current.split() + missing), how="grub")
-    item["added"] = missing  # what restore removes again, and only that
+    path, _text, record = planned
+    item = change("grub", path, record["before"], record["after"], how="grub")
+    item.update(variable=record["variable"], added=record["added"], edit=record)  # restore removes only these
     return [item]
+
+
+def grub_sources(ctx):
+    """[(path, exact text)] of /etc/default/grub and the grub.d/*.cfg files sourced after it (Debian's
+    grub-mkconfig, Azure Linux's file itself; Ubuntu cloud images set the command line there); [] if
+    there is no /etc/default/grub."""
+    main = read_text(ctx, GRUB_DEFAULT)
+    if main is None:
+        return []
+    snippets = ["%s/%s" % (GRUB_D, name) for name in ctx.listdir(GRUB_D) if name.endswith(".cfg")]
+    return [(GRUB_DEFAULT, main)] + [(path, read_text(ctx, path) or "") for path in snippets]
+
+
+def grub_cmdline(ctx, item):
+    """What the files now give the variable `item` edited ("" once it is no longer assigned)."""
+    sources = grub_sources(ctx)
+    if not sources:
+        return None
+    found = _grub(ctx, grub_default.values_in_files, sources)
+    return grub_default.value_of(found, item.get("variable", grub_default.LINUX_DEFAULT))
+
+
+def _grub(ctx, function, *args, **kwargs):
+    """A grub_default function; what it cannot edit safely fails the module, naming file and line."""
+    try:
+        return function(*args, **kwargs)
+    except grub_default.GrubDefaultError as exc:
+        exc.tool = ctx.path(exc.tool)  # the file as on this machine (under the root prefix)
+        raise CollectorError("%s: not edited, nothing changed" % exc) from None
+
+
+def read_text(ctx, path):
+    """The file's exact content (ctx.read strips it), or None if it does not exist."""
+    try:
+        with open(ctx.path(path), "rb") as handle:
+            return grub_default.decode(handle.read())
+    except OSError:
+        return None
 
 
 BOOTLOADERS = ("auto", "grubby", "update-grub", "grub2-mkconfig", "none")
@@ -205,7 +246,7 @@ def apply(ctx, item, value_key="after"):
                 "nvme %s: volatile write cache still %s after set-feature" % (device, out.strip())
             )
     elif item["how"] == "grub":
-        _set_grub_cmdline(ctx, value, item, restoring=item.get("restoring", False))
+        _set_grub_cmdline(ctx, item, restoring=item.get("restoring", False))
 
 
 def _checked(ctx, argv):
@@ -216,17 +257,34 @@ def _checked(ctx, argv):
         )
 
 
-def _set_grub_cmdline(ctx, cmdline, item, restoring):
-    text = ctx.read(GRUB_DEFAULT) or ""
-    line = 'GRUB_CMDLINE_LINUX_DEFAULT="%s"' % cmdline
-    if re.search(r"^GRUB_CMDLINE_LINUX_DEFAULT=", text, re.M):
-        text = re.sub(r'^GRUB_CMDLINE_LINUX_DEFAULT="[^"]*"', line, text, flags=re.M)
+def _set_grub_cmdline(ctx, item, restoring):
+    """Lock: the planned edit. Restore: its inverse, byte-exact where the edited value still stands;
+    an item recorded before edit records existed removes its added arguments from _DEFAULT."""
+    added = item.get("added") or list(CSTATE_ARGS)
+    if restoring:
+        record = item.get("edit") or {"variable": grub_default.LINUX_DEFAULT, "added": added}
+        path = record.get("file", GRUB_DEFAULT)
+        text = read_text(ctx, path) or ""
+        new_text = _grub(ctx, grub_default.remove_args, text, record, path=path)
     else:
-        text = text.rstrip("\n") + "\n" + line
-    write_file(ctx, GRUB_DEFAULT, text.rstrip("\n"))
+        path, text = item["target"], None
+        planned = _grub(ctx, grub_default.add_args_to_files, grub_sources(ctx), added)
+        new_text = planned[1] if planned is not None and planned[0] == path else None
+    if new_text is None or new_text == text:
+        raise CollectorError(
+            "%s: %s %s in %s as planned; nothing changed"
+            % (
+                ctx.path(path),
+                " ".join(added),
+                "not found" if restoring else "no longer missing",
+                item.get("variable", grub_default.LINUX_DEFAULT),
+            )
+        )
+    with open(ctx.path(path), "wb") as handle:
+        handle.write(grub_default.encode(new_text))
     tool = item.get("bootloader")
     if tool:
-        _checked(ctx, bootloader_argv(tool, item.get("added") or list(CSTATE_ARGS), restoring))
+        _checked(ctx, bootloader_argv(tool, added, restoring))
 
 
 # /dev/cpu_dma_latency ---------------------------------------------------------------------------

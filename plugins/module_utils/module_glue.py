@@ -52,8 +52,10 @@ def make_context(module):
 
 
 # Every failure series a collector has had, per collector: each later sweep sends them again, at 0
-# while it answers, so a cleared series never falls silent (UNKNOWN) after a repair.
+# while it answers, so a cleared series never falls silent (UNKNOWN) after a repair; a day and an hour
+# after it cleared (UNKNOWN looks back 24 h) it is forgotten, so that the state stays small.
 FAILURE_STATE = "collector_failures"
+FORGET_CLEARED_AFTER = 25 * 3600
 
 
 def run_collectors(module, collectors):
@@ -77,10 +79,12 @@ def run_collectors(module, collectors):
         fact.update(outcome["facts"])
         metrics.extend(outcome["metrics"])
         rows = [row for item in items for row in collector_failure.failure_rows(item)]
-        clear = _cleared(previous.get(name, []), rows)
-        metrics.extend(rows + clear)
-        if rows:
-            known[name] = clear + rows
+        missed = _still_missed(previous.get(name, []), rows, ctx.now())
+        metrics.extend(rows + collector_failure.cleared(missed))
+        if missed or rows:
+            known[name] = missed + rows
+        else:
+            known.pop(name, None)
         if items:
             failures.extend(items)
             fact["failures"] = [collector_failure.fact(item) for item in items]
@@ -106,10 +110,18 @@ def run_collectors(module, collectors):
     module.exit_json(changed=False, ansible_facts=facts, stethoscope_metrics=metrics)
 
 
-def _cleared(before, now):
-    """The known failure series that this sweep does not repeat, at 0."""
+def _still_missed(before, now, at):
+    """The known failure series that this sweep does not repeat, each with when it cleared, less those
+    cleared FORGET_CLEARED_AFTER ago."""
     repeated = {_series(row) for row in now}
-    return collector_failure.cleared([row for row in before if _series(row) not in repeated])
+    kept = []
+    for row in before:
+        if _series(row) in repeated:
+            continue
+        cleared_at = row.get("cleared_at", at)
+        if at - cleared_at < FORGET_CLEARED_AFTER:
+            kept.append(dict(row, cleared_at=cleared_at))
+    return kept
 
 
 def _unique(names):

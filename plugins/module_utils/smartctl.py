@@ -104,6 +104,28 @@ def parse_smartctl_json(text):
     }
 
 
+def parse_scan_raid(text):
+    """The disks behind a RAID controller in `smartctl --scan` (`/dev/bus/0 -d megaraid,3 # ...`), as
+    `PATH -d TYPE` entries; the other lines (block devices /sys/block lists anyway) are left out."""
+    entries = []
+    for line_no, line in enumerate(text.splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        if len(words) != 3 or words[1] != "-d":
+            raise ParseError("smartctl --scan", "not 'PATH -d TYPE # comment'", line_no, line)
+        if _MEGARAID_TYPE.match(words[2]):
+            entries.append(" ".join(words))
+    return entries
+
+
+def device_name(path, device_type=""):
+    """What the rows call a disk smartctl is asked about: `sda` for `/dev/sda`, `bus0:megaraid,3` for
+    `/dev/bus/0` with `-d megaraid,3`."""
+    device = {"name": path, "type": device_type}
+    return _device_name(device, _megaraid_slot(device))
+
+
 def _megaraid_slot(device):
     match = _MEGARAID_TYPE.match(str(device.get("type", "")))
     return match.group(1) if match else None

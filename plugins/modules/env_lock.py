@@ -56,7 +56,19 @@ options:
     choices: [auto, grubby, update-grub, grub2-mkconfig, none]
     default: auto
   persistent_cstates:
-    description: Also limit C-states on the kernel command line (takes effect after a reboot the module never does).
+    description:
+      - Also limit C-states on the kernel command line (takes effect after a reboot the module never does).
+      - 'C(/etc/default/grub) is read as the shell reads it (double, single or no quotes, C($VAR) references
+        kept as written, comments, the last of several assignments) and only the missing arguments are added,
+        in the value''s own quoting: to C(GRUB_CMDLINE_LINUX_DEFAULT) where the file assigns it (Debian, Ubuntu,
+        Arch, openSUSE, Azure Linux), else to C(GRUB_CMDLINE_LINUX) (RHEL, Rocky, Alma, CentOS, Fedora as
+        Anaconda writes it), else on one appended C(GRUB_CMDLINE_LINUX_DEFAULT) line; where a
+        C(/etc/default/grub.d/*.cfg) sourced after it sets that variable (Ubuntu cloud images), that file is
+        the one edited. Restore gives back the file''s original bytes (where the value changed since, only
+        the added arguments are removed).'
+      - A file it cannot edit safely (command substitution, a line continuation, a quote closed on a later
+        line, words after the value, an assignment inside a block) fails the task naming the file and the
+        line, and nothing is changed.
     type: bool
     default: false
 attributes:
@@ -82,7 +94,10 @@ EXAMPLES = r"""
 
 RETURN = r"""
 changes:
-  description: What was (or in check mode would be) changed, each with its knob, target, before and after.
+  description:
+    - What was (or in check mode would be) changed, each with its knob, target, before and after.
+    - The C(grub) change also names the C(variable) edited, the arguments C(added) (what restore removes)
+      and the C(edit) record restore uses; its before and after are that variable's value.
   returned: always
   type: list
   elements: dict
@@ -188,8 +203,7 @@ def _current(ctx, item):
     if item["how"] == "ip":
         return ctx.read("/sys/class/net/%s/mtu" % item["target"])
     if item["how"] == "grub":
-        plan = env_knobs.plan_grub(ctx)
-        return plan[0]["before"] if plan and "before" in plan[0] else item["after"]
+        return env_knobs.grub_cmdline(ctx, item)
     if item["how"] == "nvme":
         plan = env_knobs.plan_write_cache(ctx)
         return "1" if any(x.get("target") == item["target"] for x in plan) else "0"

@@ -22,8 +22,10 @@ extends_documentation_fragment:
 options:
   devices:
     description:
-      - Block device names (C(sda), C(nvme0n1)); default every disk under C(/sys/block).
+      - Block device names (C(sda), C(nvme0n1)); default every disk under C(/sys/block), and the disks behind a MegaRAID
+        controller that C(smartctl --scan) lists, which C(/sys/block) does not show (only the controller's virtual disks).
       - A disk behind a RAID controller as C(smartctl --scan) lists it, C(PATH -d TYPE) (C(/dev/bus/0 -d megaraid,3), C(/dev/bus/0 -d sat+megaraid,3)).
+      - An entry of another shape fails the task, naming it, before any disk is read.
     type: list
     elements: str
     default: []
@@ -82,6 +84,9 @@ def main():
         argument_spec=argument_spec(devices={"type": "list", "elements": "str", "default": []}),
         supports_check_mode=True,
     )
+    refused = collect_smart.refused_devices(module.params["devices"])
+    if refused:
+        module.fail_json(msg="; ".join(refused))
     run_collectors(
         module, [("smart", lambda ctx, _done: collect_smart.collect(ctx, module.params["devices"]))]
     )

@@ -15,6 +15,7 @@ from typing import Any
 from stethoscope.catalog import Catalog, CatalogError
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from stethoscope.diagnosis.findings import RULE_FAILED
+from stethoscope.diagnosis.job_watch import JobSettingError, JobWatch
 from stethoscope.diagnosis.levels import SEVERITY_ORDER
 from stethoscope.diagnosis.model_findings import ModelUse, level_of
 from stethoscope.diagnosis.rules import LoadResult, load_rules
@@ -84,6 +85,15 @@ def catalog_for(inventory: Inventory | None) -> Catalog:
 def fleet_of(inventory: Inventory | None) -> Fleet | None:
     """The hosts UNKNOWN answers for: those of the inventory named, if any."""
     return Fleet.of(inventory) if inventory is not None else None
+
+
+def jobs_of(inventory: Inventory | None, command: str) -> JobWatch:
+    """The inventory's job settings (the job-level rules' warm-up); one out of range exits 2 naming it."""
+    try:
+        return JobWatch.of(inventory.settings if inventory is not None else {})
+    except JobSettingError as exc:
+        _say(f"{command}: inventory {inventory.path if inventory else ''}: {exc}")
+        raise SystemExit(EXIT_USAGE) from None
 
 
 def executor_factory(args: argparse.Namespace, inventory: Inventory | None):
@@ -244,6 +254,7 @@ def cycles_of(
         model=model,
         long_running=long_running,
         beat_seconds=beat_seconds,
+        jobs=jobs_of(inventory, getattr(args, "command", None) or "diagnose"),
     )
 
 

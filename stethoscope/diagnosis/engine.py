@@ -6,7 +6,11 @@ enclosing device where every member names the same kind of device, from the cata
 gpu2/link3 belongs to gpu2), `any` unions them. Benchmark metrics are read from `bench_results`;
 windows longer than the raw TTL read the `metrics_daily` rollup (one sample a day, its last value)
 for the days before the evaluation time's own, whose raw rows are read up to it.
-Samples are read once per (series, timestamp), however often a row was replayed. Increases (delta,
+Samples are read once per (series, timestamp), however often a row was replayed. `aggregate: any`
+compares each sample of the window on its own (a state bit that comes and goes between evaluations is
+still seen): the series matches when `min_matches` samples pass, its value is the bits those samples
+held together (has_bits) or the worst of them, and its values say how often (MATCHES of SAMPLES).
+Increases (delta,
 rate) run from the last sample at or before the window's start (2 days of raw rows, then the daily
 rollup; else the first sample inside, or 0 for an `events` metric: its first event is news) to the
 last sample inside, a drop counting as a counter reset; whole hours come from metrics_hourly where it
@@ -50,6 +54,9 @@ _MIN_RELATIVE_SPREAD = 0.001
 _MAD_TO_SIGMA = 1.4826
 QUERY, AGGREGATE, MESSAGE = "query", "aggregate", "message"  # RuleFailure.stage
 NONFINITE_SHOWN = 10  # series named in the failure of a rule whose aggregates overflowed
+# the keys of a match's values that say how often an `any` condition held: `<metric>.matches` of
+# `<metric>.samples` in the window
+MATCHES, SAMPLES = ".matches", ".samples"
 
 
 @dataclass(frozen=True)
@@ -338,15 +345,40 @@ class QueryBuilder:
         end = "fromUnixTimestamp64Milli({at:Int64}, 'UTC')"
         return f"{end} - toIntervalSecond({self.param(condition.window_seconds, 'UInt32')})", end
 
-    def comparison(self, condition: Condition) -> str:
-        if condition.operator == "has_bits":  # a non-finite x (stored before entries refused it) has no bits
-            mask = self.param(int(condition.threshold), "UInt64")
-            return f"bitAnd(toUInt64(if(isFinite(x), x, 0)), {mask}) != 0"
-        return f"x {_OPERATORS[condition.operator]} {self.param(condition.threshold, 'Float64')}"
+    def comparison(self, condition: Condition, x: str = "x") -> str:
+        """Whether `x` (the window's aggregate, or one sample's value for `any`) passes."""
+        if condition.operator == "has_bits":
+            bits = _bits(x)
+            passes = f"bitAnd({bits}, {self.param(int(condition.threshold), 'UInt64')}) != 0"
+            if condition.without_bits:
+                passes += f" AND bitAnd({bits}, {self.param(condition.without_bits, 'UInt64')}) = 0"
+            return passes
+        return f"{x} {_OPERATORS[condition.operator]} {self.param(condition.threshold, 'Float64')}"
+
+    def any_sample(self, condition: Condition, start: str, end: str) -> str:
+        """(node_id, device, labels_key, cls, cur, n, m) for `any`: m of the n samples pass on their own;
+        cur is the bits they hold together (has_bits), else the worst of them as the operator reads worst."""
+        passes = self.comparison(condition, "value")
+        if condition.operator == "has_bits":
+            cur = f"toFloat64(groupBitOrIf({_bits('value')}, {passes}))"
+        elif condition.operator in (">", ">="):
+            cur = f"maxIf(value, {passes})"
+        elif condition.operator in ("<", "<="):
+            cur = f"minIf(value, {passes})"
+        else:
+            cur = f"argMaxIf(value, timestamp, {passes})"
+        return (
+            f"SELECT node_id, device, labels_key, any(cls) AS cls, {cur} AS cur, count() AS n, "
+            f"countIf({passes}) AS m FROM ({self.source(condition, start, end)}) "
+            "GROUP BY node_id, device, labels_key"
+        )
 
     def measured(self, condition: Condition) -> str:
         """(node_id, device, labels_key, cls, x, n): the condition's value per series, before comparing."""
         start, end = self.window(condition)
+        if condition.aggregate == "any":  # no baseline: the loader refuses one
+            counted = self.any_sample(condition, start, end)
+            return f"SELECT node_id, device, labels_key, cls, cur AS x, n, m FROM ({counted})"
         if condition.aggregate in INCREASES:
             current = self.increase(condition, start, end)
         else:
@@ -396,12 +428,22 @@ class QueryBuilder:
             key = f"if(extract(device, {pattern}) = '', device, extract(device, {pattern}))"
         # the worst series of the node (or enclosing device) speaks for it, as the operator reads worst
         worst = "min" if condition.operator in ("<", "<=") else "max"
-        dev = "argMin(device, x)" if worst == "min" else "argMax(device, x)"
+        of_worst = "argMin" if worst == "min" else "argMax"
+        values = [self.param(condition.metric, "String"), f"{worst}(x)"]
+        if condition.aggregate == "any":  # how often, in that series: its matching samples of all
+            passes = f"m >= {self.param(condition.min_matches, 'UInt32')}"
+            for suffix, column in ((MATCHES, "m"), (SAMPLES, "n")):
+                values += [
+                    self.param(condition.metric + suffix, "String"),
+                    f"toFloat64({of_worst}({column}, x))",
+                ]
+        else:
+            passes = self.comparison(condition)
         return (
-            f"SELECT node_id, {key} AS key, {dev} AS dev, "
-            f"map({self.param(condition.metric, 'String')}, {worst}(x)) AS values, {worst}(x) AS v "
+            f"SELECT node_id, {key} AS key, {of_worst}(device, x) AS dev, "
+            f"map({', '.join(values)}) AS values, {worst}(x) AS v "
             f"FROM ({self.measured(condition)}) "
-            f"WHERE n >= {self.param(condition.min_samples, 'UInt32')} AND {self.comparison(condition)} "
+            f"WHERE n >= {self.param(condition.min_samples, 'UInt32')} AND {passes} "
             f"GROUP BY node_id, key"
         )
 
@@ -429,6 +471,11 @@ class QueryBuilder:
 
     def node(self, item: Condition | Group, enclosing: str | None) -> str:
         return self.leaf(item, enclosing) if isinstance(item, Condition) else self.group(item, enclosing)
+
+
+def _bits(x: str) -> str:
+    """`x` as a bitmask: a non-finite value (stored before entries refused it) has no bits."""
+    return f"toUInt64(if(isFinite({x}), {x}, 0))"
 
 
 def read_reach(item: Condition | Group) -> int:

@@ -14,8 +14,9 @@ from typing import Any
 from stethoscope import templating
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.cadence import Cadence, window_of
-from stethoscope.diagnosis.engine import MESSAGE, QUERY, Match, RuleFailure, evaluate_all
+from stethoscope.diagnosis.engine import MATCHES, MESSAGE, QUERY, SAMPLES, Match, RuleFailure, evaluate_all
 from stethoscope.diagnosis.hysteresis import Held
+from stethoscope.diagnosis.job_watch import JobWatch, held_off, hung_finding, hung_jobs
 from stethoscope.diagnosis.levels import (
     DEFAULT_LEVEL,
     LEVEL_ACTIONS,
@@ -57,7 +58,18 @@ def template_context(
         "txn_id": txn_id,
         "nodes": finding.get("nodes", []),
         "vars": variables or {},
+        **window_counts(finding["values"]),
     }
+
+
+def window_counts(values: dict[str, float]) -> dict[str, int]:
+    """`matches` and `samples` of an `aggregate: any` condition (of several, the first by metric name):
+    how many of the window's samples passed, of how many; nothing for a rule without one."""
+    counted = sorted(key for key in values if key.endswith(MATCHES))
+    if not counted:
+        return {}
+    metric = counted[0].removesuffix(MATCHES)
+    return {"matches": int(values[counted[0]]), "samples": int(values.get(metric + SAMPLES, 0))}
 
 
 def _message(rule: Rule, finding: dict[str, Any]) -> tuple[str, str | None]:
@@ -258,22 +270,29 @@ def diagnose(
     fleet: Fleet | None = None,
     model: ModelUse | None = None,
     cadence: Cadence | None = None,
+    jobs: JobWatch | None = None,
 ) -> list[dict[str, Any]]:
     """Every finding at `at_ms`, most severe first; deterministic for the same data and rules, which
     are read by a few connections at once (engine.evaluate_all), each fitted to the cadence its
     series report at (`cadence`, else learned from the store now). With
     `nodes` (an inventory's hosts), only those nodes' data is read; with a fleet (the inventory given),
     UNKNOWN also answers for its nodes that say nothing; with a model, its findings too, each beside
-    the rule finding of its layer on its node where there is one (diagnosis.model_findings)."""
+    the rule finding of its layer on its node where there is one (diagnosis.model_findings). The
+    job-level rules hold off through a job's warm-up, and a job that hangs is a finding of its own
+    (diagnosis.job_watch, `jobs`: its settings, default JobWatch())."""
     cadence = cadence if cadence is not None else Cadence.learn(store, at_ms, nodes)
+    jobs = jobs if jobs is not None else JobWatch()
     ordered = sorted(cadence.fit_all(rules), key=lambda r: r.rule_id)
     evaluation = evaluate_all(store, ordered, at_ms, nodes=nodes)
     failures = list(evaluation.failures)
+    matched = [(rule, m) for rule, matches in zip(ordered, evaluation.matches, strict=True) for m in matches]
+    warming = held_off(store, ordered, matched, at_ms, nodes, jobs)
     findings = [
         _finding(rule, m, at_ms, failed=failures)
-        for rule, matches in zip(ordered, evaluation.matches, strict=True)
-        for m in matches
+        for rule, m in matched
+        if (rule.rule_id, m.node_id) not in warming
     ]
+    findings += [hung_finding(h, at_ms) for h in hung_jobs(store, at_ms, nodes, findings, ordered)]
     for failure in _one_per_rule(failures):
         log.warning("rule %s (%s) failed; the other rules' findings stand", failure.rule_id, failure.where)
         findings.append(failure_finding(failure, at_ms))

@@ -2,7 +2,8 @@
 
 The seed format loads as it is: rule_id, description, severity, trigger: [{metric, operator, threshold,
 window}], action: [...]. Beyond it: `when: {all: [...], any: [...]}` nesting, per-condition aggregate,
-labels, device pattern and min_samples, `level`, `confidence`, `cooldown` and `family` (rules whose
+labels, device pattern and min_samples, `aggregate: any` with `min_matches` (any sample of the window
+passes), has_bits `without_bits`, `level`, `confidence`, `cooldown` and `family` (rules whose
 findings on one node and device share a transaction).
 """
 
@@ -38,6 +39,7 @@ AGGREGATES = (
     "slope",
     "rising_fraction",
     "growth_percent",
+    "any",
 )
 BASELINES = ("node", "fleet")
 DEVIATIONS = ("percent", "sigma")
@@ -73,6 +75,8 @@ CONDITION_FIELDS = {
     "labels",
     "device",
     "min_samples",
+    "min_matches",
+    "without_bits",
     "baseline",
     "deviation",
     "history",
@@ -82,6 +86,10 @@ CONDITION_FIELDS = {
 REPORTS_PER_WINDOW = 3
 _DURATION = re.compile(r"^(\d+)\s*(s|m|h|d)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# why `any` has no meaning on a counter or events metric: each sample is a running total
+ANY_ON_TOTALS = (
+    ": its samples are running totals, and delta counts every event in the window, however short its spell"
+)
 _RULE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
 # relative, no '..': a rule cannot point a remediation at a playbook outside playbooks/
 _PLAYBOOK = re.compile(r"^(?:[A-Za-z0-9_-]+/)*[A-Za-z0-9_-]+\.ya?ml$")
@@ -144,6 +152,10 @@ class Condition:
     written_window_seconds: int = 0
     min_share: float = 0.0
     cadence_seconds: int = 0  # the interval `at_cadence` fitted it to (0: the declared one)
+    # `aggregate: any`: the samples that must pass the comparison on their own; has_bits: the bits a
+    # sample must not have as well (HW slowdown without its thermal or power-brake bit)
+    min_matches: int = 1
+    without_bits: int = 0
 
     @property
     def stream(self) -> bool:
@@ -413,14 +425,18 @@ class _Validator:
         if aggregate not in AGGREGATES:
             self.error(data, "aggregate", f"one of {', '.join(AGGREGATES)}; got {aggregate!r}")
         elif spec is not None and aggregate not in allowed:
+            why = ANY_ON_TOTALS if aggregate == "any" else ""
             self.error(
                 data,
                 "aggregate",
-                f"{aggregate} does not apply to {metric}, a {kind} (a {kind} allows {', '.join(allowed)})",
+                f"{aggregate} does not apply to {metric}, a {kind}{why} "
+                f"(a {kind} allows {', '.join(allowed)})",
             )
         min_samples = data.get("min_samples", 1)
         if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
             self.error(data, "min_samples", f"a positive integer; got {min_samples!r}")
+        min_matches = self.min_matches(data, aggregate)
+        without_bits = self.without_bits(data, operator, threshold)
         device = data.get("device")
         if device is not None and not isinstance(device, str):
             self.error(data, "device", f"a device name or pattern like gpu* or mlx5_*/1; got {device!r}")
@@ -440,6 +456,13 @@ class _Validator:
         if baseline == "fleet" and "history" in data:
             self.error(
                 data, "history", "a fleet baseline compares nodes within the window; history is for node"
+            )
+        if baseline is not None and aggregate == "any":
+            self.error(
+                data,
+                "aggregate",
+                "any compares each sample with the threshold; a baseline compares the window's aggregate "
+                "with its baseline: use one or the other",
             )
         if len(self.errors) > before:
             return None
@@ -463,7 +486,38 @@ class _Validator:
             interval,
             int(window or 0),
             share,
+            min_matches=min_matches,
+            without_bits=without_bits,
         ).at_cadence(interval)
+
+    def min_matches(self, data: Any, aggregate: Any) -> int:
+        if "min_matches" not in data:
+            return 1
+        min_matches = data["min_matches"]
+        if isinstance(min_matches, bool) or not isinstance(min_matches, int) or min_matches < 1:
+            self.error(data, "min_matches", f"a positive integer; got {min_matches!r}")
+            return 1
+        if aggregate != "any":
+            self.error(
+                data, "min_matches", "counts the samples that pass on their own: it needs `aggregate: any`"
+            )
+        return min_matches
+
+    def without_bits(self, data: Any, operator: Any, threshold: Any) -> int:
+        if "without_bits" not in data:
+            return 0
+        mask = data["without_bits"]
+        if operator != "has_bits":
+            self.error(
+                data, "without_bits", "bits a matching sample must not have: it needs `operator: has_bits`"
+            )
+        elif isinstance(mask, bool) or not isinstance(mask, int) or mask <= 0:
+            self.error(data, "without_bits", f"a positive integer bitmask; got {mask!r}")
+        elif isinstance(threshold, int | float) and int(threshold) & mask:
+            self.error(data, "without_bits", f"{mask} shares bits with the threshold {threshold}")
+        else:
+            return mask
+        return 0
 
     def actions(self, items: Any, parent: Any) -> tuple[Action, ...]:
         if items in (None, []):

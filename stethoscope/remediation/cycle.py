@@ -27,6 +27,7 @@ from stethoscope.diagnosis.findings import (
     render,
 )
 from stethoscope.diagnosis.hysteresis import HELD, Held, Previous, held_reason, settle_all
+from stethoscope.diagnosis.job_watch import JobWatch
 from stethoscope.diagnosis.levels import SEVERITY_ORDER
 from stethoscope.diagnosis.model_findings import ModelUse
 from stethoscope.diagnosis.rules import Rule
@@ -86,6 +87,7 @@ class Cycles:
     # (dsn, database) -> Context of a run that does not act (diagnose --plan): its findings silenced
     # and capped as its executor's would be (its Slurm environment and names, stream isolation)
     judge_with: Any = None
+    jobs: JobWatch | None = None  # the inventory's job settings (warm-up); None: the defaults
     _lock: ExecutorLock | None = field(default=None, repr=False)
     _pool: ActionPool | None = field(default=None, repr=False)
     _breaker: Any = field(default=None, repr=False)  # one for all cycles: the pool's work outlives one
@@ -111,7 +113,7 @@ class Cycles:
                     standby = self._beat(handle, context)
                     live = None if standby or self._heartbeat is None else self._heartbeat.live(handle)
                 findings = diagnose(
-                    handle, rules, at_ms, self.catalog, self.nodes, self.fleet, self.model, cadence
+                    handle, rules, at_ms, self.catalog, self.nodes, self.fleet, self.model, cadence, self.jobs
                 )
                 if context is None or standby:
                     findings += self._held(handle, findings, fitted, at_ms)

@@ -38,6 +38,7 @@ from typing import Any
 from stethoscope.catalog import Catalog, default_catalog
 from stethoscope.diagnosis.findings import RULE_FAILED, held_finding
 from stethoscope.diagnosis.hysteresis import HELD, Held, held_reason, settle_all
+from stethoscope.diagnosis.job_watch import HUNG_RULE
 from stethoscope.diagnosis.levels import SEVERITY_ORDER, action_label
 from stethoscope.diagnosis.rules import Action, Rule
 from stethoscope.remediation.ack import paused_txns
@@ -388,8 +389,9 @@ def settle_silent(
             held.append(
                 Held(k.previous(), f"drained under txn {k.txn_id}: open until verify resumes the node")
             )
-        elif k.rule_id.startswith("unknown.") or k.rule_id == RULE_FAILED:
-            changes.append((k.finding_id, "resolved", _version(k)))  # the data came back, the rule ran
+        elif k.rule_id.startswith("unknown.") or k.rule_id in (RULE_FAILED, HUNG_RULE):
+            # the data came back, the rule ran, the job reports again or has freed its GPUs
+            changes.append((k.finding_id, "resolved", _version(k)))
         elif k.rule_id.startswith("model."):
             if model_nodes is not None:
                 status = "resolved" if k.node_id in model_nodes else "stale"

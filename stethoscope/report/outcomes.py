@@ -46,7 +46,7 @@ from stethoscope.timeutil import iso
 # the seed's figures (issue 27): minutes from first evidence to a finding, and an L4 incident's
 # handling from the finding to its ticket
 REFERENCE = {"mttd_minutes": 47.0, "l4_handling_minutes": 19.0}
-RAW_AGGREGATES = ("last", "max", "min", "avg", "p99")
+RAW_AGGREGATES = ("last", "max", "min", "avg", "p99", "any")
 INCREASE_AGGREGATES = ("delta", "rate")
 FAULT_REACH_MS = 6 * 3_600_000  # as far back as `fault confirm` keeps a node's raw rows
 OTHER = "other"  # a finding of no rule in the rule set (UNKNOWN, a removed rule)
