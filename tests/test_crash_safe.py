@@ -402,3 +402,27 @@ def test_an_incident_that_drains_starts_before_incidents_queued_earlier_that_do_
     release.set()
     wait_for(lambda: pool.pending() == 0, 30, "the queued work did not run")
     assert started == ["drain-c", "ticket-a", "ticket-b"]
+
+
+def test_on_stop_incidents_still_waiting_for_a_worker_are_dropped_too():
+    """With every worker busy, an incident no worker took yet is not run on the way out: its `planned`
+    rows are the successor's, and serve stops without working through a backlog."""
+    from stethoscope.remediation.action_pool import ActionPool
+
+    pool = ActionPool(1)
+    running, release, ran = threading.Event(), threading.Event(), []
+
+    def drain() -> None:
+        running.set()
+        release.wait(60)
+        ran.append("drain")
+
+    pool.submit("txn1", ["drain"], drain)
+    pool.submit("txn2", ["ticket"], lambda: ran.append("txn2"))
+    assert running.wait(60)
+    closing = threading.Thread(target=pool.close)
+    closing.start()
+    wait_for(lambda: "txn2" not in pool.busy(), 30, "the waiting incident was not dropped")
+    release.set()
+    closing.join(60)
+    assert ran == ["drain"] and pool.pending() == 0

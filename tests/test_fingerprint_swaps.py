@@ -366,3 +366,29 @@ def test_the_first_sweep_after_an_upgrade_that_reads_more_identities_is_not_a_ha
     install_disk(root, "sda", "S455NY0M999999")
     row, change = count_change(ctx, fingerprint(ctx))
     assert change is not None and row["value"] == 4
+
+
+def test_virtual_functions_usb_links_and_a_second_path_are_not_identities(tmp_path):
+    """What comes and goes with no swap: an SR-IOV VF (HCA or Ethernet; host-set GUIDs and addresses),
+    the USB link to the BMC, a dual-ported SAS disk's second path. The fingerprint is the same with
+    and without them."""
+    root = node(tmp_path)
+    before = take(root)
+    vf = root / "sys/class/infiniband/mlx5_1"
+    shutil.copytree(GPUD_HCAS / "mlx5_0", vf)
+    write(vf / "node_guid", "0000:0000:0000:0f01\n")
+    (vf / "device/physfn").mkdir(parents=True)
+    install_ethernet(root, "ens1f0v0", "02:00:00:00:00:01")
+    (root / "sys/class/net/ens1f0v0/device/physfn").mkdir()
+    usb = root / "sys/devices/pci0000:00/0000:00:14.0/usb1/1-3/1-3:2.0"
+    usb.mkdir(parents=True)
+    install_ethernet(root, "usb0", "3c:ec:ef:00:00:01")
+    (root / "sys/class/net/usb0/device").rmdir()
+    (root / "sys/class/net/usb0/device").symlink_to(usb)
+    install_disk(root, "sdb", "S455NY0M123456")  # sda's second path: the same serial
+    after = take(root)
+    assert after["detail"]["serials"] == before["detail"]["serials"]
+    assert (after["class_fingerprint"], after["node_fingerprint"]) == (
+        before["class_fingerprint"],
+        before["node_fingerprint"],
+    )

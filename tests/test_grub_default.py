@@ -197,6 +197,13 @@ UNSAFE = {
         2,
         "indented assignment",
     ),
+    "inside an if block, not indented": (
+        'if [ -e /x ]; then\nGRUB_CMDLINE_LINUX="quiet"\nfi\n',
+        2,
+        "inside if/case",
+    ),
+    "an append": ('GRUB_CMDLINE_LINUX="quiet"\nGRUB_CMDLINE_LINUX+=" splash"\n', 2, "append (+=)"),
+    "a DOS file": ('GRUB_TIMEOUT=5\r\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\r\n', 1, "carriage return"),
     "two assignments on one line": (
         'GRUB_TERMINAL_OUTPUT="console" GRUB_CMDLINE_LINUX="quiet"\n',
         1,

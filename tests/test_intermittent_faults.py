@@ -133,6 +133,8 @@ def test_the_same_power_brake_read_at_the_last_sample_is_missed(store):
         (HW_THERMAL, {"gpu_thermal_throttling"}),
         (POWER_BRAKE, {"gpu_hw_power_brake"}),
         (("sw_thermal_slowdown",), {"gpu_thermal_throttling"}),
+        # overheating as it usually shows: SW thermal with HW slowdown (0x28) is thermal, not ambiguous
+        (("hw_slowdown", "sw_thermal_slowdown"), {"gpu_thermal_throttling"}),
         (HEALTHY, set()),
     ],
 )
@@ -230,3 +232,18 @@ def test_any_on_a_comparison_matches_when_one_sample_passes(store, tmp_path):
     assert match.values["gpu_temperature_celsius.matches"] == 2
     assert match.values["gpu_temperature_celsius.samples"] == 6
     assert evaluate(store, as_last(rule), AT) == []
+
+
+def test_the_streams_or_of_every_gpus_bits_is_no_second_finding(store):
+    """The push agent's node part ORs the GPUs' clock events into one series (device `node`, label
+    `source=stream`): the sweeps' per-GPU samples are what the rules read, one finding per GPU."""
+    from stethoscope.store.batch import MetricColumns
+
+    store_sweeps(store, "node02", [POWER_BRAKE] * 3)
+    stream = MetricColumns()
+    for step in range(12):
+        labels = {"source": "stream", "agg": "or"}
+        stream.append("node02", "gpu_throttle_reasons_active", "node", labels, 0x80 | 0x8, AT - step * 5_000)
+    store.insert_metrics(stream)
+    brake = [(m.node_id, m.device) for m in evaluate(store, RULES["gpu_hw_power_brake"], AT)]
+    assert brake == [("node02", "gpu0")]

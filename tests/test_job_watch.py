@@ -65,7 +65,8 @@ class Stream:
         )
         self.seq = dict.fromkeys(NODES, 0)
         self.boot_epoch = AT // 1000 - 3600
-        self.reporters: dict[str, Reporter] = {}
+        self.reporters: dict[tuple[str, str], Reporter] = {}
+        self.job = JOB
 
     def node(self, node: str, ts_ms: int, utilization: float, memory_mib: float) -> None:
         node_key, key = self.keyring.key_for(node)
@@ -85,13 +86,13 @@ class Stream:
         assert self.collector.handle(datagram, now_ms=ts_ms) is None
 
     def step(self, node: str, rank: int, ts_ms: int, step_s: float, loss: float) -> None:
-        reporter = self.reporters.get(node)
+        reporter = self.reporters.get((node, self.job))
         if reporter is None:
             node_key, key = self.keyring.key_for(node)
             reporter = Reporter(
-                JOB, rank, "127.0.0.1:9", node_key, key, period=0, sock=_Handed(self), clock=self.clock
+                self.job, rank, "127.0.0.1:9", node_key, key, period=0, sock=_Handed(self), clock=self.clock
             )
-            self.reporters[node] = reporter
+            self.reporters[node, self.job] = reporter
         self.now_ms = ts_ms
         reporter.step(samples=64, loss=loss, step_time=step_s)
 
@@ -249,6 +250,29 @@ def test_a_healthy_job_starting_from_scratch_raises_no_warning_through_its_warm_
     stream.stored()
     findings = diagnose(store, RULES, AT, CATALOG)
     assert subhealth(findings) == [] and hung(findings) == []
+
+
+def test_a_job_starting_where_another_just_ended_is_held_off_through_its_warm_up(tmp_path, store):
+    """Back to back on the same nodes: the job that ended is still in the rule's window, but the warm-up
+    is the running job's, and a model learning from scratch is no straggler; the ended job is not hung."""
+    stream = Stream(tmp_path, store)
+    handover = AT - 4 * MINUTE_MS
+    run_job(stream, AT - 40 * MINUTE_MS, handover, handover, after_stop="release")
+    stream.job = "4242"
+    start = handover + PERIOD_MS
+    run_job(stream, start, AT, AT, after_stop="hold", wobble_from=start)
+    stream.stored()
+    findings = diagnose(store, RULES, AT, CATALOG)
+    assert subhealth(findings) == [] and hung(findings) == []
+
+
+def test_a_job_that_ended_hours_ago_is_not_hung_when_the_next_job_on_its_nodes_is(tmp_path, store):
+    stream = Stream(tmp_path, store)
+    run_job(stream, AT - 150 * MINUTE_MS, AT - 120 * MINUTE_MS, AT - 119 * MINUTE_MS, after_stop="release")
+    stream.job = "4243"
+    run_job(stream, AT - 40 * MINUTE_MS, AT - 6 * MINUTE_MS, AT, after_stop="hold")
+    stream.stored()
+    assert [f["node_id"] for f in hung(diagnose(store, RULES, AT, CATALOG))] == ["job:4243"]
 
 
 def test_the_same_wobble_after_the_warm_up_is_the_existing_warning(tmp_path, store):

@@ -233,17 +233,15 @@ CASES = {
             )
         ],
     ),
-    # two sweeps in a row (5 minutes apart) that failed; one failure after an answer is a blip
     "collector_failed": (
-        [S("collector_failed", [1, 1], "tuning", CPUPOWER_FAILED, step_ms=300_000)],
+        [S("collector_failed", [1], "tuning", CPUPOWER_FAILED)],
         [
-            S("collector_failed", [0, 1], "tuning", CPUPOWER_FAILED, step_ms=300_000),
             S(
                 "collector_failed",
-                [1, 1],
+                [1],
                 "gpu",
                 {"collector": "gpu", "tool": "nvidia-smi", "rc": "255", "cause": "gpu_lost"},
-            ),
+            )
         ],
     ),
     "gpu_xid_preexisting": (

@@ -179,6 +179,27 @@ def test_a_scan_without_raid_adds_no_disk_to_those_of_sys_block():
     assert ctx.argvs[1:] == [["smartctl", "-j", "-a", "/dev/sda"]] and not result["warnings"]
 
 
+def test_an_odd_line_of_smartctl_scan_is_said_and_the_other_raid_disks_still_read():
+    scan = fixture_text("public/smartctl/scan_proxmox_megaraid14_glouton.txt").splitlines()
+    scan.insert(3, "smartctl: something unexpected")
+    ctx = ReplayContext(
+        {
+            "--scan": (0, "\n".join(scan) + "\n", ""),
+            "/dev/sda": (0, fixture_text(f"public/smartctl/{SAS_FAILING}"), ""),
+            "/dev/bus/0": (0, fixture_text(f"public/smartctl/{SAS_MEGARAID}"), ""),
+        }
+    )
+    result = collect_smart.collect(ctx)
+    assert len(ctx.argvs) == 1 + 1 + 14
+    (warning,) = [w for w in result["warnings"] if "--scan" in w]
+    assert "line 4" in warning and "something unexpected" in warning
+
+
+@pytest.mark.parametrize("entry", ["", "   "])
+def test_an_empty_device_entry_is_refused_by_name_not_a_traceback(entry):
+    assert collect_smart.refused_devices(["sda", entry]) == ["smart_facts devices: an empty entry"]
+
+
 def test_a_device_entry_of_another_shape_is_refused():
     with pytest.raises(CollectorError, match="megaraid"):
         collect_smart.collect(ReplayContext({}), ["/dev/bus/0 megaraid,0"])

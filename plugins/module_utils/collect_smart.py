@@ -30,6 +30,8 @@ def smartctl_argv(device):
     """`sda` or `/dev/sda`; a disk behind a RAID controller as `smartctl --scan` lists it:
     `/dev/bus/0 -d megaraid,3` (or `-d sat+megaraid,3` for a SATA disk there)."""
     words = device.split()
+    if not words:
+        raise CollectorError("smart_facts devices: an empty entry", tool="smartctl")
     path = words[0] if words[0].startswith("/") else "/dev/" + words[0]
     if len(words) == 1:
         return ["smartctl", "-j", "-a", path]
@@ -84,13 +86,15 @@ def _raid_disks(ctx, warnings):
     the disks of /sys/block are still read."""
     argv = ["smartctl", "--scan"]
     rc, out, err = ctx.run(argv)
-    try:
-        if rc != 0:
-            raise ParseError("smartctl --scan", "exit code %s: %s" % (rc, (err or out).strip()[:200]))
-        return parse_scan_raid(out)
-    except ParseError as exc:
-        warnings.append("%s; disks behind a RAID controller not read" % exc)
+    if rc != 0:
+        warnings.append(
+            "smartctl --scan: exit code %s: %s; disks behind a RAID controller not read"
+            % (rc, (err or out).strip()[:200])
+        )
         return []
+    entries, refused = parse_scan_raid(out)
+    warnings.extend("%s; that line left out" % exc for exc in refused)
+    return entries
 
 
 def _read_disk(ctx, name, argv, rc, out, err):

@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
 import subprocess
+import tempfile
 
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import grub_default
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import CollectorError
@@ -280,11 +282,31 @@ def _set_grub_cmdline(ctx, item, restoring):
                 item.get("variable", grub_default.LINUX_DEFAULT),
             )
         )
-    with open(ctx.path(path), "wb") as handle:
-        handle.write(grub_default.encode(new_text))
+    _replace_file(ctx.path(path), grub_default.encode(new_text))
     tool = item.get("bootloader")
     if tool:
         _checked(ctx, bootloader_argv(tool, added, restoring))
+
+
+def _replace_file(target, data):
+    """Write `data` to a file beside `target` (its mode and owner), flush it to disk and rename it over
+    `target`: a crash or a full disk leaves the old file or the new one, never a cut one that the next
+    kernel update would turn into boot entries without their arguments."""
+    info = os.stat(target)
+    fd, temporary = tempfile.mkstemp(prefix=".stethoscope-", dir=os.path.dirname(target))
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, stat.S_IMODE(info.st_mode))
+        if os.geteuid() == 0:
+            os.chown(temporary, info.st_uid, info.st_gid)
+        os.replace(temporary, target)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
 
 
 # /dev/cpu_dma_latency ---------------------------------------------------------------------------

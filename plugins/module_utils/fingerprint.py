@@ -67,6 +67,8 @@ def _nics(ctx):
     nics = {}
     for hca in ctx.listdir("/sys/class/infiniband"):
         base = "/sys/class/infiniband/%s/" % hca
+        if _is_virtual_function(ctx, base):
+            continue
         nics[hca] = {
             "model": ctx.read(base + "hca_type"),
             "firmware": ctx.read(base + "fw_ver"),
@@ -110,6 +112,8 @@ def _hca_identities(ctx, warnings):
     identities, boards = [], []
     for hca in ctx.listdir("/sys/class/infiniband"):
         base = "/sys/class/infiniband/%s/" % hca
+        if _is_virtual_function(ctx, base):
+            continue
         identity = {
             "node_guid": ctx.read(base + "node_guid"),
             "sys_image_guid": ctx.read(base + "sys_image_guid"),
@@ -121,6 +125,12 @@ def _hca_identities(ctx, warnings):
         identities.append(identity)
         boards.append(dict(board, node_guid=identity["node_guid"]))
     return _by_json(identities), _by_json(boards)
+
+
+def _is_virtual_function(ctx, base):
+    """An SR-IOV virtual function (its own GUIDs and addresses, set by the host, created and moved into
+    containers at will) is no part of the node's hardware."""
+    return ctx.exists(base + "device/physfn")
 
 
 def _has_guid(identity):
@@ -143,6 +153,8 @@ def _ethernet_addresses(ctx):
         base = "/sys/class/net/%s/" % name
         if ctx.read(base + "type") != ARPHRD_ETHER or not ctx.exists(base + "device"):
             continue
+        if _is_virtual_function(ctx, base) or "/usb" in os.path.realpath(ctx.path(base + "device")):
+            continue  # a VF, or a USB link to the BMC, comes and goes with no swap
         address = _permanent_address(ctx, base)
         if address:
             addresses.add(address.lower())
@@ -182,8 +194,10 @@ def _scsi_disks(ctx, warnings):
         model = {"vendor": ctx.read(base + "vendor"), "model": ctx.read(base + "model")}
         if model["model"] is None:
             continue  # no SCSI device behind the name: nothing to tell it by
-        disks.append(dict(model, firmware=ctx.read(base + "rev")))
         serial = _unit_serial(ctx, name, warnings)
+        if serial in serials:
+            continue  # the same disk on a second path (dual-ported SAS, multipath): losing one is no swap
+        disks.append(dict(model, firmware=ctx.read(base + "rev")))
         if serial:
             serials.append(serial)
     return _by_json(disks), sorted(serials)

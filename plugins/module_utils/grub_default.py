@@ -34,7 +34,11 @@ ENCODING = "utf-8"
 ERRORS = "surrogateescape"  # undecodable bytes in comments survive a round trip unchanged
 
 ASSIGNMENT = re.compile(r"(?P<indent>[ \t]*)(?:export[ \t]+)?(?P<name>GRUB_CMDLINE_LINUX(?:_DEFAULT)?)=")
-ANYWHERE = re.compile(r"(?<![A-Za-z0-9_])GRUB_CMDLINE_LINUX(?:_DEFAULT)?=")
+ANYWHERE = re.compile(r"(?<![A-Za-z0-9_])GRUB_CMDLINE_LINUX(?:_DEFAULT)?\+?=")
+APPEND = re.compile(r"[ \t]*(?:export[ \t]+)?GRUB_CMDLINE_LINUX(?:_DEFAULT)?\+=")
+# the shell's compound commands: an assignment inside one may or may not apply
+BLOCK_OPENS = ("if", "case", "for", "while", "until")
+BLOCK_CLOSES = ("fi", "esac", "done")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SAFE_UNQUOTED = re.compile(r"[A-Za-z0-9_.,:=/+@%-]+\Z")
 WORD_END = " \t;&|<>()"
@@ -80,10 +84,23 @@ def assignments(text, path="/etc/default/grub", values=None):
     value the shell gives it at that point; `values` carries what files sourced earlier assigned."""
     found = []
     values = {} if values is None else values
+    depth = 0
     for line_no, offset, line in _lines(text):
+        if line.endswith("\r"):
+            raise GrubDefaultError(path, "a line ends with a carriage return (a DOS file)", line_no, line)
         if not line.strip() or line.lstrip().startswith("#"):
             continue
+        first = line.split(None, 1)[0].rstrip(";")
+        depth += (first in BLOCK_OPENS) - (first in BLOCK_CLOSES)
+        if APPEND.match(line):
+            raise GrubDefaultError(
+                path, "an append (+=): its value depends on what ran before", line_no, line
+            )
         match = ASSIGNMENT.match(line)
+        if match and depth > 0 and not match.group("indent"):
+            raise GrubDefaultError(
+                path, "an assignment inside if/case/a loop: cannot tell whether it applies", line_no, line
+            )
         if not match:
             if ANYWHERE.search(line):
                 raise GrubDefaultError(

@@ -106,17 +106,18 @@ def parse_smartctl_json(text):
 
 def parse_scan_raid(text):
     """The disks behind a RAID controller in `smartctl --scan` (`/dev/bus/0 -d megaraid,3 # ...`), as
-    `PATH -d TYPE` entries; the other lines (block devices /sys/block lists anyway) are left out."""
-    entries = []
+    `PATH -d TYPE` entries (the other lines are block devices /sys/block lists anyway), and a ParseError
+    for each line of another shape: one odd line never hides the others."""
+    entries, refused = [], []
     for line_no, line in enumerate(text.splitlines(), 1):
         words = line.split("#", 1)[0].split()
         if not words:
             continue
         if len(words) != 3 or words[1] != "-d":
-            raise ParseError("smartctl --scan", "not 'PATH -d TYPE # comment'", line_no, line)
-        if _MEGARAID_TYPE.match(words[2]):
+            refused.append(ParseError("smartctl --scan", "not 'PATH -d TYPE # comment'", line_no, line))
+        elif _MEGARAID_TYPE.match(words[2]) and " ".join(words) not in entries:
             entries.append(" ".join(words))
-    return entries
+    return entries, refused
 
 
 def device_name(path, device_type=""):

@@ -173,8 +173,9 @@ def held_off(
     nodes: Sequence[str] | None,
     watch: JobWatch,
 ) -> set[tuple[str, str]]:
-    """(rule_id, node_id) of the job-level matches to hold off: every job reporting on the node
-    within the rule's window is still in its warm-up there."""
+    """(rule_id, node_id) of the job-level matches to hold off: every job still reporting on the node
+    (else every job that reported within the rule's window) is in its warm-up there. A job that ended
+    just before the next one started on the same nodes does not cancel the new one's warm-up."""
     metrics = job_metrics()
     job_rules = {r.rule_id: r for r in rules if metrics & set(r.metrics)}
     if not watch.warmup_seconds or not any(r.rule_id in job_rules for r, _ in matched):
@@ -191,6 +192,8 @@ def held_off(
             continue
         window_start = at_ms - window_of(rule) * 1000
         reporting = [r for r in jobs.get(match.node_id, []) if r.last_ms > window_start]
+        running = [r for r in reporting if at_ms - r.last_ms <= SILENT_MIN_SECONDS * 1000]
+        reporting = running or reporting
         warm = [
             r
             for r in reporting
@@ -307,6 +310,8 @@ def hung_jobs(
     for job, ranks in sorted(silent_jobs(reports, at_ms).items()):
         hosts = sorted({r.node for r in ranks})
         last_ms = max(r.last_ms for r in ranks)
+        if any(r.job != job and r.node in hosts and r.last_ms > last_ms for r in reports):
+            continue  # its nodes went on to another job: this one ended
         states = node_states(store, hosts, last_ms, at_ms)
         judged = [s for s in states.values() if s.samples >= MIN_QUIET_SAMPLES]
         if not judged or not all(s.idle_and_held for s in judged):

@@ -54,6 +54,8 @@ class ActionPool:
     def _run_next(self) -> None:
         """One task per incident submitted: whichever incident waits first when a worker frees."""
         with self._guard:
+            if not self._waiting:  # dropped by close() before a worker took it
+                return
             _, _, txn_id = heapq.heappop(self._waiting)
         self._run(txn_id)
 
@@ -81,9 +83,13 @@ class ActionPool:
         """Drop the work not started (its `planned` rows stay for the next executor) and let the
         running work finish (up to `timeout` seconds); True when none is left."""
         with self._guard:
+            for _, _, waiting in self._waiting:  # no worker took these: nothing of theirs runs
+                del self._queues[waiting]
+            self._waiting.clear()
             for queue in self._queues.values():
                 while len(queue) > 1:  # the first is running
                     queue.pop()
+            self._idle.notify_all()
             self._idle.wait_for(lambda: not self._queues, timeout)
             left = bool(self._queues)
         self._threads.shutdown(wait=not left)
