@@ -283,6 +283,23 @@ def test_the_same_wobble_after_the_warm_up_is_the_existing_warning(tmp_path, sto
     assert subhealth(diagnose(store, RULES, AT, CATALOG)) == NODES
 
 
+def test_a_warm_up_given_with_e_is_checked_as_the_inventorys_is(tmp_path):
+    """`-e KEY=VALUE` gives a setting as the inventory does (README): out of range, exit 2 naming it."""
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "stethoscope.cli", "--dsn", f"chdb://{tmp_path / 'db'}"),
+            *("diagnose", "--no-model", "-e", "stethoscope_job_warmup=2d"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=TOP,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "stethoscope_job_warmup" in done.stderr and "-e" in done.stderr
+
+
 @pytest.mark.parametrize("value", ["-5m", "bogus", "2d", "true"])
 def test_a_warm_up_setting_out_of_range_exits_2_naming_it(tmp_path, value):
     inventory = tmp_path / "hosts.yml"

@@ -576,8 +576,8 @@ def tool_scripts(node: Path, profile: Profile) -> None:
 
 
 def smartctl_scan(disks: Iterable[str], controllers: list[str]) -> str:
-    """What `smartctl --scan` prints for the node's disks: SCSI/SATA disks and NVMe controllers, in
-    the lines of glouton's real captures (tests/fixtures/public/smartctl/scan_*)."""
+    """What `smartctl --scan` prints for the node's disks: SCSI/SATA disks and NVMe controllers, in the
+    lines of glouton's real capture, tests/fixtures/public/smartctl/scan_home_sata2_nvme1_glouton.txt."""
     lines = [f"/dev/{d} -d scsi # /dev/{d}, SCSI device" for d in sorted(disks) if not d.startswith("nvme")]
     lines += [f"/dev/{c} -d nvme # /dev/{c}, NVMe device" for c in controllers]
     return "".join(line + "\n" for line in lines)

@@ -87,12 +87,18 @@ def fleet_of(inventory: Inventory | None) -> Fleet | None:
     return Fleet.of(inventory) if inventory is not None else None
 
 
-def jobs_of(inventory: Inventory | None, command: str) -> JobWatch:
-    """The inventory's job settings (the job-level rules' warm-up); one out of range exits 2 naming it."""
+def jobs_of(inventory: Inventory | None, command: str, extra_vars: list[str] | None = None) -> JobWatch:
+    """The job settings (the job-level rules' warm-up) of the inventory, `-e KEY=VALUE` winning; one out
+    of range exits 2 naming it."""
+    overrides = _overrides(extra_vars or [])
+    if overrides is None:
+        raise SystemExit(EXIT_USAGE)
+    settings = {**(inventory.settings if inventory is not None else {}), **overrides}
     try:
-        return JobWatch.of(inventory.settings if inventory is not None else {})
+        return JobWatch.of(settings)
     except JobSettingError as exc:
-        _say(f"{command}: inventory {inventory.path if inventory else ''}: {exc}")
+        where = f"inventory {inventory.path}" if inventory is not None else "-e"
+        _say(f"{command}: {where}: {exc}")
         raise SystemExit(EXIT_USAGE) from None
 
 
@@ -254,7 +260,9 @@ def cycles_of(
         model=model,
         long_running=long_running,
         beat_seconds=beat_seconds,
-        jobs=jobs_of(inventory, getattr(args, "command", None) or "diagnose"),
+        jobs=jobs_of(
+            inventory, getattr(args, "command", None) or "diagnose", getattr(args, "extra_var", None)
+        ),
     )
 
 

@@ -112,7 +112,9 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--node", required=True, help="inventory hostname")
     verify.add_argument("--txn", required=True, help="the transaction id of the drain")
     verify.add_argument(
-        "--inventory", type=Path, help="inventory the node must be a host of (default inventories/lab)"
+        "--inventory",
+        type=Path,
+        help="inventory the node must be a host of (or $STETHOSCOPE_INVENTORY; required)",
     )
     verify.add_argument(
         "--since", help="only benchmark results from this time on (ISO-8601 or epoch seconds)"
@@ -189,7 +191,11 @@ def model_options(parser: argparse.ArgumentParser) -> None:
 
 def _execution_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--execute", action="store_true", help="carry out the actions (default: dry-run)")
-    parser.add_argument("--inventory", type=Path, help="inventory of the nodes (default inventories/lab)")
+    parser.add_argument(
+        "--inventory",
+        type=Path,
+        help="inventory of the nodes (or $STETHOSCOPE_INVENTORY; a dry run without one: every stored node)",
+    )
     parser.add_argument(
         "-e",
         "--extra-var",

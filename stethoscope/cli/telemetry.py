@@ -87,7 +87,9 @@ def add_commands(commands: Any) -> None:
 
 def _stream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--inventory", type=Path, help="hosts and their stethoscope_node_key (default the lab)"
+        "--inventory",
+        type=Path,
+        help="hosts and their stethoscope_node_key (or $STETHOSCOPE_INVENTORY; the lab's only for agent)",
     )
     parser.add_argument(
         "--secret-file", type=Path, help="the cluster secret (default .stethoscope/telemetry)"
