@@ -359,8 +359,9 @@ def test_a_serve_killed_before_an_action_started_leaves_it_to_its_successor(
     assert any(evidence.glob(f"*/{SICK}.tar.gz"))
 
 
-def test_on_stop_the_pool_drops_the_work_not_started_and_lets_the_running_work_finish():
-    """Work queued but not started when serve stops is left to the successor (its `planned` rows)."""
+def pool_running_a_drain():
+    """A one-worker action pool whose worker is held in incident txn1's drain until `release` is set;
+    `ran` lists what ran to its end."""
     from stethoscope.remediation.action_pool import ActionPool
 
     pool = ActionPool(1)
@@ -372,6 +373,12 @@ def test_on_stop_the_pool_drops_the_work_not_started_and_lets_the_running_work_f
         ran.append("drain")
 
     pool.submit("txn1", ["drain"], drain)
+    return pool, running, release, ran
+
+
+def test_on_stop_the_pool_drops_the_work_not_started_and_lets_the_running_work_finish():
+    """Work queued but not started when serve stops is left to the successor (its `planned` rows)."""
+    pool, running, release, ran = pool_running_a_drain()
     pool.submit("txn1", ["ticket"], lambda: ran.append("ticket"))
     assert running.wait(60)
     closing = threading.Thread(target=pool.close)
@@ -407,17 +414,7 @@ def test_an_incident_that_drains_starts_before_incidents_queued_earlier_that_do_
 def test_on_stop_incidents_still_waiting_for_a_worker_are_dropped_too():
     """With every worker busy, an incident no worker took yet is not run on the way out: its `planned`
     rows are the successor's, and serve stops without working through a backlog."""
-    from stethoscope.remediation.action_pool import ActionPool
-
-    pool = ActionPool(1)
-    running, release, ran = threading.Event(), threading.Event(), []
-
-    def drain() -> None:
-        running.set()
-        release.wait(60)
-        ran.append("drain")
-
-    pool.submit("txn1", ["drain"], drain)
+    pool, running, release, ran = pool_running_a_drain()
     pool.submit("txn2", ["ticket"], lambda: ran.append("txn2"))
     assert running.wait(60)
     closing = threading.Thread(target=pool.close)

@@ -283,12 +283,12 @@ def test_the_same_wobble_after_the_warm_up_is_the_existing_warning(tmp_path, sto
     assert subhealth(diagnose(store, RULES, AT, CATALOG)) == NODES
 
 
-def test_a_warm_up_given_with_e_is_checked_as_the_inventorys_is(tmp_path):
-    """`-e KEY=VALUE` gives a setting as the inventory does (README): out of range, exit 2 naming it."""
-    done = subprocess.run(
+def diagnose_cli(tmp_path, *options: str) -> subprocess.CompletedProcess:
+    """`stethoscope diagnose --no-model` as an operator runs it, on an empty store."""
+    return subprocess.run(
         [
             *(sys.executable, "-m", "stethoscope.cli", "--dsn", f"chdb://{tmp_path / 'db'}"),
-            *("diagnose", "--no-model", "-e", "stethoscope_job_warmup=2d"),
+            *("diagnose", "--no-model", *options),
         ],
         capture_output=True,
         text=True,
@@ -296,6 +296,11 @@ def test_a_warm_up_given_with_e_is_checked_as_the_inventorys_is(tmp_path):
         timeout=120,
         check=False,
     )
+
+
+def test_a_warm_up_given_with_e_is_checked_as_the_inventorys_is(tmp_path):
+    """`-e KEY=VALUE` gives a setting as the inventory does (README): out of range, exit 2 naming it."""
+    done = diagnose_cli(tmp_path, "-e", "stethoscope_job_warmup=2d")
     assert done.returncode == 2, done.stderr
     assert "stethoscope_job_warmup" in done.stderr and "-e" in done.stderr
 
@@ -307,16 +312,6 @@ def test_a_warm_up_setting_out_of_range_exits_2_naming_it(tmp_path, value):
         "all:\n  hosts:\n    j-00:\n      stethoscope_node_key: 1\n"
         f"  vars:\n    stethoscope_job_warmup: {value!r}\n"
     )
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "stethoscope.cli", "--dsn", f"chdb://{tmp_path / 'db'}"),
-            *("diagnose", "--no-model", "--inventory", str(inventory)),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=TOP,
-        timeout=120,
-        check=False,
-    )
+    done = diagnose_cli(tmp_path, "--inventory", str(inventory))
     assert done.returncode == 2, done.stderr
     assert "stethoscope_job_warmup" in done.stderr
