@@ -27,6 +27,7 @@ class Request:
 class StandIn:
     fail_first: int = 0  # answer 503 to this many requests first
     retry_after: str | None = None  # the Retry-After header of those 503s
+    slow_paths: dict[str, float] = field(default_factory=dict)  # path -> seconds it waits before answering
     requests: list[Request] = field(default_factory=list)
     issues: dict[str, dict] = field(default_factory=dict)  # the Jira stand-in's issues by key
     server: ThreadingHTTPServer | None = None
@@ -68,6 +69,7 @@ class StandIn:
                 request = Request(
                     self.command, self.path, dict(self.headers.items()), self.rfile.read(length)
                 )
+                time.sleep(standin.slow_paths.get(self.path, 0.0))
                 with standin.lock:
                     standin.requests.append(request)
                     status, body = standin.answer(request)

@@ -411,6 +411,28 @@ def test_an_incident_that_drains_starts_before_incidents_queued_earlier_that_do_
     assert started == ["drain-c", "ticket-a", "ticket-b"]
 
 
+def test_a_drain_added_to_an_incident_still_waiting_moves_it_ahead():
+    """An incident queued for a ticket, still waiting for a worker, whose next cycle plans a drain
+    (a critical finding joined it) goes ahead of the incidents queued before it, as a new one would."""
+    from stethoscope.remediation.action_pool import ActionPool
+
+    pool = ActionPool(1)
+    running, release, started = threading.Event(), threading.Event(), []
+
+    def blocker() -> None:
+        running.set()
+        release.wait(60)
+
+    pool.submit("busy", ["ticket"], blocker)
+    assert running.wait(60)
+    pool.submit("ticket-a", ["ticket"], lambda: started.append("ticket-a"))
+    pool.submit("joined-b", ["ticket"], lambda: started.append("joined-b ticket"))
+    pool.submit("joined-b", ["drain"], lambda: started.append("joined-b drain"), first=True)
+    release.set()
+    wait_for(lambda: pool.pending() == 0, 30, "the queued work did not run")
+    assert started == ["joined-b ticket", "joined-b drain", "ticket-a"]
+
+
 def test_on_stop_incidents_still_waiting_for_a_worker_are_dropped_too():
     """With every worker busy, an incident no worker took yet is not run on the way out: its `planned`
     rows are the successor's, and serve stops without working through a backlog."""

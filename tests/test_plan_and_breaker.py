@@ -7,6 +7,7 @@ refusals; serve --execute logs its first plan, one line per action, and counts t
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -33,9 +34,11 @@ ACTIONS = [
 SECRET = b"plan-test-secret-0123456789abcdef"
 
 
-def cli(db, *argv, check_rc=(0, 1)):
+def cli(db, *argv, check_rc=(0, 1), env=None):
     command = [sys.executable, "-m", "stethoscope.cli", "--dsn", db, *argv]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=TOP, timeout=300, check=False)
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=TOP, timeout=300, check=False, env=env
+    )
     assert result.returncode in check_rc, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     return result
@@ -228,3 +231,27 @@ def test_the_plan_says_silenced_retry_due_and_needs_a_person(tmp_path, db, http_
     assert (asked["will"], asked["why"]) == ("needs a person", "failed")
     assert "node03" not in {r[0] for r in table(db, "SELECT target FROM DB.actions")}  # silenced: nothing ran
     assert len([r for r in hook.requests if r.method == "POST"]) == 2
+
+
+def test_execute_drains_the_node_the_plan_said_when_the_breaker_has_room_for_one(
+    tmp_path, db, http_standin, slurm
+):
+    """Two worn nodes, room for one drain (own limit 1 of 8): the plan admits the first in its order
+    (node02). --execute runs the incidents side by side, and node02's incident first calls an endpoint
+    that answers late: node03's drain reaches the breaker first, yet the breaker gives its room in the
+    plan's order, so execute drains node02 as the plan said and refuses node03."""
+    hook = http_standin(slow_paths={"/node02": 2.0})
+    with Store(db) as store:
+        worn(store, "node02", now_ms() - 5_000)
+        worn(store, "node03", now_ms() - 5_000)
+    call = {"type": "api_call", "endpoint": hook.url + "/{{ node_id }}", "payload": "{}", "timeout": 10}
+    rule_dir = str(rules(tmp_path, [call, {"type": "playbook", "playbook": "remediate/drain.yml"}]))
+    args, env = execute_args(tmp_path)[1:], {**os.environ, **slurm.env}
+    plan = cli(db, "diagnose", "--no-model", "--plan", "--json", "--rules", rule_dir, *args, env=env)
+    assert steps(json.loads(plan.stdout), "node02")["drain"]["will"] == "runs"
+    assert steps(json.loads(plan.stdout), "node03")["drain"]["will"] == "refused by the breaker"
+
+    done = cli(db, "diagnose", "--no-model", "--json", "--rules", rule_dir, "--execute", *args, env=env)
+    outcomes = {f["node_id"]: f["outcome"] for f in json.loads(done.stdout)}
+    assert outcomes["node02"] == f"api_call ok, {DRAIN} ok", done.stderr
+    assert f"{DRAIN} refused" in outcomes["node03"], done.stderr

@@ -40,16 +40,26 @@ class ActionPool:
     def submit(
         self, txn_id: str, labels: Collection[str], work: Callable[[], None], *, first: bool = False
     ) -> None:
-        """Run `work` after the work of `txn_id` queued before it; a new incident marked `first` goes
-        ahead of the incidents still waiting for a worker."""
+        """Run `work` after the work of `txn_id` queued before it; an incident given work marked
+        `first` goes ahead of the incidents still waiting for a worker (itself too, if it waits)."""
         with self._guard:
             queue = self._queues.get(txn_id)
             if queue is not None:
                 queue.append((frozenset(labels), work))
+                if first:
+                    self._move_ahead(txn_id)
                 return
             self._queues[txn_id] = deque([(frozenset(labels), work)])
             heapq.heappush(self._waiting, (0 if first else 1, next(self._order), txn_id))
         self._threads.submit(self._run_next)
+
+    def _move_ahead(self, txn_id: str) -> None:
+        """`txn_id`, if it still waits for a worker, among the incidents marked `first`."""
+        for index, (rank, order, waiting) in enumerate(self._waiting):
+            if waiting == txn_id and rank:
+                self._waiting[index] = (0, order, txn_id)
+                heapq.heapify(self._waiting)
+                return
 
     def _run_next(self) -> None:
         """One task per incident submitted: whichever incident waits first when a worker frees."""

@@ -10,14 +10,16 @@ whose nodes are already going down is left alone:
 - its new isolations within a sliding window ≤ max(floor, ⌊f_window × N⌋).
 
 Past any, a drain is refused (recorded `refused`, alerted) with a reason naming the limit, the counts
-and the nodes. Permits are taken under a lock: findings act in parallel."""
+and the nodes. Permits are taken under a lock: findings act in parallel. Each cycle gives the breaker
+its drains in the plan's order (`admit`), and a drain the order left no room for is refused even when
+it asks first: incidents run side by side, yet `--execute` drains the nodes `diagnose --plan` said."""
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stethoscope.remediation.ledger import Drain, Ledger
@@ -43,6 +45,7 @@ class CircuitBreaker:
     slurm_note: str = ""  # "" when Slurm was asked, else why the others are not known
     _reserved: set[str] = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _refused: dict[str, str] = field(default_factory=dict, repr=False)  # this cycle's order: node -> why
 
     @property
     def allowed(self) -> int:
@@ -61,9 +64,28 @@ class CircuitBreaker:
         """Every node out of service now: stethoscope's and the others'."""
         return self.own | set(self.others)
 
+    def admit(self, nodes: Sequence[str]) -> dict[str, tuple[bool, str]]:
+        """Whether each of `nodes`, drained in this order, would be let through now, and why; until the
+        next call, `permit` refuses those the order left no room for. Reserves nothing."""
+        with self._lock:
+            trial = replace(
+                self,
+                own=set(self.own),
+                recent=set(self.recent),
+                others=dict(self.others),
+                _reserved=set(self._reserved),
+                _lock=threading.Lock(),
+                _refused={},
+            )
+            verdicts = {node: trial.permit(node) for node in dict.fromkeys(nodes)}
+            self._refused = {node: why for node, (allowed, why) in verdicts.items() if not allowed}
+            return verdicts
+
     def permit(self, node: str) -> tuple[bool, str]:
         """Reserve an isolation of `node`, or say why not; `release` gives back one that failed."""
         with self._lock:
+            if node in self._refused:
+                return False, self._refused[node]
             allowed, why = self._room(node)
             if allowed and node not in self.isolated:
                 self.own.add(node)
@@ -74,6 +96,8 @@ class CircuitBreaker:
     def room(self, node: str) -> tuple[bool, str]:
         """Whether `node` could be isolated now, and why not; reserves nothing (`permit` does)."""
         with self._lock:
+            if node in self._refused:
+                return False, self._refused[node]
             return self._room(node)
 
     def _room(self, node: str) -> tuple[bool, str]:

@@ -231,6 +231,7 @@ class Executor:
             acting = [a for d in plan.decisions for a in d.actions] + [r.action for r in plan.retries]
             # armed every cycle (/metrics shows it); overdue drains expire only when one is planned
             self._arm_breaker(ledger, expire=any(action_label(a) == DRAIN for a in acting))
+            self.breaker.admit(plan.drains())  # side by side, the drains get room in the plan's order
         if pool is None:
             works = _work(plan)
             self._plan_rows(works)
@@ -416,7 +417,7 @@ class Executor:
         earlier = retry.earlier
         if earlier.status != REFUSED or earlier.action != DRAIN:
             return True
-        return self.breaker.room(earlier.target or retry.finding["node_id"])[0]
+        return self.breaker.room(retry.node)[0]
 
     def _ask_a_person(self, txn_id: str, failures: list[tuple[dict[str, Any], Outcome]]) -> None:
         """Mark the incident as needing a person (an actions row) and alert it, once."""

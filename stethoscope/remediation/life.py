@@ -76,6 +76,10 @@ class Retry:
     action: Action
     earlier: ActionState
 
+    @property
+    def node(self) -> str:
+        return self.earlier.target or self.finding["node_id"]
+
 
 def _version(known: KnownFinding | None) -> int:
     return max(now_ms(), known.version + 1 if known else 0)
@@ -92,6 +96,12 @@ class Plan:
     exhausted: dict[str, list[tuple[dict[str, Any], ActionState]]] = field(default_factory=dict)
     states: list[ActionState] = field(default_factory=list)  # the open incidents' actions, before this cycle
     open_txns: set[str] = field(default_factory=set)  # the open incidents after this cycle
+
+    def drains(self) -> list[str]:
+        """The nodes this cycle drains, in the order the circuit breaker gives them room (`admit`):
+        the decisions' (the worst findings first), then the drains due again."""
+        new = [d.finding["node_id"] for d in self.decisions for a in d.actions if action_label(a) == DRAIN]
+        return new + [r.node for r in self.retries if r.earlier.action == DRAIN]
 
 
 def _order(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:

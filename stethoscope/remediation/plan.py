@@ -60,6 +60,7 @@ def preview(
         quiet=silencer(store, context),
     )
     breaker = armed(store, context)  # read-only, as the executor's would be now
+    admitted = breaker.admit(plan.drains())  # in the order the executor's breaker gives room
     incidents: dict[str, dict[str, Any]] = {}
 
     def incident(finding: dict[str, Any], txn: str) -> dict[str, Any]:
@@ -77,9 +78,9 @@ def preview(
         )
 
     def step(entry: dict[str, Any], label: str, node: str, will: str = RUNS, why: str = "") -> None:
-        if will == RUNS and label == DRAIN:
-            allowed, reason = breaker.permit(node)
-            will, why = (RUNS, why) if allowed else (REFUSED_BY_BREAKER, reason)
+        if will in (RUNS, RETRY_DUE) and label == DRAIN:
+            allowed, reason = admitted.get(node, (True, ""))
+            will, why = (will, why) if allowed else (REFUSED_BY_BREAKER, reason)
         entry["steps"].append({"action": short_action(label), "label": label, "will": will, "why": why})
 
     decided = {d.finding["finding_id"] for d in plan.decisions}
@@ -94,7 +95,7 @@ def preview(
     for retry in plan.retries:
         earlier = retry.earlier
         entry = incident(retry.finding, earlier.txn_id)
-        node = earlier.target or retry.finding["node_id"]
+        node = retry.node
         if earlier.status == REFUSED and earlier.action == DRAIN:
             step(entry, earlier.action, node, why="refused before; the breaker has room now")
         else:
