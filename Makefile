@@ -13,6 +13,8 @@ setup: $(VENV)/.installed .collections/.linked
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	# the distribution was named stethoscope before aicluster-stethoscope: a venv of then holds both
+	$(BIN)/pip uninstall --quiet --yes stethoscope
 	$(BIN)/pip install --quiet -e '.[dev,train]'
 	touch $@
 

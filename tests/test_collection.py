@@ -45,6 +45,7 @@ def test_galaxy_tarball_installs_and_resolves_a_module(tmp_path):
     assert install.returncode == 0, install.stderr
     installed = target / "ansible_collections/aicluster/stethoscope"
     assert (installed / "plugins/modules/gpu_facts.py").is_file() and not (installed / "plugins").is_symlink()
+    assert (installed / "LICENSE").read_bytes() == (TOP / "LICENSE").read_bytes()  # galaxy.yml: Apache-2.0
     doc = subprocess.run(
         [str(BIN / "ansible-doc"), "aicluster.stethoscope.gpu_facts"],
         capture_output=True,

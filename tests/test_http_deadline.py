@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 from stethoscope.serve import http
+from stethoscope.serve.exposition import Scrape
 
 DEADLINE = 1.0
 TRICKLERS = 50
@@ -24,8 +25,8 @@ class _Health:
     def health(self) -> tuple[int, dict]:
         return 200, {"status": "ok"}
 
-    def metrics(self) -> bytes:
-        return b"stethoscope_up 1\n"
+    def metrics(self, accept: str | None = None, accept_encoding: str | None = None) -> Scrape:
+        return Scrape("text/plain; version=0.0.4; charset=utf-8", b"stethoscope_up 1\n")
 
     def page(self, name: str) -> bytes | None:
         return None

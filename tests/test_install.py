@@ -39,6 +39,7 @@ SHIPPED = {
 SOURCES = (
     "pyproject.toml",
     "README.md",
+    "LICENSE",
     "stethoscope",
     "rules",
     "plugins",
@@ -94,7 +95,7 @@ def wheel(tmp_path_factory) -> Path:
     pip = [str(BIN / "pip"), "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
     built = _run([*pip, "-w", str(top / "dist"), str(source)])
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    (found,) = (top / "dist").glob("stethoscope-*.whl")
+    (found,) = (top / "dist").glob("aicluster_stethoscope-*.whl")
     return found
 
 
@@ -154,7 +155,10 @@ def test_wheel_ships_rules_models_collection_and_templates(wheel):
         "rules/models/core12.onnx",
         "rules/models/core12.outlier.onnx",
         "ansible.cfg",
-        *(COLLECTION + n for n in ("galaxy.yml", "README.md", "requirements.txt", "meta/runtime.yml")),
+        *(
+            COLLECTION + n
+            for n in ("galaxy.yml", "README.md", "LICENSE", "requirements.txt", "meta/runtime.yml")
+        ),
         COLLECTION + "playbooks/collect.yml",
         COLLECTION + "playbooks/remediate/drain.yml",
         COLLECTION + "plugins/callback/clickhouse.py",
@@ -164,6 +168,25 @@ def test_wheel_ships_rules_models_collection_and_templates(wheel):
     assert [n for n in must if WHEEL_DATA + n not in names] == []
     templates = {p.name for p in (TOP / "stethoscope/report/templates").glob("*.j2")}
     assert templates and {f"stethoscope/report/templates/{t}" for t in templates} <= names
+
+
+def test_wheel_metadata_passes_twine_and_names_the_distribution_everywhere(wheel):
+    """What the package index checks (readme, licence, URLs), under the distribution's own name, which
+    the collection's requirements.txt (ansible-builder's input) asks for."""
+    checked = _run([str(BIN / "twine"), "check", "--strict", str(wheel)])
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        headers = archive.read(meta).decode().split("\n\n")[0].splitlines()
+    assert meta.replace("METADATA", "licenses/LICENSE") in names
+    assert "Name: aicluster-stethoscope" in headers and "License-Expression: Apache-2.0" in headers
+    assert "Description-Content-Type: text/markdown" in headers
+    assert {h.split(",")[0] for h in headers if h.startswith("Project-URL: ")} >= {
+        f"Project-URL: {k}" for k in ("Homepage", "Repository", "Issues", "Documentation")
+    }
+    wanted = (TOP / "collections/stethoscope/requirements.txt").read_text().splitlines()
+    assert [line for line in wanted if line and not line.startswith("#")] == ["aicluster-stethoscope>=0.1.0"]
 
 
 def test_installed_cli_finds_the_shipped_rules_and_model_and_keeps_state_under_home(installed, tmp_path):
@@ -268,7 +291,8 @@ def test_callback_without_the_package_warns_once_naming_it(tmp_path):
     assert "Traceback" not in output
     warnings = [line for line in output.splitlines() if "aicluster.stethoscope.clickhouse" in line]
     assert len(warnings) == 1, output[-3000:]
-    assert "'stethoscope' is not installed" in warnings[0] and "pip install stethoscope" in warnings[0]
+    assert "'stethoscope' is not installed" in warnings[0]
+    assert "pip install aicluster-stethoscope" in warnings[0]
 
 
 def test_checkout_paths_are_the_top_level_folders():

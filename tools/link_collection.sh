@@ -8,7 +8,7 @@ mkdir -p "$link"
 for entry in galaxy.yml meta README.md CHANGELOG.md requirements.txt; do
   ln -sfn "$top/collections/stethoscope/$entry" "$link/$entry"
 done
-for entry in plugins roles playbooks; do
+for entry in plugins roles playbooks LICENSE; do
   ln -sfn "$top/$entry" "$link/$entry"
 done
 echo "collection aicluster.stethoscope linked at $link"

@@ -27,8 +27,9 @@ description:
   - A host the play cannot reach gets C(ansible_host_unreachable) = 1 (device C(node)); every host a
     sweep reached gets 0, so the series resolves when the host comes back.
 requirements:
-  - the C(stethoscope) Python package in the Python that runs C(ansible-playbook) on the controller
-    (the project's wheel, C(pip wheel . --no-deps) then C(pip install dist/stethoscope-*.whl); or
+  - the C(stethoscope) Python package (distribution C(aicluster-stethoscope)) in the Python that runs
+    C(ansible-playbook) on the controller (the project's wheel, C(pip wheel . --no-deps) then
+    C(pip install dist/aicluster_stethoscope-*.whl); or
     C(pip install -e .) in a checkout). The collection's C(requirements.txt) and
     C(meta/execution-environment.yml) declare it. Without it the callback warns once and stores nothing.
 options:
@@ -125,8 +126,8 @@ def _import_warning(exc):
         what = "'stethoscope' cannot be imported: %s" % exc
     return (
         "aicluster.stethoscope.clickhouse: %s (%s), so no result is stored. Install it where "
-        "ansible-playbook runs: pip install stethoscope (the wheel built from the project repository: "
-        "pip wheel . --no-deps; see the collection's requirements.txt)" % (what, sys.executable)
+        "ansible-playbook runs: pip install aicluster-stethoscope (the wheel built from the project "
+        "repository: pip wheel . --no-deps; see the collection's requirements.txt)" % (what, sys.executable)
     )
 
 

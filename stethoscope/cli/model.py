@@ -97,8 +97,8 @@ def training(module: str) -> Any:
         if not (exc.name or "").startswith("stethoscope_training"):
             raise
         raise ModelError(
-            "the training package (stethoscope_training) is not installed: install stethoscope from "
-            "a checkout with its `train` extra (pip install '.[train]')"
+            "the training package (stethoscope_training) is not installed: install aicluster-stethoscope "
+            "from a checkout with its `train` extra (pip install '.[train]')"
         ) from None
 
 

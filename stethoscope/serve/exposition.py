@@ -1,28 +1,46 @@
-"""serve's /metrics in Prometheus' text format, so an existing Prometheus and Alertmanager can alert on
+"""serve's /metrics, through prometheus_client's own exposition (the text format, OpenMetrics when the
+scraper asks, gzip when it accepts it), so an existing Prometheus and Alertmanager can alert on
 stethoscope: open findings and incidents per node, the cycle's and the sweeps' durations and
-outcomes, the executor's actions by outcome and the circuit breaker's limits, rows stored per
-second, and the collector's counters, its writes' failures and the rows they hold at risk in
-memory."""
+outcomes, the executor's actions by outcome and the circuit breaker's limits, the collector's
+counters (rows stored among them: Prometheus computes their rate), its writes' failures and the rows
+they hold at risk in memory, the process' own series and the build. A counter whose labels come
+from a fixed set has every one of them at 0 from the start, so `increase()` sees the first event."""
 
 from __future__ import annotations
 
+import gzip
+from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+import yaml
+from prometheus_client import CollectorRegistry, Histogram, Info, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 
+import stethoscope
 from stethoscope.catalog import default_catalog
 from stethoscope.diagnosis.levels import SEVERITY_ORDER
+from stethoscope.paths import collection_dir
 from stethoscope.remediation.action_events import ActionCounts, last_breaker
 from stethoscope.remediation.incidents import enclosing_device, keeps_own
-from stethoscope.telemetry.udp_collector import WRITE_ERROR_KINDS
+from stethoscope.serve.sweeps import HOST_STATES
+from stethoscope.telemetry.udp_collector import PACKET_REASONS, VALUE_REASONS, WRITE_ERROR_KINDS
 
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
+@dataclass(frozen=True)
+class Scrape:
+    """One answer to a scrape: the body in the format the scraper asked for, gzipped if it accepts it."""
+
+    content_type: str
+    body: bytes
+    encoding: str | None = None  # the Content-Encoding, "gzip", or None
+
+
 class Exposition:
     """A registry of its own per server: the durations as histograms (observed as they happen), the
-    rest read from the server's state at each scrape."""
+    process' series and the build, the rest read from the server's state at each scrape."""
 
     def __init__(self, server: Any):
         self.server = server
@@ -39,11 +57,32 @@ class Exposition:
             buckets=DURATION_BUCKETS,
             registry=self.registry,
         )
+        ProcessCollector(registry=self.registry)
+        build = Info(
+            "stethoscope_build", "the stethoscope package's and collection's versions", registry=self.registry
+        )
+        build.info({"version": stethoscope.__version__, "collection": collection_version()})
         self.registry.register(_State(server))
         self.registry.register(_Actions(ActionCounts()))
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def answer(self, accept: str | None, accept_encoding: str | None) -> Scrape:
+        """The registry in the format the `Accept` header asks for (OpenMetrics, else Prometheus'
+        text format), gzipped when `Accept-Encoding` allows it: prometheus_client's own negotiation."""
+        encoder, content_type = choose_encoder(accept or "")
+        body = encoder(self.registry)
+        if gzip_accepted(accept_encoding or ""):
+            return Scrape(content_type, gzip.compress(body), "gzip")
+        return Scrape(content_type, body)
+
+
+def collection_version() -> str:
+    """The version in the collection's galaxy.yml; "unknown" where it cannot be read."""
+    try:
+        galaxy = yaml.safe_load((collection_dir() / "galaxy.yml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return "unknown"
+    version = galaxy.get("version") if isinstance(galaxy, dict) else None
+    return str(version) if version is not None else "unknown"
 
 
 class _State:
@@ -61,13 +100,8 @@ class _State:
             "stethoscope_rule_failures",
             "cycles in which a rule's evaluation failed (the other rules went on)",
             "rule_id",
-            state.rule_failures,
+            state.rule_failures,  # every rule of the last cycle, at 0 until it fails
         )
-        rate = GaugeMetricFamily(
-            "stethoscope_store_rows_per_second", "rows the collector stored per second since the last cycle"
-        )
-        rate.add_metric([], state.rows_per_second)
-        yield rate
         if self.server.sweeper is not None:
             yield from _sweeps(self.server.sweeper.stats)
         if self.server.collector is not None:
@@ -157,14 +191,16 @@ def _sweeps(stats: Any):
     sweeps.add_metric(["skipped"], stats.skipped)  # due while the last one still ran
     yield sweeps
     hosts = GaugeMetricFamily("stethoscope_sweep_hosts", "hosts of the last sweep", labels=["state"])
-    for state, count in sorted(stats.last_hosts.items()):
+    for state, count in sorted(_every(HOST_STATES, stats.last_hosts).items()):
         hosts.add_metric([state], count)
     yield hosts
     running = GaugeMetricFamily("stethoscope_sweep_running", "1 while a sweep runs")
     running.add_metric([], 1 if stats.running else 0)
     yield running
     if stats.last_finished is not None:
-        last = GaugeMetricFamily("stethoscope_sweep_last_finished_seconds", "unix time the last sweep ended")
+        last = GaugeMetricFamily(
+            "stethoscope_sweep_last_finished_timestamp_seconds", "unix time the last sweep ended"
+        )
         last.add_metric([], stats.last_finished)
         yield last
 
@@ -177,12 +213,17 @@ def _collector(collector: Any):
     duplicates = CounterMetricFamily("stethoscope_telemetry_duplicates", "resent copies already kept")
     duplicates.add_metric([], stats.duplicates)
     yield duplicates
-    yield _counted("stethoscope_telemetry_packets_rejected", "datagrams dropped", "reason", stats.rejected)
+    yield _counted(
+        "stethoscope_telemetry_packets_rejected",
+        "datagrams dropped",
+        "reason",
+        _every(PACKET_REASONS, stats.rejected),
+    )
     yield _counted(
         "stethoscope_telemetry_values_rejected",
         "values of kept datagrams dropped alone (not a finite number)",
         "reason",
-        stats.values_rejected,
+        _every(VALUE_REASONS, stats.values_rejected),
     )
     lost = CounterMetricFamily("stethoscope_telemetry_packets_lost", "samples no resend recovered")
     lost.add_metric([], sum(collector.guard.lost.values()))
@@ -213,7 +254,7 @@ def _writes(health: Any):
         "stethoscope_telemetry_write_errors",
         "failed writes by kind: store (rows spooled), spool (rows held in memory), sink, flush",
         "kind",
-        {kind: health.errors.get(kind, 0) for kind in WRITE_ERROR_KINDS},
+        _every(WRITE_ERROR_KINDS, health.errors),
     )
     degraded = GaugeMetricFamily(
         "stethoscope_telemetry_write_degraded",
@@ -247,6 +288,11 @@ def node_refusal_families(collector: Any):
         "node",
         refusals.evicted,
     )
+
+
+def _every(labels: tuple[str, ...], counts: dict[str, int]) -> dict[str, int]:
+    """`counts` with every label of a fixed set present, at 0 until it is counted."""
+    return {**dict.fromkeys(labels, 0), **counts}
 
 
 def _counted(name: str, documentation: str, label: str, counts: dict[str, int]) -> CounterMetricFamily:

@@ -1,10 +1,12 @@
-"""serve's HTTP endpoint: /healthz, /metrics (Prometheus text format), /report (the last board),
+"""serve's HTTP endpoint: /healthz, /metrics (Prometheus text format, OpenMetrics when asked, gzip when
+accepted: serve.exposition), /report (the last board),
 /gate/<node> (the node's signed verdict for its Slurm gate). With --gate-listen a second endpoint
 answers GET /gate/<node> only, for the nodes to reach: the verdicts are signed, the board and the
 metrics stay on the loopback one (which answers /gate too, for a gate on the controller). A client
 that is slow to send its request is cut off: each read has a timeout, and the whole request a
 deadline (a client trickling a header line every few seconds would pass every read's timeout). An
-address already in use is a configuration error that names itself (exit 2)."""
+address already in use is a configuration error that names itself (exit 2). HEAD answers what GET
+would, without the body."""
 
 from __future__ import annotations
 
@@ -78,6 +80,7 @@ def handler(server: Any, gate_only: bool = False) -> type[BaseHTTPRequestHandler
     class Handler(BaseHTTPRequestHandler):
         timeout = CLIENT_TIMEOUT
         deadline: Deadline
+        head_only = False
 
         def setup(self) -> None:
             super().setup()
@@ -97,6 +100,10 @@ def handler(server: Any, gate_only: bool = False) -> type[BaseHTTPRequestHandler
             self.deadline.stop()
             super().finish()
 
+        def do_HEAD(self) -> None:
+            self.head_only = True
+            self.do_GET()
+
         def do_GET(self) -> None:
             if not self.deadline.stop():
                 return
@@ -111,7 +118,11 @@ def handler(server: Any, gate_only: bool = False) -> type[BaseHTTPRequestHandler
                 status, body = server.health()
                 self._send(status, "application/json", json.dumps(body).encode())
             elif path == "/metrics":
-                self._send(200, "text/plain; version=0.0.4; charset=utf-8", server.metrics())
+                scrape = server.metrics(self.headers.get("Accept"), self.headers.get("Accept-Encoding"))
+                extra = {"Vary": "Accept, Accept-Encoding"}
+                if scrape.encoding:
+                    extra["Content-Encoding"] = scrape.encoding
+                self._send(200, scrape.content_type, scrape.body, extra)
             elif path in ("/report", "/report/") or NODE_PAGE.fullmatch(path):
                 page = server.page(path.removeprefix("/report").strip("/") or "index.html")
                 if page is None:
@@ -125,12 +136,17 @@ def handler(server: Any, gate_only: bool = False) -> type[BaseHTTPRequestHandler
             else:
                 self._send(404, "text/plain", b"not found: /healthz, /metrics, /report, /gate/NODE\n")
 
-        def _send(self, status: int, content_type: str, body: bytes) -> None:
+        def _send(
+            self, status: int, content_type: str, body: bytes, headers: dict[str, str] | None = None
+        ) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(body)
+            if not self.head_only:
+                self.wfile.write(body)
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("serve: http: " + format, *args)

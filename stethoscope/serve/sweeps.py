@@ -22,6 +22,7 @@ from stethoscope.store.dsn import ConfigError
 
 log = logging.getLogger(__name__)
 PLAYBOOK = "collect.yml"
+HOST_STATES = ("ok", "failed", "unreachable")  # how each host of a sweep ended
 
 
 @dataclass
@@ -32,7 +33,7 @@ class SweepStats:
     running: bool = False
     last_seconds: float | None = None
     last_finished: float | None = None  # unix time
-    last_hosts: dict[str, int] = field(default_factory=dict)  # ok, failed, unreachable: of the last sweep
+    last_hosts: dict[str, int] = field(default_factory=dict)  # HOST_STATES: of the last sweep
     last_error: str | None = None
     durations: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))  # for a p99
 

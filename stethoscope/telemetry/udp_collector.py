@@ -48,6 +48,8 @@ DUPLICATE = "duplicate"
 WRITE_TIMEOUT = 30.0
 NONFINITE = "nonfinite"  # the reason a value is dropped alone: ±Inf (NaN is a missing reading)
 VALUE_REASONS = (NONFINITE,)
+INTERNAL = "internal"  # the reason a datagram is dropped when handling it raised
+PACKET_REASONS = (*wire.REASONS, INTERNAL)
 # why a write failed: the store refused (rows spooled), the spool refused (rows held in memory), the
 # sink raised, or the flush around it did
 WRITE_ERROR_KINDS = ("store", "spool", "sink", "flush")
@@ -202,7 +204,7 @@ class Collector:
                 self.handle(data)
             except Exception:  # one datagram's fault costs that datagram: the thread never dies
                 log.exception("collector: a datagram could not be handled; it is dropped and counted")
-                self.stats.rejected["internal"] += 1
+                self.stats.rejected[INTERNAL] += 1
 
     def _drain(self) -> None:
         self.sock.setblocking(False)
