@@ -57,8 +57,8 @@ def main() -> int:
     subprocess.run([sys.executable, str(TOP / "tools/lab.py"), "build", "--nodes", "2"], env=env, check=True)
     node_dir = work / "opt"
     node_dir.mkdir()
-    for name in ("agent.py", "wire.py"):
-        shutil.copy(TOP / "stethoscope/telemetry" / name, node_dir / name)
+    for name in ("agent.py", "wire.py", "sysfs_devices.py"):  # as the push_agent role copies them
+        shutil.copy(TOP / "roles/push_agent/files" / name, node_dir / name)
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     receiver.bind(("127.0.0.1", 0))
     received = [0]

@@ -60,22 +60,25 @@ TARGET_FAULT_SECONDS = 300
 LOCKED = ("Cannot lock", "in use by another process")
 
 
-def call(cli: list[str], args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, int, bool]:
+def call(cli: list[str], args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, int, bool, bool]:
+    """Seconds, exit code, whether it met a lock, whether it printed serve's published evaluation."""
     started = time.monotonic()
     result = subprocess.run([*cli, *args], capture_output=True, text=True, env=env, cwd=cwd, check=False)
-    return time.monotonic() - started, result.returncode, any(word in result.stderr for word in LOCKED)
+    locked = any(word in result.stderr for word in LOCKED)
+    return time.monotonic() - started, result.returncode, locked, "serve's evaluation of" in result.stderr
 
 
-def figures(samples: list[tuple[float, int, bool]]) -> dict[str, object]:
-    seconds = [s for s, _, _ in samples]
+def figures(samples: list[tuple[float, int, bool, bool]]) -> dict[str, object]:
+    seconds = [s for s, _, _, _ in samples]
     return {
         "calls": len(samples),
         "p50_seconds": round(nearest_rank(seconds, 0.50), 3),
         "p95_seconds": round(nearest_rank(seconds, 0.95), 3),
         "max_seconds": round(max(seconds), 3),
-        "exit_codes": dict(Counter(str(rc) for _, rc, _ in samples)),
-        "exit_3": sum(1 for _, rc, _ in samples if rc == 3),
-        "lock_errors": sum(1 for *_, locked in samples if locked),
+        "exit_codes": dict(Counter(str(rc) for _, rc, _, _ in samples)),
+        "exit_3": sum(1 for _, rc, _, _ in samples if rc == 3),
+        "lock_errors": sum(1 for _, _, locked, _ in samples if locked),
+        "from_serves_evaluation": sum(1 for *_, published in samples if published),
     }
 
 
@@ -203,11 +206,12 @@ def main() -> None:
             if time.monotonic() - started > 600 or proc.poll() is not None:
                 raise SystemExit("serve's first sweep did not end within 10 minutes")
             time.sleep(2)
+        reads_env = {**env, "STETHOSCOPE_INVENTORY": str(inventory)}  # as README's operator sets it
         measure_started = time.monotonic()
-        beside: dict[str, list[tuple[float, int, bool]]] = {name: [] for name in READS}
+        beside: dict[str, list[tuple[float, int, bool, bool]]] = {name: [] for name in READS}
         for _ in range(args.calls):
             for name, words in READS.items():
-                beside[name].append(call(cli, words, env, tmp))
+                beside[name].append(call(cli, words, reads_env, tmp))
         measured_seconds = time.monotonic() - measure_started
         fault: dict[str, object] | None = None
         settled = None
@@ -224,10 +228,10 @@ def main() -> None:
             jira.stop()
         if slurm:
             slurm.stop()
-        direct: dict[str, list[tuple[float, int, bool]]] = {name: [] for name in READS}
+        direct: dict[str, list[tuple[float, int, bool, bool]]] = {name: [] for name in READS}
         for _ in range(args.direct_calls):
             for name, words in READS.items():
-                direct[name].append(call(cli, words, env, tmp))
+                direct[name].append(call(cli, words, reads_env, tmp))
     cycles = [json.loads(line) for line in lines if line.startswith("{")]
     results = {
         "nodes": args.nodes,

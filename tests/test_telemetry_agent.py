@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stethoscope.telemetry import agent as agent_module
 from stethoscope.telemetry import wire
@@ -22,9 +23,19 @@ from stethoscope.telemetry.agent import READERS, Agent
 from stethoscope.telemetry.metric_set import load_sets
 
 TOP = Path(__file__).resolve().parents[1]
-TELEMETRY = TOP / "stethoscope" / "telemetry"
-NODE_SIDE = ("agent.py", "wire.py", "job.py")
+ROLE_FILES = TOP / "roles/push_agent/files"
 KEY = bytes(range(32))
+
+
+def copied_by_the_role() -> list[str]:
+    """The files the push_agent role copies to a node (its loop over roles/push_agent/files)."""
+    blocks = yaml.safe_load((TOP / "roles/push_agent/tasks/main.yml").read_text())
+    tasks = [task for block in blocks for task in block.get("block", [])]
+    (copied,) = [task["loop"] for task in tasks if "agent.py" in (task.get("loop") or [])]
+    return copied
+
+
+NODE_SIDE = copied_by_the_role()
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +62,14 @@ def _config(root: Path, port: int = 9, **extra) -> dict:
 
 @pytest.mark.parametrize("name", NODE_SIDE)
 def test_node_side_file_parses_as_python_3_8(name: str) -> None:
-    ast.parse((TELEMETRY / name).read_text(), filename=name, feature_version=(3, 8))
+    ast.parse((ROLE_FILES / name).read_text(), filename=name, feature_version=(3, 8))
 
 
 def test_agent_runs_from_copied_files_with_controller_dependencies_blocked(tmp_path: Path, lab: Path) -> None:
     node = tmp_path / "opt"
     node.mkdir()
-    for name in ("agent.py", "wire.py"):
-        shutil.copy(TELEMETRY / name, node / name)
+    for name in NODE_SIDE:
+        shutil.copy(ROLE_FILES / name, node / name)
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     receiver.bind(("127.0.0.1", 0))
     receiver.settimeout(5)
@@ -118,6 +129,31 @@ def test_hardware_a_node_lacks_is_missing_not_zero(tmp_path: Path) -> None:
     agent = Agent(_config(tmp_path))  # an empty root: no IB, no AER, no NVMe, no GPU
     values = agent.sample(100.0)[wire.NODE_PART]
     assert all(math.isnan(v) for v in values)
+
+
+def _nvme_drives(root: Path, celsius: dict[str, float]) -> None:
+    """NVMe drives in a constructed sysfs tree (no capture: the kernel's layout), each drive's hwmon
+    where one of two kernel generations puts it: under the controller (nvme0: the newer), under its PCI
+    function (the first kernels with NVMe hwmon)."""
+    for index, (controller, value) in enumerate(sorted(celsius.items())):
+        parent = "" if index % 2 == 0 else "device/hwmon/"
+        hwmon = root / f"sys/class/nvme/{controller}/{parent}hwmon{index + 1}"
+        hwmon.mkdir(parents=True)
+        (hwmon / "temp1_input").write_text(f"{int(value * 1000)}\n")
+    (root / "sys/class/nvme/nvme0/nvme0n1").mkdir()  # a namespace: not a drive of its own
+
+
+def test_nvme_drives_under_a_root_prefix_are_named_each_and_the_hottest_is_the_nodes(tmp_path: Path) -> None:
+    """Regression: the drives were named by the 5th part of their path, right only under `/`: under a
+    prefix two drives at 70 and 55 °C came out as one, and the node's maximum read 55."""
+    root = tmp_path / "lab" / "nodes" / "node02" / "root"
+    _nvme_drives(root, {"nvme0": 70.0, "nvme1": 55.0})
+    sysfs = agent_module.SysfsSource(str(root), agent_module.Counters())
+    sysfs.discover()
+    assert sysfs.read()["nvme.temperature"] == {"nvme0": 70.0, "nvme1": 55.0}
+    agent = Agent(_config(root))
+    slots = [slot["metric"] for slot in agent.metric_set["parts"]["node"]]
+    assert agent.sample(100.0)[wire.NODE_PART][slots.index("disk_temperature_celsius")] == 70.0
 
 
 def test_counters_travel_as_rates_over_the_period(tmp_path: Path, lab: Path) -> None:

@@ -22,7 +22,9 @@ from stethoscope.diagnosis.unknown import (
     silent_series,
 )
 from stethoscope.inventory import Host
+from stethoscope.remediation.cycle import Cycles
 from stethoscope.store.batch import MetricColumns
+from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
 from conftest import TOP
@@ -49,6 +51,13 @@ def sweeps(store, nodes, series, *, every_s=60, since_min=120.0, until_min=1.0, 
 
 def fleet_of(*names):
     return Fleet(tuple(Host(name, name, rack="r1", switch="leaf1") for name in names))
+
+
+def watched(store, at, catalog, fleet):
+    """The findings of one `watch` cycle without rules: it records the inventory's hosts it first
+    sees, as serve's do (a one-shot `diagnose` only looks)."""
+    cycles = Cycles(store.dsn, store.database, catalog, fleet=fleet, long_running=True)
+    return cycles.run([], at, store=store).findings
 
 
 def where(silence):
@@ -115,8 +124,8 @@ def test_an_inventory_node_that_never_reported_is_unknown_node(store):
     sweeps(store, names[1:], SWEEP)
     fleet = fleet_of(*names)
     catalog = Catalog.load()
-    assert diagnose(store, [], AT - 30 * MINUTE, catalog, fleet=fleet) == []  # first sight: its grace
-    (finding,) = diagnose(store, [], AT, catalog, fleet=fleet)
+    assert watched(store, AT - 30 * MINUTE, catalog, fleet) == []  # first sight: its grace
+    (finding,) = watched(store, AT, catalog, fleet)
     assert (finding["rule_id"], finding["node_id"], finding["severity"]) == (NODE_RULE, "n00", "unknown")
     assert json.loads(finding["evidence"])["last_seen"] is None
     assert "nothing reported ever" in finding["message"]
@@ -137,9 +146,9 @@ def test_a_node_new_to_the_inventory_is_nothing_within_its_grace(store):
     names = [f"n{i:02d}" for i in range(20)]
     sweeps(store, names[1:], SWEEP, until_min=-10)
     fleet, catalog = fleet_of(*names), Catalog.load()
-    assert diagnose(store, [], AT, catalog, fleet=fleet) == []  # n00 added to the inventory just now
-    assert diagnose(store, [], AT + 90_000, catalog, fleet=fleet) == []  # within 2 sweeps of 60 s
-    assert [f["rule_id"] for f in diagnose(store, [], AT + 150_000, catalog, fleet=fleet)] == [NODE_RULE]
+    assert watched(store, AT, catalog, fleet) == []  # n00 added to the inventory just now
+    assert watched(store, AT + 90_000, catalog, fleet) == []  # within 2 sweeps of 60 s
+    assert [f["rule_id"] for f in watched(store, AT + 150_000, catalog, fleet)] == [NODE_RULE]
 
 
 def test_a_host_the_sweep_could_not_reach_is_unknown_unreachable(store):
@@ -244,6 +253,8 @@ def test_diagnose_with_an_inventory_names_its_node_that_never_reported(store, tm
         return [(f["rule_id"], f["node_id"]) for f in json.loads(result.stdout)]
 
     assert run(AT - 10 * MINUTE) == []  # n00 is new to this inventory
+    with Store(store.dsn, store.database) as reopened:  # diagnose only looks: a watch cycle records it
+        watched(reopened, AT - 10 * MINUTE, Catalog.load(), fleet_of(*names))
     assert run(AT) == [(NODE_RULE, "n00")]
 
 

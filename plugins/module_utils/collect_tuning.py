@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+from ansible_collections.aicluster.stethoscope.plugins.module_utils import sysfs_devices
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import (
     CollectorError,
     result,
@@ -63,7 +64,7 @@ def _cstates(ctx):
 
 
 def _volatile_write_cache(ctx, warnings):
-    controllers = [c for c in ctx.listdir("/sys/class/nvme") if re.match(r"nvme\d+$", c)]
+    controllers = sysfs_devices.nvme_controllers(ctx.root)
     if not controllers:
         return {}
     if not ctx.which("nvme"):

@@ -12,7 +12,7 @@ import stat
 import subprocess
 import tempfile
 
-from ansible_collections.aicluster.stethoscope.plugins.module_utils import grub_default
+from ansible_collections.aicluster.stethoscope.plugins.module_utils import grub_default, sysfs_devices
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import CollectorError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.infiniband import parse_ibv_devinfo
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvme_feature import parse_get_feature
@@ -82,7 +82,7 @@ def plan_mtu(ctx, mtus):
 
 
 def plan_write_cache(ctx):
-    controllers = [c for c in ctx.listdir("/sys/class/nvme") if re.match(r"nvme\d+$", c)]
+    controllers = sysfs_devices.nvme_controllers(ctx.root)
     if not controllers:
         return []
     if not ctx.which("nvme"):

@@ -26,7 +26,7 @@ from stethoscope.paths import rules_dir
 from stethoscope.remediation.cycle import CycleResult, Cycles, render_result, worst
 from stethoscope.remediation.lock import LockHeld
 from stethoscope.store.dsn import redact
-from stethoscope.timeutil import now_ms, to_ms
+from stethoscope.timeutil import iso, now_ms, to_ms
 
 
 def _say(message: str) -> None:
@@ -190,12 +190,14 @@ def diagnose_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if getattr(args, "plan", False):
         return _plan(args, inventory, catalog, loaded.rules, model, at_ms)
-    cycles = cycles_of(args, inventory, catalog, model)
-    try:
-        result = cycles.run(loaded.rules, at_ms)
-    except LockHeld as exc:
-        _say(f"diagnose: {exc}; nothing done")
-        return EXIT_FAILED
+    result = None if args.at or args.execute else serves_evaluation(args, inventory, loaded.rules, model)
+    if result is None:
+        cycles = cycles_of(args, inventory, catalog, model)
+        try:
+            result = cycles.run(loaded.rules, at_ms)
+        except LockHeld as exc:
+            _say(f"diagnose: {exc}; nothing done")
+            return EXIT_FAILED
     say_cycle(result, args.json)
     if result.every_rule_failed:  # one rule failing is a finding; all of them, a failed run
         first = next(f for f in result.findings if f["rule_id"] == RULE_FAILED)
@@ -205,6 +207,32 @@ def diagnose_command(args: argparse.Namespace) -> int:
         _say(f"diagnose: model {model.meta.name}: {model.error}")
         return EXIT_FAILED
     return EXIT_FINDINGS if worst(result.findings) >= SEVERITY_ORDER[args.fail_on] else EXIT_OK
+
+
+def serves_evaluation(
+    args: argparse.Namespace, inventory: Inventory | None, rules: list[Any], model: ModelUse | None
+) -> CycleResult | None:
+    """The evaluation of "now" that the serve holding the store published (remediation.published),
+    if it evaluated what this command would and is fresh; None (evaluate here) otherwise or --fresh."""
+    from stethoscope.remediation.published import NAME, evaluation_key, result_of
+    from stethoscope.store.client import Store
+
+    if getattr(args, "fresh", False):
+        return None
+    published = Store(args.dsn, args.database).published(NAME)
+    if published is None:
+        return None
+    jobs = jobs_of(inventory, args.command, getattr(args, "extra_var", None))
+    settings = inventory.settings if inventory is not None else {}
+    key = evaluation_key(rules, hosts_of(inventory), settings, model, jobs)
+    result = result_of(published, key, model, now_ms())
+    if result is not None:
+        age = max(0, (now_ms() - result.at_ms) // 1000)
+        _say(
+            f"{args.command}: serve's evaluation of {iso(result.at_ms)} ({age} s ago; serve holds the "
+            "database and evaluates every cycle); --fresh evaluates now"
+        )
+    return result
 
 
 def _plan(

@@ -19,6 +19,7 @@ from stethoscope.cli import report as report_commands
 from stethoscope.cli import silence as silence_commands
 from stethoscope.cli import telemetry
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from stethoscope.cli.version import PrintVersions
 from stethoscope.diagnosis.engine import readers_wanted
 from stethoscope.paths import default_spool_dir
 from stethoscope.store.client import SchemaMissing, Store, StoreError
@@ -29,6 +30,7 @@ from stethoscope.store.writer import Writer
 from stethoscope.telemetry import gate as slurm_gate
 
 PACKAGE = Path(__file__).resolve().parent.parent
+FRESH_HELP = "evaluate now, even beside a serve that published this evaluation in its last cycle"
 
 
 def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
@@ -51,6 +53,7 @@ def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stethoscope", description=__doc__)
+    parser.add_argument("--version", action=PrintVersions)
     _global_options(parser, None)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -71,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     summary = commands.add_parser("summary", help="per node: rows stored and the findings diagnose gives")
     summary.add_argument("--inventory", type=Path, help="only this inventory's hosts")
     summary.add_argument("--at", help="evaluation time, ISO-8601 or epoch seconds (default now)")
+    summary.add_argument("--fresh", action="store_true", help=FRESH_HELP)
     model_options(summary)
 
     baseline = commands.add_parser("baseline", help="graded benchmark report against fleet and own history")
@@ -93,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="say per incident what --execute would do now (drain, ticket, refused...); acts on nothing",
     )
+    diagnose.add_argument("--fresh", action="store_true", help=FRESH_HELP)
     _execution_options(diagnose)
     model_options(diagnose)
 
@@ -359,6 +364,7 @@ def _summary(args: argparse.Namespace) -> int:
         hosts_of,
         inventory_of,
         model_of,
+        serves_evaluation,
     )
     from stethoscope.report.summary import initialised, render, summarize
     from stethoscope.timeutil import now_ms, to_ms
@@ -374,6 +380,8 @@ def _summary(args: argparse.Namespace) -> int:
     catalog = catalog_for(inventory)
     rules = checked_rules(None, catalog, "summary").rules
     model = model_of(args, inventory, "summary")
+    published = None if args.at else serves_evaluation(args, inventory, rules, model)
+    findings = None if published is None else [f for f in published.findings if not f.get("held")]
     with Store(args.dsn, args.database) as store:
         if not initialised(store):
             print(
@@ -383,7 +391,11 @@ def _summary(args: argparse.Namespace) -> int:
             )
             return EXIT_USAGE
         print(
-            render(summarize(store, catalog, rules, at_ms, hosts_of(inventory), model, fleet_of(inventory)))
+            render(
+                summarize(
+                    store, catalog, rules, at_ms, hosts_of(inventory), model, fleet_of(inventory), findings
+                )
+            )
         )
     return EXIT_OK
 

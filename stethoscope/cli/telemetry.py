@@ -245,9 +245,10 @@ def _collector(args: argparse.Namespace, keyring: Keyring, sets: dict[int, Metri
 
 
 def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet]) -> int:
-    from stethoscope.cli.diagnose import catalog_for, cycles_of, inventory_of, model_of
+    from stethoscope.cli.diagnose import catalog_for, cycles_of, hosts_of, inventory_of, model_of
     from stethoscope.diagnosis.ruleset import RuleSet
     from stethoscope.remediation.lock import LockHeld
+    from stethoscope.remediation.published import evaluation_key
     from stethoscope.serve import Server
 
     inventory = inventory_of(args, required=True, command="serve")
@@ -291,6 +292,9 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
         log_format=args.log_format,
         replay_dir=replay_dir(),
         gate_http=_address(args.gate_listen, "--gate-listen") if args.gate_listen else None,
+        evaluation_key=lambda used: evaluation_key(
+            used, hosts_of(inventory), inventory.settings, model, cycles.jobs
+        ),
     )
     try:
         server.start()

@@ -4,8 +4,9 @@ A condition becomes a subquery that aggregates a metric per node, device and lab
 window and keeps the rows past the threshold; `all` joins its members on the node (and on the
 enclosing device where every member names the same kind of device, from the catalog's `device_kinds`:
 gpu2/link3 belongs to gpu2), `any` unions them. Benchmark metrics are read from `bench_results`;
-windows longer than the raw TTL read the `metrics_daily` rollup (one sample a day, its last value)
-for the days before the evaluation time's own, whose raw rows are read up to it.
+windows longer than the raw TTL (the store's own, read once per `evaluate_all`) read the
+`metrics_daily` rollup (one sample a day, its last value) for the days before the evaluation time's
+own, whose raw rows are read up to it.
 Samples are read once per (series, timestamp), however often a row was replayed. `aggregate: any`
 compares each sample of the window on its own (a state bit that comes and goes between evaluations is
 still seen): the series matches when `min_matches` samples pass, its value is the bits those samples
@@ -41,9 +42,10 @@ from stethoscope.diagnosis.rules import Condition, Group, Rule
 from stethoscope.diagnosis.spans import spans
 from stethoscope.store.client import SchemaMissing, Store, StoreError
 from stethoscope.store.dsn import ConfigError
+from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS
+from stethoscope.store.ttl import raw_ttl_seconds as stored_raw_ttl_seconds
 
 _OPERATORS = {">": ">", ">=": ">=", "<": "<", "<=": "<=", "==": "=", "!=": "!="}
-RAW_TTL_SECONDS = 30 * 86400
 # How far back the raw rows are searched for the sample an increase starts from (first the last hour,
 # then for the series without one up to 2 days); the daily rollup after.
 NEAR_LOOKBACK_SECONDS = 3600
@@ -489,13 +491,15 @@ def rule_query(
     rule: Rule,
     database: str,
     at_ms: int,
-    raw_ttl_seconds: int = RAW_TTL_SECONDS,
+    raw_ttl_seconds: int = DEFAULT_RAW_TTL_DAYS * 86400,
     catalog: Catalog | None = None,
     nodes: Sequence[str] | None = None,
     via: str = "rollup",
 ) -> tuple[str, dict[str, Any]]:
-    """The one query that evaluates `rule` at `at_ms` over every node (or only `nodes`); `via="raw"`
-    reads no rollup where the raw rows can answer (the answer is the same: the tests compare them)."""
+    """The one query that evaluates `rule` at `at_ms` over every node (or only `nodes`), for a store
+    whose raw TTL is `raw_ttl_seconds` (store.ttl.raw_ttl_seconds; default: a new database's);
+    `via="raw"` reads no rollup where the raw rows can answer (the answer is the same: the tests
+    compare them)."""
     catalog = catalog or default_catalog()
     kinds = {catalog.enclosing(metric) for metric in rule.metrics}
     (outer,) = kinds if len(kinds) == 1 else (None,)
@@ -523,7 +527,8 @@ def sample_counts(
 ) -> dict[tuple[str, str], int]:
     """Per node of `nodes` and device, the samples (timestamps, each once) of the series `condition`
     reads in the `seconds` before `at_ms`: what says whether fresh data stands behind a silence."""
-    builder = QueryBuilder(store.database, at_ms, RAW_TTL_SECONDS, nodes)
+    # only the builder's filters are used: the raw rows themselves are counted, whatever the TTL
+    builder = QueryBuilder(store.database, at_ms, raw_ttl_seconds=0, nodes=nodes)
     table = "bench_results" if condition.metric.startswith("bench_") else "metrics"
     where = [
         *builder.filters(condition),
@@ -559,11 +564,14 @@ def evaluate(
     store: Store,
     rule: Rule,
     at_ms: int,
-    raw_ttl_seconds: int = RAW_TTL_SECONDS,
+    raw_ttl_seconds: int | None = None,
     catalog: Catalog | None = None,
     nodes: Sequence[str] | None = None,
     via: str = "rollup",
 ) -> list[Match]:
+    """`rule`'s matches at `at_ms`; `raw_ttl_seconds`: the store's raw TTL, read from it if not given."""
+    if raw_ttl_seconds is None:
+        raw_ttl_seconds = stored_raw_ttl_seconds(store)
     return rule_matches(store, rule, at_ms, raw_ttl_seconds, catalog, nodes, _via(store, via))
 
 
@@ -639,6 +647,7 @@ def evaluate_all(
     nodes: Sequence[str] | None = None,
     readers: int | None = None,
     via: str = "rollup",
+    raw_ttl_seconds: int | None = None,
 ) -> Evaluation:
     """Every rule's matches, in the order of `rules`: the same answer as `evaluate` rule by rule,
     read by `readers` connections at once (default `readers_wanted()`), the caller's store and
@@ -648,21 +657,23 @@ def evaluate_all(
     A rule whose query fails while the store still answers is a RuleFailure and the others go on.
     When the store itself fails (it does not answer, or the schema is missing), the rules not
     started yet are not read and its error is raised as `evaluate` would raise it (of several failed
-    by then, the first in `rules`' order)."""
+    by then, the first in `rules`' order). `raw_ttl_seconds`: the store's raw TTL, read from it once
+    if not given."""
     if not rules:
         return Evaluation([])
     via = _via(store, via)
+    ttl = raw_ttl_seconds if raw_ttl_seconds is not None else stored_raw_ttl_seconds(store)
     catalog = default_catalog()  # loaded here once, not by the threads together
     count = min(readers if readers is not None else readers_wanted(), len(rules))
     if count <= 1:
-        return _gathered([_guarded(store, rule, at_ms, catalog, nodes, via) for rule in rules])
+        return _gathered([_guarded(store, rule, at_ms, ttl, catalog, nodes, via) for rule in rules])
     idle: queue.SimpleQueue[Store] = queue.SimpleQueue()
     opened: list[Store] = []
 
     def one(rule: Rule) -> tuple[list[Match], RuleFailure | None]:
         handle = idle.get()
         try:
-            return _guarded(handle, rule, at_ms, catalog, nodes, via)
+            return _guarded(handle, rule, at_ms, ttl, catalog, nodes, via)
         finally:
             idle.put(handle)
 
@@ -690,13 +701,19 @@ def evaluate_all(
 
 
 def _guarded(
-    store: Store, rule: Rule, at_ms: int, catalog: Catalog, nodes: Sequence[str] | None, via: str
+    store: Store,
+    rule: Rule,
+    at_ms: int,
+    raw_ttl_seconds: int,
+    catalog: Catalog,
+    nodes: Sequence[str] | None,
+    via: str,
 ) -> tuple[list[Match], RuleFailure | None]:
     """The rule's matches, and its failure: its query's, when the store still answers (else the
     store's error is raised), or the series whose aggregates are not finite numbers (a counter's
     delta past any float), which are told and never matched."""
     try:
-        matches = rule_matches(store, rule, at_ms, RAW_TTL_SECONDS, catalog, nodes, via)
+        matches = rule_matches(store, rule, at_ms, raw_ttl_seconds, catalog, nodes, via)
     except SchemaMissing:
         raise
     except Exception as exc:

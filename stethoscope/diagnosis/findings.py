@@ -31,7 +31,6 @@ from stethoscope.diagnosis.unknown import (
     UNREACHABLE_RULE,
     Fleet,
     Silence,
-    record_new_hosts,
     survey,
 )
 from stethoscope.store.client import Store
@@ -227,8 +226,6 @@ def _unknown_findings(
         if silence.devices:
             evidence["devices"] = silence.devices
         findings.append(_finding(rule, match, at_ms, evidence, literal=message))
-    if fleet is not None:
-        record_new_hosts(store, fleet, at_ms)
     return findings
 
 
@@ -279,7 +276,9 @@ def diagnose(
     UNKNOWN also answers for its nodes that say nothing; with a model, its findings too, each beside
     the rule finding of its layer on its node where there is one (diagnosis.model_findings). The
     job-level rules hold off through a job's warm-up, and a job that hangs is a finding of its own
-    (diagnosis.job_watch, `jobs`: its settings, default JobWatch())."""
+    (diagnosis.job_watch, `jobs`: its settings, default JobWatch()). It writes nothing: a host the
+    store never saw is new (within its grace) until a recording cycle (serve, watch, --execute) says
+    when it first was (unknown.record_new_hosts)."""
     cadence = cadence if cadence is not None else Cadence.learn(store, at_ms, nodes)
     jobs = jobs if jobs is not None else JobWatch()
     ordered = sorted(cadence.fit_all(rules), key=lambda r: r.rule_id)

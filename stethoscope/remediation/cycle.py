@@ -31,7 +31,7 @@ from stethoscope.diagnosis.job_watch import JobWatch
 from stethoscope.diagnosis.levels import SEVERITY_ORDER
 from stethoscope.diagnosis.model_findings import ModelUse
 from stethoscope.diagnosis.rules import Rule
-from stethoscope.diagnosis.unknown import Fleet
+from stethoscope.diagnosis.unknown import Fleet, record_new_hosts
 from stethoscope.remediation.action_pool import ActionPool
 from stethoscope.remediation.ledger import Ledger
 from stethoscope.remediation.lock import ExecutorLock, Heartbeat, lock_path
@@ -215,8 +215,12 @@ class Cycles:
         dry_run: bool,
     ) -> None:
         """`watch` and `serve` keep every cycle's findings, acting or not, and each cycle that keeps
-        them says it evaluated (remediation.record): the board's past days are read from these."""
+        them says it evaluated (remediation.record): the board's past days are read from these. The
+        inventory's hosts the store never saw get their first sight, from which UNKNOWN's grace for a
+        new host counts: only here, so that a command that only looks writes nothing."""
         with _handle(store, self.dsn, self.database) as handle:
+            if self.fleet is not None:
+                record_new_hosts(handle, self.fleet, at_ms)
             if dry_run:
                 seen = self.model.evaluated if self.model is not None and self.model.ran else None
                 record_dry_run(handle, findings, fitted, at_ms, self.nodes, seen)

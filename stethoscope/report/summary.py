@@ -46,10 +46,12 @@ def summarize(
     nodes: Sequence[str] | None = None,
     model: ModelUse | None = None,
     fleet: Fleet | None = None,
+    findings: list[dict[str, Any]] | None = None,
 ) -> list[NodeSummary]:
     """Per node of the store (and of the inventory, `fleet`, that never reported): rows, series, last
-    sample and the findings `diagnose` gives, those about no host (the fleet, the controller, a
-    switch) under a row of their own: the same findings, one reading of "unhealthy"."""
+    sample and the findings `diagnose` gives (`findings`: as serve's last cycle gave them), those
+    about no host (the fleet, the controller, a switch) under a row of their own: the same findings,
+    one reading of "unhealthy"."""
     db = store.database
     where, params = "", {}
     if nodes is not None:
@@ -62,7 +64,9 @@ def summarize(
     summaries = {node: NodeSummary(node, rows, series, last) for node, rows, series, last in totals}
     for host in fleet.names if fleet is not None else []:
         summaries.setdefault(host, NodeSummary(host, 0, 0, ""))
-    for finding in diagnose(store, rules, at_ms, catalog, nodes, fleet=fleet, model=model):
+    if findings is None:
+        findings = diagnose(store, rules, at_ms, catalog, nodes, fleet=fleet, model=model)
+    for finding in findings:
         # a correlated finding is about a switch or rack: listed under each node behind it
         named = [node for node in finding["nodes"] or [finding["node_id"]] if node in summaries]
         for node in named or [finding["node_id"]]:

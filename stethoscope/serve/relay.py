@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import socket
 import stat
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +51,9 @@ def socket_path_for(db_path: str) -> Path:
 
 
 class Relay:
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, documents: Callable[[str], Any] | None = None):
         self.store = store  # serve's open handle: each connection reads through a reader of its own
+        self.documents = documents or (lambda name: None)  # name -> what serve publishes (op `published`)
         self.path: Path | None = None
         self._listener: socket.socket | None = None
         self._connections: dict[socket.socket, threading.Thread] = {}
@@ -141,6 +144,9 @@ class Relay:
                     return
                 if message is None:
                     return
+                if message[0].get("op") == "published":  # serve's own document: no statement, no reader
+                    relay_wire.send(connection, *self._published(message[0]))
+                    continue
                 if reader is None:
                     reader = self._reader()
                     if reader is None:
@@ -158,6 +164,13 @@ class Relay:
             connection.close()
             with self._lock:
                 self._connections.pop(connection, None)
+
+    def _published(self, request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        name = request.get("name")
+        if not isinstance(name, str):
+            return relay_wire.error_header(StoreError("serve's relay: a document is asked by its name")), b""
+        document = self.documents(name)  # sent as JSON text: the wire's values are the store's types
+        return {"ok": True}, relay_wire.dump_values(None if document is None else json.dumps(document))
 
     def _reader(self) -> Store | None:
         """A reader handle for one connection; None once serve stops (its handle is about to close)."""

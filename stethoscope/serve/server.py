@@ -36,8 +36,9 @@ from stethoscope.remediation.action_events import publish_breaker
 from stethoscope.remediation.breaker_state import armed
 from stethoscope.remediation.cycle import CycleResult, Cycles
 from stethoscope.remediation.plan import preview, render_plan
+from stethoscope.remediation.published import NAME, document
 from stethoscope.report import board
-from stethoscope.serve.exposition import Exposition
+from stethoscope.serve.exposition import Exposition, Scrape
 from stethoscope.serve.http import bind, handler
 from stethoscope.serve.relay import Relay
 from stethoscope.serve.sweeps import Sweeper
@@ -67,6 +68,7 @@ class CycleState:
     rows_per_second: float = 0.0  # rows the collector stored between the last two cycles
     board_error: str | None = None  # why the last board was not written (the cycle itself went on)
     rule_failures: Counter = field(default_factory=Counter)  # rule_id -> cycles its evaluation failed
+    published: dict[str, Any] | None = None  # the last cycle's evaluation (remediation.published)
 
 
 class Server:
@@ -88,6 +90,7 @@ class Server:
         log_format: str = "text",
         replay_dir: Path | None = None,
         gate_http: tuple[str, int] | None = None,
+        evaluation_key: Callable[[list[Rule]], str] | None = None,
     ):
         self.store = store  # opened by start(), held until stop()
         self.spool_dir = spool_dir
@@ -109,6 +112,7 @@ class Server:
         self.gate_address = gate_http  # --gate-listen: GET /gate/<node> only, for the nodes
         self.gate_httpd: ThreadingHTTPServer | None = None
         self.relay: Relay | None = None
+        self.evaluation_key = evaluation_key  # rules -> what the commands beside serve compare (published)
         self.started = time.time()
         self._stored_at_last: tuple[int, float] = (0, time.monotonic())
         self.exposition = Exposition(self)
@@ -146,7 +150,7 @@ class Server:
         self.store.ensure_schema()
         self._publish_breaker()
         try:  # other processes' statements, answered through this handle (serve/relay.py)
-            self.relay = Relay(self.store).start()
+            self.relay = Relay(self.store, self._document).start()
         except OSError as exc:  # serve runs on; other commands then wait for the database, as before
             print(f"stethoscope: serve: relay not started: {exc}", file=sys.stderr, flush=True)
         self.collector.start()
@@ -203,6 +207,7 @@ class Server:
         at_ms = int(time.time() * 1000)
         started = time.monotonic()
         rules = self.rules()
+        self.state.rule_failures.update(dict.fromkeys((rule.rule_id for rule in rules), 0))  # /metrics: at 0
         try:
             result = self.cycles.run(rules, at_ms, store=self.store)
             self.state.rule_failures.update(result.failed_rules)
@@ -220,9 +225,15 @@ class Server:
         self.state.last_error = None
         self.state.last = result
         self.state.findings = result.findings
+        if self.evaluation_key is not None:  # diagnose and summary beside serve answer from it
+            self.state.published = document(result, self.evaluation_key(rules), self.interval)
         room = room_for(self.store, self.cycles)  # the breaker caps the gates' failures
         self.verdicts.publish(result.findings, at_ms, result.executing, room)
         self._log_cycle(at_ms, time.monotonic() - started, result)
+
+    def _document(self, name: str) -> dict[str, Any] | None:
+        """What the relay hands a command beside serve that asks for `name`."""
+        return self.state.published if name == NAME else None
 
     def _write_board(self, at_ms: int, rules: list[Rule], result: CycleResult) -> None:
         """The board of this cycle's findings; one that cannot be written costs the board only (the
@@ -343,8 +354,9 @@ class Server:
         """The node's last signed verdict for its Slurm gate (serve.verdicts)."""
         return self.verdicts.answer(node)
 
-    def metrics(self) -> bytes:
-        return self.exposition.render()
+    def metrics(self, accept: str | None = None, accept_encoding: str | None = None) -> Scrape:
+        """/metrics in the format `accept` asks for, gzipped where `accept_encoding` allows it."""
+        return self.exposition.answer(accept, accept_encoding)
 
 
 def _mode(record: dict[str, Any]) -> str:

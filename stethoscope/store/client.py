@@ -6,6 +6,7 @@ names the database; values travel as parameters or columnar inserts, never splic
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -17,7 +18,7 @@ from stethoscope.store import holder
 from stethoscope.store.batch import METRIC_COLUMNS, Batch, MetricColumns
 from stethoscope.store.dsn import ConfigError, database_of, embedded_path, is_embedded, redact, resolve_dsn
 from stethoscope.store.errors import SchemaMissing, StoreError
-from stethoscope.store.schema import cluster_ddl, hourly_backfill, single_node_ddl
+from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS, cluster_ddl, hourly_backfill, single_node_ddl
 
 # clickhouse-connect logs a traceback for every failed insert; our callers report the error themselves.
 logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)
@@ -239,6 +240,32 @@ class Store:
             self._holder.claim()
         return self
 
+    def published(self, name: str) -> Any:
+        """A document the serve holding this embedded database publishes under `name` (its latest
+        evaluation), asked through its relay without opening the store; None when no serve holds it,
+        it publishes nothing under that name, or it cannot be asked now."""
+        from stethoscope.store import relay_client
+
+        if not is_embedded(self.dsn):
+            return None
+        socket_path = holder.HolderFile(embedded_path(self.dsn)).relay_socket()
+        if socket_path is None:
+            return None
+        try:
+            client = relay_client.RelayClient(socket_path, f"the serve holding {embedded_path(self.dsn)}")
+        except OSError:
+            return None
+        try:
+            text = client.published(name)
+        except (StoreError, ConfigError):  # a serve from before documents were published answers none
+            return None
+        finally:
+            client.close()
+        try:
+            return json.loads(text) if isinstance(text, str) else None
+        except ValueError:
+            return None
+
     def _through_relay(self) -> bool:
         """Whether serve, holding the embedded database, now answers this store's statements through its
         relay (store/relay_client.py): the holder file names its socket and the socket answers."""
@@ -342,7 +369,7 @@ class Store:
         if not exists or exists[0][0] < 3:
             self.init_schema()
 
-    def init_schema(self, raw_ttl_days: int = 30) -> list[str]:
+    def init_schema(self, raw_ttl_days: int = DEFAULT_RAW_TTL_DAYS) -> list[str]:
         before = self._tables()
         statements = single_node_ddl(self.database, raw_ttl_days)
         for statement in statements:

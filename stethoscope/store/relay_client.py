@@ -85,6 +85,10 @@ class RelayClient:
             raise ValueError("the relay carries column-oriented inserts only")
         self._ask({"op": "insert", "table": table, "names": list(column_names)}, {"columns": list(data)})
 
+    def published(self, name: str) -> Any:
+        """A document serve publishes under `name` (its latest evaluation) as JSON text; None if none."""
+        return self._ask({"op": "published", "name": name}, {})
+
     def close(self) -> None:
         self._sock.close()
 

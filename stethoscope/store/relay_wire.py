@@ -24,7 +24,7 @@ MAX_REPLY_BYTES = 1024 * 1024 * 1024  # one result, from serve (this user's own 
 _LENGTH = struct.Struct(">Q")
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
-OPS = frozenset({"command", "query", "query_arrow", "insert"})
+OPS = frozenset({"command", "query", "query_arrow", "insert", "published"})  # published: serve's documents
 
 # The only classes a body may name: the values clickhouse-connect takes and returns.
 _ALLOWED = frozenset(
@@ -73,6 +73,10 @@ class _PlainValues(pickle.Pickler):
         # their plain values (the unpickler builds no numpy object)
         if type(obj).__module__ == "numpy" and hasattr(obj, "tolist"):
             return plain_value, (obj.tolist(),)
+        # a subclass of a plain type (Ansible's tagged strings: an inventory's host names) goes as it
+        for plain in (str, int, float):
+            if isinstance(obj, plain) and type(obj) not in (plain, bool):
+                return plain_value, (plain(obj),)
         return NotImplemented
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 LABELS_KEY = "labels_key String MATERIALIZED toString(mapSort(labels))"
+# The raw TTL (metrics, facts) of a new database unless `db init --ttl-days` says otherwise; an existing
+# database keeps its own, which the rules read back from it each cycle (store.ttl).
+DEFAULT_RAW_TTL_DAYS = 30
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,10 @@ METRIC_ORDER = "(node_id, metric_name, device, labels_key, timestamp)"
 
 
 def tables(
-    raw_ttl_days: int = 30, daily_ttl_days: int = 730, hourly_ttl_days: int = 90, fault_ttl_days: int = 730
+    raw_ttl_days: int = DEFAULT_RAW_TTL_DAYS,
+    daily_ttl_days: int = 730,
+    hourly_ttl_days: int = 90,
+    fault_ttl_days: int = 730,
 ) -> list[Table]:
     return [
         Table(
@@ -317,7 +323,7 @@ def _table_ddl(db: str, table: Table, name: str, engine: str, on_cluster: str) -
     return "\n".join(parts)
 
 
-def single_node_ddl(db: str, raw_ttl_days: int = 30) -> list[str]:
+def single_node_ddl(db: str, raw_ttl_days: int = DEFAULT_RAW_TTL_DAYS) -> list[str]:
     statements = [f"CREATE DATABASE IF NOT EXISTS {db}"]
     for table in tables(raw_ttl_days):
         statements.append(_table_ddl(db, table, table.name, f"{table.engine}({table.engine_args})", ""))
@@ -326,7 +332,7 @@ def single_node_ddl(db: str, raw_ttl_days: int = 30) -> list[str]:
     return statements
 
 
-def cluster_ddl(db: str, cluster: str = "{cluster}", raw_ttl_days: int = 30) -> list[str]:
+def cluster_ddl(db: str, cluster: str = "{cluster}", raw_ttl_days: int = DEFAULT_RAW_TTL_DAYS) -> list[str]:
     """Replicated local tables `<name>_local` plus Distributed tables under the contract's names."""
     on_cluster = f" ON CLUSTER '{cluster}'"
     statements = [f"CREATE DATABASE IF NOT EXISTS {db}{on_cluster}"]

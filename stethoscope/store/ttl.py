@@ -1,13 +1,16 @@
-"""The raw TTL (metrics, facts) of an existing database: read it, change it (`db init --ttl-days`)."""
+"""The raw TTL (metrics, facts) of an existing database: read it, change it (`db init --ttl-days`).
+
+What the database says is the one raw TTL: the rules read it once per cycle (`raw_ttl_seconds`) to
+know which windows reach past the raw rows into the daily rollup, `ingest` to warn about rows it
+would expire. DEFAULT_RAW_TTL_DAYS is only what `db init` gives a new database."""
 
 from __future__ import annotations
 
 import re
 
 from stethoscope.store.client import Store, StoreError
-from stethoscope.store.schema import tables
+from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS, tables
 
-DEFAULT_RAW_TTL_DAYS = 30
 _DAYS = re.compile(r"TTL .*?(?:toIntervalDay\((\d+)\)|INTERVAL (\d+) DAY)", re.DOTALL)
 
 
@@ -18,15 +21,24 @@ def raw_tables(days: int) -> dict[str, str]:
 
 
 def raw_ttl_days(store: Store) -> int | None:
-    """The metrics table's TTL in days, or None when there is no metrics table yet."""
+    """The metrics table's TTL in days (on a cluster its local table's: the Distributed one has
+    none), or None when there is no metrics table yet."""
     rows = store.query(
-        "SELECT create_table_query FROM system.tables WHERE database = {db:String} AND name = 'metrics'",
+        "SELECT create_table_query FROM system.tables WHERE database = {db:String} "
+        "AND name IN ('metrics', 'metrics_local') ORDER BY name",
         {"db": store.database},
     )
-    if not rows:
-        return None
-    found = _DAYS.search(rows[0][0])
-    return int(found.group(1) or found.group(2)) if found else None
+    for (query,) in rows:
+        found = _DAYS.search(query)
+        if found:
+            return int(found.group(1) or found.group(2))
+    return None
+
+
+def raw_ttl_seconds(store: Store) -> int:
+    """The raw TTL the rules read by: the store's own; a store without a metrics table yet has no
+    rows to lose, and is given the TTL `db init` would create it with."""
+    return (raw_ttl_days(store) or DEFAULT_RAW_TTL_DAYS) * 86400
 
 
 def change_raw_ttl(store: Store, days: int) -> list[str]:

@@ -2,7 +2,8 @@
 and re-send the previous REDUNDANCY, over UDP to the collector.
 
 Standard library only (NVML through nvidia-ml-py where installed) and Python 3.8-compatible: the
-push_agent role copies this file, wire.py and the node's metric set (JSON) to the node and runs
+push_agent role copies this file, wire.py, sysfs_devices.py (the modules' own NVMe discovery,
+plugins/module_utils) and the node's metric set (JSON) to the node and runs
 
     python3 agent.py --config /etc/stethoscope/agent.json
 
@@ -29,8 +30,9 @@ import time
 from typing import Any, Callable, Iterable
 
 try:
-    from stethoscope.telemetry import wire
+    from stethoscope.telemetry import sysfs_devices, wire
 except ImportError:  # on a node: copied beside this file
+    import sysfs_devices  # type: ignore[no-redef]
     import wire  # type: ignore[no-redef]
 
 NAN = float("nan")
@@ -73,10 +75,6 @@ IB_COUNTERS = {
 # DROP_COUNTERS): out_of_buffer (no receive WQE posted) plus the port's physical rx discards, those
 # present summed, so that rdma_qps_dropped_per_second means one thing at both cadences.
 RDMA_DROP_COUNTERS = ("hw_counters/out_of_buffer", "hw_counters/rx_discards_phy")
-NVME_TEMPERATURES = (
-    "/sys/class/nvme/nvme*/hwmon*/temp1_input",
-    "/sys/class/nvme/nvme*/device/hwmon/*/temp1_input",
-)
 REDISCOVER_PERIODS = 60  # devices appear and go (a port reset, a hot-plugged disk)
 EPOCH_FILE = "boot_epoch"  # in the agent's state folder (config "state_dir")
 MAX_EPOCH = 2**32 - 1  # the wire's boot epoch is 32 bits
@@ -139,12 +137,8 @@ class SysfsSource:
                 paths["rdma.drops"].append((device, drops))
         for aer in sorted(glob.glob(self.root + "/sys/bus/pci/devices/*/aer_dev_correctable")):
             paths["aer.correctable"].append((aer.split("/")[-2], (aer,)))
-        for pattern in (
-            "/sys/class/nvme/nvme*/hwmon*/temp1_input",
-            "/sys/class/nvme/nvme*/device/hwmon/*/temp1_input",
-        ):
-            for temp in sorted(glob.glob(self.root + pattern)):
-                paths["nvme.temperature"].append((temp.split("/")[4], (temp,)))
+        for controller, temp in sysfs_devices.nvme_temperature_inputs(self.root or "/"):
+            paths["nvme.temperature"].append((controller, (temp,)))
         self._paths = dict(paths)
 
     def read(self) -> dict[str, dict[str, float]]:
