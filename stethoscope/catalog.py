@@ -11,19 +11,15 @@ from typing import Any
 
 import yaml
 
+from stethoscope.aggregates import for_kind
 from stethoscope.bounded_yaml import RULE_FILE_MAX_BYTES, load_bounded
 from stethoscope.paths import rules_dir
 
 KINDS = ("gauge", "counter", "events")
 DIRECTIONS = ("higher", "lower", "none")
 LAYERS = ("compute", "communication", "storage", "network", "job")
-_CUMULATIVE = ("delta", "rate", "growth_percent", "slope", "last")
 # The aggregates a rule may apply to each kind (docs/design.md "Metric catalog"); the first is the default.
-AGGREGATES = {
-    "gauge": ("avg", "max", "min", "last", "p99", "stddev", "cv", "slope", "rising_fraction", "any"),
-    "counter": _CUMULATIVE,
-    "events": _CUMULATIVE,
-}
+AGGREGATES = {kind: for_kind(kind) for kind in KINDS}
 SWEEP_INTERVAL = 60  # what the catalog assumes for metrics the Ansible sweeps report
 STREAM_INTERVAL = 5  # the push stream's period (docs/design.md "Telemetry"; push_agent_period)
 # A metric without a declared layer gets one from its name's prefix, so that every metric has one.

@@ -173,7 +173,7 @@ def test_events_are_a_kind_with_the_counter_aggregates():
     from stethoscope.catalog import AGGREGATES
 
     assert CATALOG.kind("gpu_xid_errors_total") == CATALOG.kind("node_fingerprint_changes_total") == "events"
-    cumulative = ("delta", "rate", "growth_percent", "slope", "last")
+    cumulative = ("delta", "last", "rate", "slope", "growth_percent")  # the default first
     assert AGGREGATES["events"] == AGGREGATES["counter"] == cumulative
     assert CATALOG.get("gpu_xid_preexisting_total").layer == "compute"
 

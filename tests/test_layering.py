@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "stethoscope"
 
 # Each layer and the layers it may import (its own included). The base modules are read by all.
 BASE = {
+    "aggregates",
     "catalog",
     "inventory",
     "paths",

@@ -48,7 +48,11 @@ def test_the_seed_rule_loads_unchanged():
 
 
 @pytest.mark.parametrize(
-    "text, duration", [("30s", 30), ("5m", 300), ("1h", 3600), ("7d", 604800), ("5 min", None)]
+    "text, duration",
+    [
+        *(("30s", 30), ("5m", 300), ("1h", 3600), ("7d", 604800), ("5 min", None)),
+        *(("1.5h", 5400), ("1w", 604800), ("300", 300), ("1.5s", None), ("-5m", None)),
+    ],
 )
 def test_durations(text, duration):
     assert parse_duration(text) == duration
@@ -281,7 +285,7 @@ def test_rules_check_rejects_an_aggregate_the_metric_kind_does_not_allow(tmp_pat
     )
     assert result.returncode == 2
     assert f"{path}:5: aggregate: avg does not apply to ib_symbol_errors_total, a counter " in result.stderr
-    assert "(a counter allows delta, rate, growth_percent, slope, last)" in result.stderr
+    assert "(a counter allows delta, last, rate, slope, growth_percent)" in result.stderr
     assert f"{path}:10: aggregate: delta does not apply to gpu_temperature_celsius, a gauge " in result.stderr
     gauge_allows = "(a gauge allows avg, max, min, last, p99, stddev, cv, slope, rising_fraction, any)"
     assert gauge_allows in result.stderr

@@ -37,6 +37,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from stethoscope.aggregates import INCREASES, REGISTRY
 from stethoscope.catalog import Catalog, default_catalog
 from stethoscope.diagnosis.rules import Condition, Group, Rule
 from stethoscope.diagnosis.spans import spans
@@ -50,7 +51,6 @@ _OPERATORS = {">": ">", ">=": ">=", "<": "<", "<=": "<=", "==": "=", "!=": "!="}
 # then for the series without one up to 2 days); the daily rollup after.
 NEAR_LOOKBACK_SECONDS = 3600
 LOOKBACK_SECONDS = 2 * 86400
-INCREASES = ("delta", "rate")
 # A fleet of identical recordings has a MAD of 0; the spread is floored at this fraction of the median.
 _MIN_RELATIVE_SPREAD = 0.001
 _MAD_TO_SIGMA = 1.4826
@@ -112,36 +112,21 @@ class QueryBuilder:
         self.rollup = rollup  # whether metrics_hourly may stand in for whole hours of raw rows
         self.params: dict[str, Any] = {"at": at_ms}
         self.count = 0
+        self._named: dict[tuple[str, str, Any], str] = {}  # one parameter per value and type, reused
         self.nodes = nodes is not None
         if nodes is not None:
             self.params["nodes"] = sorted(nodes)
 
     def param(self, value: Any, kind: str) -> str:
-        self.count += 1
-        name = f"p{self.count}"
-        self.params[name] = value
-        return f"{{{name}:{kind}}}"
+        key = (kind, type(value).__name__, value)
+        if key not in self._named:
+            self.count += 1
+            self._named[key] = name = f"p{self.count}"
+            self.params[name] = value
+        return f"{{{self._named[key]}:{kind}}}"
 
     def aggregate(self, condition: Condition) -> str:
-        series = "arrayMap(t -> t.2, arraySort(groupArray((timestamp, value))))"
-        steps = f"arrayPopBack({series}), arrayPopFront({series})"
-        first, last = "argMin(value, timestamp)", "argMax(value, timestamp)"
-        return {
-            "avg": "avg(value)",
-            "max": "max(value)",
-            "min": "min(value)",
-            "last": last,
-            "p99": "quantile(0.99)(value)",
-            "stddev": "stddevSamp(value)",
-            "cv": "if(avg(value) = 0, 0, stddevSamp(value) / abs(avg(value)))",
-            # units per hour, least squares over the window; hours before the instant, not since the
-            # epoch: at ~5e5 epoch hours the regression's sums cancel and a 2-minute slope's sign is noise
-            "slope": "if(count() < 2, 0, tupleElement(simpleLinearRegression("
-            "toFloat64(toUnixTimestamp64Milli(timestamp) - {at:Int64}) / 3600000, value), 1))",
-            "rising_fraction": f"if(count() < 2, 0, arrayCount((a, b) -> b > a, {steps}) / (count() - 1))",
-            # relative to max(first, 1): counters that start at 0 grow by their new value in percent
-            "growth_percent": f"({last} - {first}) / greatest(abs({first}), 1) * 100",
-        }[condition.aggregate]
+        return REGISTRY[condition.aggregate].sql
 
     def filters(self, condition: Condition) -> list[str]:
         where = [f"metric_name = {self.param(condition.metric, 'String')}"]
@@ -230,7 +215,7 @@ class QueryBuilder:
             f"FROM ({rows}) GROUP BY node_id, device, labels_key HAVING n > 0"
         )
         series = "(node_id, device, labels_key)"
-        stale = f"{series} IN (SELECT node_id, device, labels_key FROM ({samples}) WHERE NOT has_before)"
+        stale = f"{series} IN (SELECT node_id, device, labels_key FROM samples WHERE NOT has_before)"
         older_where = [
             *filters,
             stale,
@@ -256,8 +241,9 @@ class QueryBuilder:
         return self.folded(condition, samples, fallback, joins)
 
     def folded(self, condition: Condition, samples: str, fallback: str, joins: str) -> str:
-        """The increase over each series' `samples` row, from the sample before the window (else
-        `fallback`, where `{fresh}` stands for the series' first value, or 0 for events: news)."""
+        """The increase over each series' `samples` row (named `samples` for `joins` to read), from the
+        sample before the window (else `fallback`, where `{fresh}` stands for the series' first value,
+        or 0 for events: news)."""
         fresh = "0" if condition.kind == "events" else "s.inside[1]"
         base = f"if(s.has_before, s.before, {fallback.format(fresh=fresh)})"
         steps = f"arrayPushFront(s.inside, {base})"
@@ -266,8 +252,9 @@ class QueryBuilder:
         if condition.aggregate == "rate":
             increase = f"{increase} / {self.param(condition.window_seconds, 'UInt32')}"
         return (
+            f"WITH samples AS ({samples}) "
             "SELECT s.node_id AS node_id, s.device AS device, s.labels_key AS labels_key, '' AS cls, "
-            f"{increase} AS cur, s.n AS n FROM ({samples}) AS s {joins}"
+            f"{increase} AS cur, s.n AS n FROM samples AS s {joins}"
         )
 
     def hourly_reads(self, condition: Condition, deep: int) -> bool:

@@ -19,28 +19,16 @@ import yaml
 from jinja2 import TemplateSyntaxError
 from jinja2.sandbox import SandboxedEnvironment
 
-from stethoscope.bounded_yaml import RULE_FILE_MAX_BYTES, BoundedSafeLoader, load_bounded
+from stethoscope import timeutil
+from stethoscope.aggregates import NAMES
+from stethoscope.bounded_yaml import RULE_FILE_MAX_BYTES, BoundedSafeLoader, is_stdin, load_bounded
 from stethoscope.catalog import AGGREGATES as KIND_AGGREGATES
 from stethoscope.catalog import Catalog
 
 SEVERITIES = ("info", "warning", "critical")
 LEVELS = ("L1", "L2", "L3", "L4")
 OPERATORS = (">", ">=", "<", "<=", "==", "!=", "has_bits")
-AGGREGATES = (
-    "avg",
-    "max",
-    "min",
-    "last",
-    "p99",
-    "delta",
-    "rate",
-    "stddev",
-    "cv",
-    "slope",
-    "rising_fraction",
-    "growth_percent",
-    "any",
-)
+AGGREGATES = NAMES  # stethoscope/aggregates.py: the one registry
 BASELINES = ("node", "fleet")
 DEVIATIONS = ("percent", "sigma")
 CORRELATE_BY = ("switch", "rack")
@@ -84,8 +72,6 @@ CONDITION_FIELDS = {
 # A window spans at least this many reports of its series (docs/design.md "Rules"): shorter windows
 # stretch to it, at whatever cadence the inventory declares or the series shows.
 REPORTS_PER_WINDOW = 3
-_DURATION = re.compile(r"^(\d+)\s*(s|m|h|d)$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # why `any` has no meaning on a counter or events metric: each sample is a running total
 ANY_ON_TOTALS = (
     ": its samples are running totals, and delta counts every event in the window, however short its spell"
@@ -253,9 +239,13 @@ def fmt_duration(seconds: int) -> str:
 
 
 def parse_duration(text: Any) -> int | None:
-    """'30s', '5m', '1h', '7d' -> seconds; None if it is not a duration."""
-    match = _DURATION.match(str(text).strip())
-    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)] if match else None
+    """Whole seconds of a duration in timeutil's one syntax ('30s', '1.5h', '1w', '300'); None if it is
+    not one, or not a whole number of seconds."""
+    try:
+        seconds = timeutil.parse_duration(text)
+    except timeutil.DurationError:
+        return None
+    return int(seconds) if float(seconds).is_integer() else None
 
 
 class _Validator:
@@ -557,9 +547,10 @@ class _Validator:
 
 
 def rule_files(path: Path) -> list[Path]:
-    if path.is_file():
+    if path.is_file() or is_stdin(path):
         return [path]
-    data = ("metrics.yml", "telemetry.yml")  # the catalog and the stream's metric sets, not rules
+    # the catalog, the stream's metric sets and the exporters' names (rules/sources): data, not rules
+    data = ("metrics.yml", "telemetry.yml", "exporters.yml")
     return sorted(p for p in path.rglob("*") if p.suffix in (".yml", ".yaml") and p.name not in data)
 
 

@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from stethoscope.aggregates import REGISTRY
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.audit import MODEL_LAYERS
 from stethoscope.diagnosis.layers import rule_layer
@@ -46,8 +47,6 @@ from stethoscope.timeutil import iso
 # the seed's figures (issue 27): minutes from first evidence to a finding, and an L4 incident's
 # handling from the finding to its ticket
 REFERENCE = {"mttd_minutes": 47.0, "l4_handling_minutes": 19.0}
-RAW_AGGREGATES = ("last", "max", "min", "avg", "p99", "any")
-INCREASE_AGGREGATES = ("delta", "rate")
 FAULT_REACH_MS = 6 * 3_600_000  # as far back as `fault confirm` keeps a node's raw rows
 OTHER = "other"  # a finding of no rule in the rule set (UNKNOWN, a removed rule)
 ALL = "all"
@@ -135,9 +134,10 @@ def _sign(rule: Rule, catalog: Catalog) -> _Sign:
     own = rule.conditions[0] if rule.conditions else None
     if own is None or own.baseline is not None or not math.isfinite(own.threshold):
         return _Sign(rule.rule_id, layer)
-    if own.aggregate in RAW_AGGREGATES:
+    aggregate = REGISTRY[own.aggregate]
+    if aggregate.sample_evidence:
         mode = "raw"
-    elif own.aggregate in INCREASE_AGGREGATES:
+    elif aggregate.increase:
         mode = "increase"
     else:
         return _Sign(rule.rule_id, layer)

@@ -1,0 +1,95 @@
+SELECT
+    *,
+    '' AS grp,
+    1 AS peers
+FROM
+(
+    SELECT
+        node_id,
+        any(dev) AS device,
+        any(v) AS value,
+        maxMap(`values`) AS all_values
+    FROM
+    (
+        SELECT
+            node_id,
+            if(extract(device, {p1:String}) = '', device, extract(device, {p1:String})) AS key,
+            argMax(device, x) AS dev,
+            map({p2:String}, max(x)) AS `values`,
+            max(x) AS v
+        FROM
+        (
+            SELECT
+                node_id,
+                device,
+                labels_key,
+                cls,
+                (-1 * (cur - base)) / (greatest(abs(base), 1e-12) / 100) AS x,
+                n
+            FROM
+            (
+                SELECT
+                    *,
+                    quantileExact(0.5)(abs(cur - base)) OVER (PARTITION BY device, labels_key, cls) * 1.4826 AS spread
+                FROM
+                (
+                    SELECT
+                        *,
+                        quantileExact(0.5)(cur) OVER (PARTITION BY device, labels_key, cls) AS base,
+                        count() OVER (PARTITION BY device, labels_key, cls) AS peers
+                    FROM
+                    (
+                        SELECT
+                            node_id,
+                            device,
+                            labels_key,
+                            any(cls) AS cls,
+                            argMax(value, timestamp) AS cur,
+                            count() AS n
+                        FROM
+                        (
+                            SELECT
+                                node_id,
+                                device,
+                                labels_key,
+                                any(value) AS value,
+                                timestamp,
+                                '' AS cls
+                            FROM stethoscope.metrics
+                            WHERE (metric_name = {p2:String}) AND (timestamp <= fromUnixTimestamp64Milli({at:Int64}, 'UTC')) AND (timestamp > (fromUnixTimestamp64Milli({at:Int64}, 'UTC') - toIntervalSecond({p4:UInt32})))
+                            GROUP BY
+                                node_id,
+                                device,
+                                labels_key,
+                                timestamp
+                        )
+                        GROUP BY
+                            node_id,
+                            device,
+                            labels_key
+                    )
+                )
+                WHERE peers >= 3
+            )
+        )
+        WHERE (n >= {p5:UInt32}) AND (x > {p3:Float64})
+        GROUP BY
+            node_id,
+            key
+    )
+    GROUP BY
+        node_id,
+        key
+)
+ORDER BY
+    node_id ASC,
+    device ASC
+-- parameters
+{
+ "at": 1767225600000,
+ "p1": "^([^/]+)",
+ "p2": "ib_port_active_mtu",
+ "p3": 1.0,
+ "p4": 300,
+ "p5": 1
+}
