@@ -6,6 +6,7 @@ it as it reports a syntax error."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -104,10 +105,19 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
+def is_stdin(path: Path | str) -> bool:
+    """`-`: the command-line convention for standard input in place of a file."""
+    return str(path) == "-"
+
+
 def read_bounded(path: Path, max_bytes: int, kind: str) -> bytes:
-    """The bytes of `path`, read no further than `max_bytes`: YamlTooLarge when there are more."""
-    with path.open("rb") as file:
-        data = file.read(max_bytes + 1)
+    """The bytes of `path` (standard input for `-`), read no further than `max_bytes`: YamlTooLarge when
+    there are more."""
+    if is_stdin(path):
+        data = sys.stdin.buffer.read(max_bytes + 1)
+    else:
+        with path.open("rb") as file:
+            data = file.read(max_bytes + 1)
     if len(data) > max_bytes:
         start = yaml.Mark(str(path), 0, 0, 0, None, 0)
         raise YamlTooLarge(f"larger than {max_bytes / MIB:g} MiB, the most a {kind} may be", start)

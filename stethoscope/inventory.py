@@ -64,12 +64,13 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
     hosts: dict[str, Host] = {}
     for host in manager.get_hosts():
         host_vars = variables.get_vars(host=host, include_hostvars=False)
-        hosts[host.name] = Host(
-            host.name,
-            str(host_vars.get("slurm_name") or host.name),
+        name = str(host.name)  # plain text: Ansible's are tagged strings, which no pickle of ours carries
+        hosts[name] = Host(
+            name,
+            str(host_vars.get("slurm_name") or name),
             str(host_vars.get("rack") or ""),
             str(host_vars.get("switch") or ""),
-            sorted(g.name for g in host.get_groups() if g.name not in ("all", "ungrouped")),
+            sorted(str(g.name) for g in host.get_groups() if g.name not in ("all", "ungrouped")),
         )
     if not hosts:
         raise InventoryError(f"inventory {path}: no hosts")

@@ -46,6 +46,16 @@ def rules_dir() -> Path:
     return (shipped_dir() / "rules").resolve()
 
 
+# the JSON Schemas of a rule file and of rules/metrics.yml, for editors and pre-commit (`rules check`
+# stays the authority)
+SCHEMAS = {"rules": "rule-file.schema.json", "metrics": "metrics.schema.json"}
+
+
+def schema_path(of: str) -> Path:
+    """The shipped JSON Schema of a rule file (`rules`) or of the metric catalog (`metrics`)."""
+    return Path(__file__).resolve().parent / "schemas" / SCHEMAS[of]
+
+
 def models_dir() -> Path:
     """The shipped models."""
     return rules_dir() / "models"

@@ -6,7 +6,8 @@ none of this: it escapes them itself."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, TextIO
 
 _CONTROLS = [*range(0x00, 0x20), *range(0x7F, 0xA0)]
 # bidi marks, overrides and isolates; zero-width characters, the word joiner and the BOM, which hide
@@ -36,3 +37,8 @@ def terminal_safe_data(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(terminal_safe_data(item) for item in value)
     return value
+
+
+def colour_wanted(stream: TextIO) -> bool:
+    """ANSI colour only on a terminal, and never where NO_COLOR is set to anything (https://no-color.org)."""
+    return not os.environ.get("NO_COLOR") and stream.isatty()

@@ -7,12 +7,17 @@ OverflowError and never an insert that fails for a whole batch.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import math
+import re
 import time
 
 MIN_MS = -2_208_988_800_000  # 1900-01-01T00:00:00Z
 MAX_MS = 10_413_791_999_999  # 2299-12-31T23:59:59.999Z
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)\s*(s|m|h|d|w)?$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+DURATION_SYNTAX = "90s, 15m, 1.5h, 2d, 1w or plain seconds"
 
 
 class TimeRangeError(ValueError):
@@ -64,3 +69,39 @@ def in_range(ms: object) -> bool:
 
 def iso(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds")
+
+
+class DurationError(ValueError):
+    """Text that is not a duration."""
+
+
+def parse_duration(text: object) -> float:
+    """The one duration syntax of every option and setting: '90s', '15m', '1.5h', '2d', '1w', or plain
+    seconds ('300', '2.5') -> seconds; DurationError naming the text otherwise."""
+    if isinstance(text, bool):
+        raise DurationError(f"{text!r:.60} is not a duration ({DURATION_SYNTAX})")
+    match = _DURATION.match(str(text).strip())
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2) or "s"] if match else math.nan
+    if not math.isfinite(seconds) or seconds * 1000 > MAX_MS:
+        raise DurationError(f"{text!r:.60} is not a duration ({DURATION_SYNTAX})")
+    return int(seconds) if seconds.is_integer() else seconds
+
+
+def duration_option(text: str) -> float:
+    """argparse's type for a duration option: a bad one is exit 2 naming the option and the value."""
+    try:
+        return parse_duration(text)
+    except DurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def moment_ms(text: str, until_ms: int) -> int:
+    """A time given as a duration before `until_ms` (with its unit: 2h, 1.5d), ISO-8601 or epoch seconds
+    (a bare number is a moment here, never seconds ago); ValueError when it is none of them."""
+    bare = text.strip().replace(".", "", 1).isdigit()
+    if not bare:
+        try:
+            return until_ms - round(parse_duration(text) * 1000)
+        except DurationError:
+            pass
+    return to_ms(text)

@@ -224,7 +224,7 @@ def test_a_csv_faults_file_with_a_relative_impact_names_its_line(history, tmp_pa
     assert code == 0 and audit["faults"][0]["impact_at"] == iso(IMPACT)
 
 
-@pytest.mark.parametrize("target", ["30", "half an hour", "-5m", "1d"])
+@pytest.mark.parametrize("target", ["30 min", "half an hour", "-5m", "1x"])
 def test_a_bad_lead_target_is_exit_2(history, capsys, target):
     assert main(["audit", "--dsn", history.dsn, f"--lead-target={target}"]) == 2
     assert "--lead-target" in capsys.readouterr().err

@@ -16,6 +16,8 @@ from stethoscope.timeutil import now_ms
 from conftest import TOP, ansible_env
 
 CATALOG = Catalog.load()
+# every lab node runs nccl-tests as 8 ranks on itself (inventories/lab: bench_nccl_gpus_per_node)
+ONE_NODE_8_RANKS = {"ranks": "8", "topology": "1x8"}
 
 
 def bench_row(run, node, metric, value, repetition=1, class_fp="c1", node_fp=None, labels=None, at=0):
@@ -135,9 +137,17 @@ def test_baseline_playbook_on_the_lab_grades_the_slow_node_red(tmp_path, tmp_dsn
     # 8 nodes share this machine's 2 cores, so stand-in throughput is not graded here; the rest is
     red = {(r.node_id, r.suite) for r in rows if r.grade == "red" and r.suite != "compute"}
     assert red == {("node03", "nccl"), ("node03", "storage")}
-    (ring,) = [r for r in rows if r.node_id == "node03" and r.labels == {"algo": "ring", "size": "avg"}]
+    (ring,) = [
+        r
+        for r in rows
+        if r.node_id == "node03" and r.labels == {**ONE_NODE_8_RANKS, "algo": "ring", "size": "avg"}
+    ]
     assert ring.hints == ["ring degraded while tree is normal: suspect switch port congestion"]
-    (tree,) = [r for r in rows if r.node_id == "node03" and r.labels == {"algo": "tree", "size": "avg"}]
+    (tree,) = [
+        r
+        for r in rows
+        if r.node_id == "node03" and r.labels == {**ONE_NODE_8_RANKS, "algo": "tree", "size": "avg"}
+    ]
     assert tree.grade == "green"
     assert '<tr class="red"><td class="g">red</td><td>node03</td>' in render_html(rows)
     with Store(tmp_dsn) as store:
@@ -154,6 +164,19 @@ def test_baseline_playbook_on_the_lab_grades_the_slow_node_red(tmp_path, tmp_dsn
     decided = [f"baseline preflight node0{i}: run: no scheduler configured" for i in range(1, 9)]
     assert all(line in proc.stdout for line in decided)
     assert not list(lab_dir.glob("nodes/*/scratch.fio"))
+    # the storage suite's file preconditioned first, then read, then written for the cliff (the lab's
+    # 20 s run: none within it, its length stored), on every node
+    assert all(f"{lab_dir}/nodes/node0{i}/scratch.fio: steady state" in proc.stdout for i in range(1, 9))
+    with Store(tmp_dsn) as store:
+        cliffs = store.query(
+            "SELECT metric_name, value, labels['runtime'], uniqExact(node_id) FROM stethoscope.bench_results "
+            "WHERE metric_name LIKE 'bench_fio_latency_jump%' GROUP BY metric_name, value, labels['runtime'] "
+            "ORDER BY metric_name"
+        )
+    assert cliffs == [
+        ("bench_fio_latency_jump_seconds", 20.0, "20", 8),
+        ("bench_fio_latency_jumped", 0.0, "20", 8),
+    ]
 
 
 def run_rows(run, node, value, at, suite="storage", class_fp="c1", metric="bench_fio_randread_iops"):
@@ -266,3 +289,24 @@ def test_the_table_shows_a_long_label_whole(store):
     (slow,) = [line for line in table if "gpu-node-0003" in line]
     assert "algo=ring,placement=oop,size=17179869184 " in slow
     assert slow.startswith("RED") and table[0].index("value") < slow.index("90")
+
+
+def test_ring_and_tree_are_paired_within_one_topology(store):
+    """A batch's 2x8 run (ring degraded, tree normal) and each node's own 1x8 run (both normal) are
+    compared with like runs only, and the ring-vs-tree hint reads the 2x8 pair, not a mix."""
+    rows = []
+    for topology, ranks in (("1x8", "8"), ("2x8", "16")):
+        for algo in ("ring", "tree"):
+            labels = {"algo": algo, "size": "avg", "ranks": ranks, "topology": topology}
+            for node in ("n1", "n2", "n3", "n4"):
+                value = 140.0 if (node == "n4" and algo == "ring" and topology == "2x8") else 200.0
+                row = bench_row("r1", node, "bench_allreduce_busbw_gb_per_s", value, labels=labels)
+                rows.append({**row, "suite": "nccl", "device": "node"})
+    store.insert_rows("bench_results", rows)
+    report = {(r.node_id, r.labels["algo"], r.labels["topology"]): r for r in build(store, CATALOG)}
+    assert report[("n4", "ring", "2x8")].grade != "green" and report[("n4", "ring", "1x8")].grade == "green"
+    assert report[("n4", "ring", "2x8")].fleet_nodes == 4  # its fleet: the 2x8 runs, not the 1x8 ones
+    assert report[("n4", "ring", "2x8")].hints == [
+        "ring degraded while tree is normal: suspect switch port congestion"
+    ]
+    assert report[("n4", "ring", "1x8")].hints == []

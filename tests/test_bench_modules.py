@@ -138,6 +138,20 @@ def test_storage_runs_fio_for_real_three_times(tmp_path):
     print(f"fio randread RSD over 3 runs: {stability['rsd_percent']:.2f} %")  # reported in the closing note
 
 
+def test_fio_may_run_its_whole_runtime(tmp_path):
+    """The 30-minute sustained write runs under a limit longer than 30 minutes (the modules' default
+    limit of 30 s would kill any fio run of the role's default length)."""
+    bindir, log = tmp_path / "bin", tmp_path / "tools.log"
+    fake_tools(bindir, log, {"fio": "public/fio/fio-3.1_randread_4k_qd32_samsung_pm883_sata.json"})
+    (bindir / "timeout").write_text(f'#!/bin/sh\necho "timeout $*" >> "{log}"\nshift 3\nexec "$@"\n')
+    (bindir / "timeout").chmod(0o755)
+    args = {"filename": str(tmp_path / "scratch.fio"), "runtime": 1800, "repetitions": 1}
+    result = run_module(tmp_path, "bench_storage", args, bindir)
+    assert not result["failed"], result.get("msg")
+    (limit,) = {line.split()[3] for line in log.read_text().splitlines() if line.startswith("timeout")}
+    assert int(limit) >= 1800
+
+
 def test_storage_refuses_a_sustained_write_on_a_raw_device(tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()
@@ -160,7 +174,7 @@ def test_nccl_ring_and_tree_from_recorded_output(tmp_path):
     result = run_module(
         tmp_path,
         "bench_nccl",
-        {"repetitions": 2, "args": ["-b", "32M", "-e", "1G", "-f", "2", "-g", "8"]},
+        {"repetitions": 2, "args": ["-b", "32M", "-e", "1G", "-f", "2"], "gpus_per_node": 8},
         bindir,
     )
     assert log.read_text().splitlines() == ["all_reduce_perf -b 32M -e 1G -f 2 -g 8"] * 4
@@ -177,7 +191,7 @@ def test_nccl_launch_failure_fails_the_task(tmp_path):
     bindir, log = tmp_path / "bin", tmp_path / "argv.log"
     fixture = REAL.parent.parent / "public/nccl-tests/all_reduce_perf_mpirun_failure_not_enough_slots_gcm.txt"
     fake_tools(bindir, log, {"all_reduce_perf": f"cat {fixture}; exit 1"})
-    result = run_module(tmp_path, "bench_nccl", {"repetitions": 1}, bindir)
+    result = run_module(tmp_path, "bench_nccl", {"repetitions": 1, "gpus_per_node": 8}, bindir)
     assert result["failed"] and "launch failed: There are not enough slots available" in result["msg"]
 
 
@@ -265,3 +279,13 @@ def test_storage_sustained_write_reads_fios_own_latency_log(tmp_path):
     sustained = result["sustained"]
     assert sustained["points"] >= 2 and sustained["log"].endswith("stethoscope_sustained_clat.1.log")
     assert sustained["jump"] is None  # a 3 s write on a file does not fall off a cliff
+    # no cliff within the run is still a value: the run's length, and the flag that says none
+    labels = {"mode": "sustained", "bs": "4k", "iodepth": "64", "runtime": "3"}
+    assert sorted((r["name"], r["value"], r["labels"] == labels) for r in result["stethoscope_metrics"]) == [
+        ("bench_fio_latency_jump_seconds", 3.0, True),
+        ("bench_fio_latency_jumped", 0.0, True),
+    ]
+    assert {r["metric_name"] for r in result["stethoscope_bench"]["results"]} == {
+        "bench_fio_latency_jump_seconds",
+        "bench_fio_latency_jumped",
+    }

@@ -78,6 +78,11 @@ def test_names_carry_their_unit_or_are_known_exceptions():
         "bench_gemm_mismatch",  # flags and a checksum: no unit
         "bench_gemm_quorum_suspect",
         "bench_gemm_checksum",
+        "bench_fio_latency_jumped",  # a flag: whether the sustained write's latency jumped
+        "bench_rdma_rc_local_ack_timeouts",  # a counter's increase during one pair's run: a count
+        "bench_rdma_rc_rnr_nak_retries",
+        "bench_rdma_rc_packet_seq_errors",
+        "bench_rdma_rc_out_of_sequence",
         "gpu_pcie_link_width",
         "gpu_remapped_rows_correctable",
         "gpu_remapped_rows_uncorrectable",

@@ -145,6 +145,7 @@ def fleet(metric, mine, labels=None, device="node"):
 OOP = {"algo": "ring", "placement": "oop", "size": "8"}
 FLAT_RUNS = [100, 101, 99, 100, 101, 99, 100]  # a week of daily runs at the node's own normal
 AVG = {"algo": "ring", "size": "avg"}
+SUSTAINED = {"mode": "sustained", "bs": "4k", "iodepth": "64", "runtime": "1800"}
 FLEET = {
     "ib_mtu_mismatch",
     "net_mtu_mismatch",
@@ -153,7 +154,9 @@ FLEET = {
     "fio_iops_below_fleet",
     "rdma_bw_below_fleet",
     "rdma_latency_above_fleet",
+    "rdma_pair_rc_retries_above_class",
     "fio_latency_above_fleet",
+    "ssd_write_cliff_before_fleet",
 }
 # rule -> (series of the node that must fire it, series of the node that must not)
 CASES = {
@@ -567,7 +570,17 @@ CASES = {
     ),
     "rdma_bw_below_fleet": fleet("bench_rdma_bw_gbit_per_s", 80, device="mlx5_0"),
     "rdma_latency_above_fleet": fleet("bench_rdma_latency_p99_us", 200, device="mlx5_0"),
+    # a baseline pair's RC retries: 300 local ACK timeouts where its class's pairs count 100
+    "rdma_pair_rc_retries_above_class": fleet("bench_rdma_rc_local_ack_timeouts", 300, device="mlx5_0"),
     "fio_latency_above_fleet": fleet("bench_fio_randread_latency_p99_us", 200, device="nvme0n1"),
+    # bench_storage mode=sustained: the cliff at 5 minutes; peers without one within the 30-minute run
+    "ssd_write_cliff_before_fleet": (
+        [
+            S("bench_fio_latency_jump_seconds", [300], "scratch.fio", SUSTAINED, step_ms=HOUR),
+            S("bench_fio_latency_jumped", [1], "scratch.fio", SUSTAINED, step_ms=HOUR),
+        ],
+        [S("bench_fio_latency_jump_seconds", [1800], "scratch.fio", SUSTAINED)] * 4,
+    ),
     "training_subhealth": (
         [
             S("train_loss_variance", [0.08] * 6),

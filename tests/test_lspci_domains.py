@@ -27,7 +27,7 @@ def test_vmd_domain_devices_are_listed_each_with_its_domain():
 def test_a_vmd_stanza_after_another_keeps_its_own_link_and_aer_values():
     """The real H100 stanza, its header line given a VMD address (the derivation is here, not in a
     fixture): before the fix its link and AER lines overwrote the ConnectX-7's."""
-    header, _, body = H100.partition("\n")
+    header, _newline, body = H100.partition("\n")
     bus = header.split(" ", 1)[0]
     moved = header.replace(bus, "10000:e0:06.0", 1) + "\n" + body
     cx7, vmd = parse_lspci_vvv(CX7 + moved)

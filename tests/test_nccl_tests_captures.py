@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.aicluster.stethoscope.plugins.module_utils import suite_nccl
+from ansible_collections.aicluster.stethoscope.plugins.module_utils import nccl_launch, suite_nccl
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import CollectorError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nccl_tests import parse_nccl_tests
 
@@ -108,9 +108,12 @@ class ReplayContext:
 
 
 def run_suite(text, rc=0):
-    return suite_nccl.run(
-        ReplayContext(text, rc), "all_reduce_perf", ["-b", "8", "-e", "1G"], ["Ring"], [], 1, {}, 3.0
+    # both captures are 2-node runs: 2 x 1 T4 (mpirun) and 2 x 8 H100 (srun)
+    gpus = 8 if "<stdout>" not in text else 1
+    launch = nccl_launch.plan(
+        "mpirun", "all_reduce_perf", ["-b", "8", "-e", "1G"], gpus, ["n1", "n2"], hostfile="/tmp/hf"
     )
+    return suite_nccl.run(ReplayContext(text, rc), "all_reduce_perf", ["Ring"], launch, 1, {}, 3.0)
 
 
 def test_the_suite_fails_a_run_cut_short():

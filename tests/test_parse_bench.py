@@ -17,6 +17,7 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.nccl_tests i
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nvidia_smi import parse_query_gpu_csv
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.parse_error import ParseError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.perftest import parse_perftest
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.suite_storage import cliff_values
 
 from conftest import fixture_text
 
@@ -121,6 +122,38 @@ def test_latency_cliff_120us_to_8ms():
     assert (
         latency_jump(parse_lat_log("".join(f"{t * 1000}, 120000, 1, 4096, 0\n" for t in range(100)))) is None
     )
+
+
+PM883_WRITE_LOG = "public/fio/fio-3.1_randwrite_4k_qd32_samsung_pm883_sata_clat.1.log"
+
+
+def test_real_write_latency_log_of_a_healthy_ssd_has_no_cliff():
+    """fio 3.1's own log of 60 s of 4k random writes on a Samsung PM883 (250 ms averages): about
+    500 us throughout, and its closing partial average (743 us) is no cliff."""
+    points = parse_lat_log(fixture_text(PM883_WRITE_LOG))
+    assert len(points) == 241 and points[0] == (0.25, 502.095) and points[-1] == (60.0, 743.161)
+    assert latency_jump(points) is None
+    assert cliff_values(None, 60) == [
+        ("bench_fio_latency_jump_seconds", 60, "s"),
+        ("bench_fio_latency_jumped", 0, "flag"),
+    ]
+
+
+def test_a_cliff_in_the_real_log_is_timed_from_its_start():
+    """The PM883's log with every sample from 45 s on made 40 times slower (its 500 us to 20 ms,
+    the shape of the seed's 120 us to 8 ms): the jump is found where the first slow 250 ms began."""
+    lines = fixture_text(PM883_WRITE_LOG).splitlines()
+    slowed = [
+        ", ".join([f[0], str(int(f[1]) * 40 if int(f[0]) >= 45_000 else int(f[1])), *f[2:]])
+        for f in (line.split(", ") for line in lines)
+    ]
+    jump = latency_jump(parse_lat_log("\n".join(slowed)))
+    assert jump["at_seconds"] == 44.75
+    assert jump["after_us"] == pytest.approx(40 * jump["baseline_us"], rel=0.05)
+    assert cliff_values(jump, 60) == [
+        ("bench_fio_latency_jump_seconds", 44.75, "s"),
+        ("bench_fio_latency_jumped", 1, "flag"),
+    ]
 
 
 def test_query_gpu_csv_under_load_shows_the_power_cap():

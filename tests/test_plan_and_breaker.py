@@ -255,3 +255,20 @@ def test_execute_drains_the_node_the_plan_said_when_the_breaker_has_room_for_one
     outcomes = {f["node_id"]: f["outcome"] for f in json.loads(done.stdout)}
     assert outcomes["node02"] == f"api_call ok, {DRAIN} ok", done.stderr
     assert f"{DRAIN} refused" in outcomes["node03"], done.stderr
+
+
+def test_a_drain_the_plan_refused_stays_refused_while_its_work_waits_past_the_next_cycle():
+    """serve: incidents queued in one cycle ask the breaker in a later one, whose plan no longer names
+    them; the earlier plan's order still holds (node02 was admitted, node03 refused)."""
+    from stethoscope.remediation.breaker import CircuitBreaker
+
+    breaker = CircuitBreaker(fleet_size=8)  # room for one isolation
+    verdicts = breaker.admit(["node02", "node03"])
+    assert verdicts["node02"][0] and not verdicts["node03"][0]
+    breaker.admit([])  # the next cycle plans no drain
+    assert not breaker.permit("node03")[0]
+    assert breaker.permit("node02")[0]
+    assert breaker.admit(["node03"])["node03"] == (
+        False,
+        breaker.room("node03")[1],
+    )  # judged again: still full

@@ -78,3 +78,19 @@ def test_a_stale_or_foreign_evaluation_is_not_taken():
     assert result_of(published, "other key", None, at) is None
     assert result_of(published, "key", None, at + 2 * 60_000 + 30_000 + 1) is None  # two intervals and 30 s
     assert result_of({**published, "schema": 0}, "key", None, at) is None
+
+
+def test_an_executor_that_judges_otherwise_is_not_taken_for_a_dry_run():
+    """An executing serve that does not cap stream-only findings (stethoscope_stream_isolation) or
+    that reads Alertmanager's silences judges findings as a dry run does not: its evaluation has
+    another key, so diagnose evaluates itself."""
+    from stethoscope.catalog import Catalog
+    from stethoscope.diagnosis.rules import load_rules
+    from stethoscope.paths import rules_dir
+    from stethoscope.remediation.published import evaluation_key
+
+    rules = load_rules(rules_dir(), Catalog.load()).rules
+    dry_run = evaluation_key(rules, ["node01"], {}, None, None)
+    assert evaluation_key(rules, ["node01"], {}, None, None, {}) == dry_run
+    judged = {"stethoscope_stream_isolation": True}
+    assert evaluation_key(rules, ["node01"], {}, None, None, judged) != dry_run

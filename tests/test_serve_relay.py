@@ -251,3 +251,18 @@ def test_the_unpickler_builds_plain_values_only():
     for sly in (os.system, subprocess.Popen, re.compile):
         with pytest.raises(relay_wire.WireError, match="not a value the relay carries"):
             relay_wire.load_values(pickle.dumps(sly))
+
+
+def test_a_subclass_of_a_plain_type_crosses_the_wire_as_its_plain_value():
+    """Ansible's tagged strings (an inventory's host names) and the like go as plain values."""
+
+    class Tagged(str):
+        pass
+
+    class Count(int):
+        pass
+
+    values = {"nodes": [Tagged("node01")], "n": Count(3), "flag": True}
+    loaded = relay_wire.load_values(relay_wire.dump_values(values))
+    assert loaded == {"nodes": ["node01"], "n": 3, "flag": True}
+    assert type(loaded["nodes"][0]) is str and type(loaded["n"]) is int and loaded["flag"] is True

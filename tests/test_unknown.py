@@ -329,3 +329,14 @@ def test_a_node_whose_many_devices_fell_silent_is_one_finding_listing_them_in_on
     ]
     assert finding["message"].startswith("n1: UNKNOWN, 24 series on 16 devices not reported since")
     assert len(finding["message"]) <= 300 and finding["actions"] == ["log", "alert"]
+
+
+def test_a_host_no_recording_cycle_saw_is_unknown_to_a_one_shot_diagnose_past_the_grace(store):
+    """A site that only runs `diagnose --inventory` (it writes nothing): a host of the inventory that
+    never reported is UNKNOWN once the store has known the fleet for longer than the grace."""
+    names = [f"n{i:02d}" for i in range(20)]
+    sweeps(store, names[1:], SWEEP)
+    catalog = Catalog.load()
+    watched(store, AT - 60 * MINUTE, catalog, fleet_of(*names[1:]))  # the fleet before n00 joined
+    (silence,) = silences(store, catalog, AT, fleet_of(*names))
+    assert (silence.rule_id, silence.node_id) == (NODE_RULE, "n00")

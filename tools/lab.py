@@ -3,7 +3,10 @@
 
 Each node gets a root prefix (sysfs/procfs files, read by the fact modules through their `root`
 option) and a tool folder put first on PATH, whose nvidia-smi, smartctl, dmesg, ibv_devinfo, rdma,
-nvme and lspci replay recorded output chosen by their arguments (the process boundary).
+nvme and lspci replay recorded output chosen by their arguments (the process boundary). nccl-tests'
+all_reduce_perf replays a real 8-GPU run, its mpirun and srun stand-ins a real 2-node, 16-rank one
+(by the rank count their argv asks for); perftest's stand-ins listen and connect on loopback for real
+(a client finding no server is refused, as perftest is) and log each step in the lab's perftest.log.
 
 Faulted variants are derived here, from the real outputs, by the functions named in FAULTS: anyone
 can read what was changed and regenerate it. Two nodes have 8 GPUs (node02: the H200 capture's
@@ -108,7 +111,10 @@ GPU_XML = {
 }
 DMON = REAL / "commands" / "nvidia-smi_dmon_-c5_-s_pucvmet.txt"
 NCCL = PUBLIC / "nccl-tests" / "all_reduce_perf_8xA100-SXM4-80GB_nccl2.16.2_gcm.txt"
+NCCL_2X8 = PUBLIC / "nccl-tests" / "all_reduce_perf_2node_16xA100-SXM4-80GB_nccl2.12.12_gcm.txt"
 FIO = PUBLIC / "fio" / "fio-3.1_randread_4k_qd32_samsung_pm883_sata.json"
+FIO_WRITE = PUBLIC / "fio" / "fio-3.1_randwrite_4k_qd32_samsung_pm883_sata.json"
+FIO_WRITE_LAT_LOG = PUBLIC / "fio" / "fio-3.1_randwrite_4k_qd32_samsung_pm883_sata_clat.1.log"
 RDMA_LAT = PUBLIC / "perftest" / "ib_read_lat_roce_cx5_mlx5_0_spiderpool.txt"
 RDMA_BW = PUBLIC / "perftest" / "ib_write_bw_8M_loopback_superbench.txt"
 DMESG = REAL / "commands" / "dmesg_nvrm_lines.txt"
@@ -397,8 +403,11 @@ def dynamic_files(node: Path, profile: Profile, step: int) -> None:
     nccl = NCCL.read_text()
     write(out / "all_reduce_perf_tree.txt", nccl)
     write(out / "all_reduce_perf_ring.txt", slow_nccl(nccl, 0.7) if slow else nccl)
+    write(out / "all_reduce_perf_16ranks.txt", NCCL_2X8.read_text())
     fio = json.loads(FIO.read_text())
     write(out / "fio_randread.json", json.dumps(slow_fio(fio, 0.6, 3.0) if slow else fio, indent=1))
+    write(out / "fio_randwrite.json", FIO_WRITE.read_text())
+    write(out / "fio_randwrite_clat.log", FIO_WRITE_LAT_LOG.read_text())
     write(out / "ib_lat.txt", RDMA_LAT.read_text())
     write(out / "ib_write_bw.txt", RDMA_BW.read_text())
     if profile.ib == "gpud":
@@ -518,7 +527,6 @@ TOOLS = {
     },
     "dmesg": {"": "dmesg.txt"},
     "rdma": {"-j res show qp": "SYNTHETIC_rdma_res_show_qp.json"},
-    "fio": {"*--rw=randread*": "fio_randread.json"},
 }
 IB_TOOLS = {"ib_write_lat": "ib_lat.txt", "ib_read_lat": "ib_lat.txt", "ib_write_bw": "ib_write_bw.txt"}
 
@@ -539,7 +547,8 @@ def tool_scripts(node: Path, profile: Profile) -> None:
     if profile.ib is None:
         tools.pop("rdma")
     else:
-        tools.update({name: {"*": file_name} for name, file_name in IB_TOOLS.items()})
+        for name, file_name in IB_TOOLS.items():
+            perftest_script(bindir / name, out / file_name, node.name, node.parent.parent / "perftest.log")
     for name, cases in tools.items():
         lines = [
             "#!/bin/sh",
@@ -557,6 +566,7 @@ def tool_scripts(node: Path, profile: Profile) -> None:
         script.chmod(0o755)
     if controllers:
         nvme_script(bindir / "nvme", out, controllers)
+    fio_script(bindir / "fio", out)
     nccl = bindir / "all_reduce_perf"
     nccl.write_text(
         "\n".join(
@@ -573,6 +583,89 @@ def tool_scripts(node: Path, profile: Profile) -> None:
         )
     )
     nccl.chmod(0o755)
+    launcher_scripts(bindir, out)
+
+
+# The launchers' stand-ins replay the recording of the rank count their argv asks for (-np N, or
+# --nodes x --ntasks-per-node): the lab holds recordings of 8 ranks (one node) and 16 (two nodes).
+RANK_COUNT = {
+    "mpirun": ['  -np) ranks="$2"; shift;;'],
+    "srun": ['  --nodes) nodes="$2"; shift;;', '  --ntasks-per-node) per_node="$2"; shift;;'],
+}
+
+
+def launcher_scripts(bindir: Path, out: Path) -> None:
+    for name, cases in RANK_COUNT.items():
+        lines = [
+            "#!/bin/sh",
+            f"# lab replay of {name} starting nccl-tests: the recording of the rank count asked for",
+            f'd="{out}"; ranks=0; nodes=1; per_node=1',
+            'while [ "$#" -gt 0 ]; do',
+            '  case "$1" in',
+            *cases,
+            "  esac",
+            "  shift",
+            "done",
+            '[ "$ranks" -gt 0 ] || ranks=$((nodes * per_node))',
+            'case "$ranks" in',
+            '  8) exec "$(dirname "$0")/all_reduce_perf";;',
+            '  16) cat "$d/all_reduce_perf_16ranks.txt";;',
+            f'  *) echo "lab: no recording of {name} with $ranks ranks" >&2; exit 2;;',
+            "esac",
+            "",
+        ]
+        script = bindir / name
+        script.write_text("\n".join(lines))
+        script.chmod(0o755)
+
+
+PERFTEST_STANDIN = """#!{python}
+# lab replay of perftest on loopback: a server (no peer address) listens on its -p port and takes one
+# client; a client connects to the -p port first, as perftest does, and fails as perftest does
+# when nothing listens there. Each step goes to the lab's perftest log: "<event> <port> <node>".
+import socket, sys, time
+args = sys.argv[1:]
+port = int(args[args.index("-p") + 1]) if "-p" in args else 18515
+client = bool(args) and not args[-1].startswith("-") and (len(args) < 2 or args[-2] not in {value_options!r})
+def log(event):
+    with open({log!r}, "a") as handle:
+        handle.write("%s %d %s %.6f\\n" % (event, port, {node!r}, time.time()))
+if client:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except OSError:
+        sys.stdout.write(open({refused!r}).read())
+        sys.exit(1)
+    log("connect")
+else:
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", port))
+    server.listen(1)
+    log("listen")
+    server.settimeout({timeout})
+    try:
+        server.accept()[0].close()
+    except OSError:
+        sys.exit("lab: no client within {timeout} s")
+    log("served")
+sys.stdout.write(open({recording!r}).read())
+"""
+
+
+def perftest_script(path: Path, recording: Path, node: str, log: Path) -> None:
+    path.write_text(
+        PERFTEST_STANDIN.format(
+            python=sys.executable,
+            value_options={"-d", "-s", "-n", "-p"},
+            log=str(log),
+            node=node,
+            refused=str(PUBLIC / "perftest" / "ib_write_bw_couldnt_connect_roce_pr228.txt"),
+            recording=str(recording),
+            timeout=120,
+        )
+    )
+    path.chmod(0o755)
 
 
 def smartctl_scan(disks: Iterable[str], controllers: list[str]) -> str:
@@ -581,6 +674,29 @@ def smartctl_scan(disks: Iterable[str], controllers: list[str]) -> str:
     lines = [f"/dev/{d} -d scsi # /dev/{d}, SCSI device" for d in sorted(disks) if not d.startswith("nvme")]
     lines += [f"/dev/{c} -d nvme # /dev/{c}, NVMe device" for c in controllers]
     return "".join(line + "\n" for line in lines)
+
+
+def fio_script(path: Path, out: Path) -> None:
+    """fio's recordings by job (ssd_preheat's write, the storage suite's read and its sustained write),
+    the sustained write's latency log copied where `--write_lat_log` asks, as fio writes it."""
+    lines = [
+        "#!/bin/sh",
+        "# lab replay of fio: the recording for the job its arguments ask for",
+        f'd="{out}"',
+        'case "$*" in',
+        '  *"--rw=randread"*) cat "$d/fio_randread.json";;',
+        '  *"--write_lat_log="*)',
+        '    for arg in "$@"; do',
+        '      case "$arg" in --write_lat_log=*) prefix="${arg#--write_lat_log=}";; esac',
+        "    done",
+        '    cp "$d/fio_randwrite_clat.log" "${prefix}_clat.1.log" && cat "$d/fio_randwrite.json";;',
+        '  *"--rw=randwrite"*) cat "$d/fio_randwrite.json";;',
+        '  *) echo "lab: no recording of fio $*" >&2; exit 2;;',
+        "esac",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+    path.chmod(0o755)
 
 
 def nvme_script(path: Path, out: Path, controllers: list[str]) -> None:

@@ -24,4 +24,10 @@ attributes:
   check_mode:
     support: full
     description: In check mode nothing runs; the module says what it would run.
+  diff_mode:
+    support: none
+    description: A benchmark reports no change (C(changed=false)), so there is no diff to show.
+  facts:
+    support: none
+    description: Results are returned as C(stethoscope_bench) and C(stethoscope_metrics), not as facts.
 """

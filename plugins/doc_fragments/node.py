@@ -31,8 +31,10 @@ attributes:
     description: Reads only; state files are not written in check mode.
   diff_mode:
     support: none
+    description: Changes nothing on the node, so there is no diff to show.
   facts:
     support: full
+    description: Returns its readings as facts too, under C(ansible_facts.stethoscope_<name>).
 notes:
   - Missing tool or hardware gives C(present=false) and no metric rows; hardware that is there but
     unhealthy is reported with its values.

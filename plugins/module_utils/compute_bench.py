@@ -112,10 +112,10 @@ def gemm_burst(
     timer.sync()
     if rest_seconds > 0:
         time.sleep(rest_seconds)
-    for _ in range(warmup):
+    for _warmup in range(warmup):
         torch.matmul(a, b, out=out)
     timer.sync()
-    samples = [timer.time_ms(lambda: torch.matmul(a, b, out=out)) for _ in range(iterations)]
+    samples = [timer.time_ms(lambda: torch.matmul(a, b, out=out)) for _iteration in range(iterations)]
     flops = 2.0 * n**3
     tflops = [flops / (ms / 1000.0) / 1e12 for ms in samples if ms > 0]
     result = {"dtype": dtype_name, "n": n, "tflops": statistics.median(tflops), "samples_tflops": tflops}
@@ -139,7 +139,7 @@ def gemm_sustained(torch, device, dtype_name, n, seconds, sampler=None, sample_e
     samples, count, batch = [], 0, 10
     started = last_sample = time.perf_counter()
     while True:
-        for _ in range(batch):
+        for _gemm in range(batch):
             torch.matmul(a, b, out=out)
         count += batch
         timer.sync()
@@ -165,7 +165,7 @@ def fft_ms(torch, device, points, iterations, warmup):
     timer = Timer(torch, device)
     generator = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(points, device=device, dtype=torch.complex64, generator=generator)
-    for _ in range(warmup):
+    for _warmup in range(warmup):
         torch.fft.fft(x)
     timer.sync()
-    return statistics.median(timer.time_ms(lambda: torch.fft.fft(x)) for _ in range(iterations))
+    return statistics.median(timer.time_ms(lambda: torch.fft.fft(x)) for _iteration in range(iterations))

@@ -32,6 +32,11 @@ WARNING_MARKERS = ("NCCL WARN",)
 LAUNCHER_PREFIX = re.compile(r"^(?:\[\d+,(?P<mpi_rank>\d+)\]<std(?:out|err)>:|\s*(?P<srun_rank>\d+): ?)")
 RESULT_ROW = re.compile(r"\d+\s+\d+\s+\S+\s")
 SUMMARY = re.compile(r"#?\s*(Avg bus bandwidth|Out of bounds values)\s*:\s*(\S+)\s*(OK|FAILED)?")
+# "#  Rank  8 Group  0 Pid 739786 on     h100-4 device  0 [...]" (before 2.13 without "Group")
+RANK_LINE = re.compile(r"#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\b")
+# NCCL's own INFO line of a communicator ("comm 0x55ba... rank 0 nranks 1 cudaDev 0 ... - Destroy COMPLETE"):
+# its size, where the output lists no devices (a binary built without MPI, started 16 times by mpirun)
+COMM_SIZE = re.compile(r"\bNCCL INFO .*\brank \d+ nranks (\d+)\b")
 # The column that follows busbw: "#wrong" counts wrong elements; "error" (before 2.13) and "res" (2017)
 # hold the largest deviation, a float that is no count.
 DEVIATION_COLUMNS = ("error", "res")
@@ -165,12 +170,14 @@ def _failure(table):
 
 def parse_nccl_tests(text):
     """-> {"rows": [...], "avg_busbw_gb_per_s", "wrong", "validated", "out_of_bounds", "nccl_version",
-    "failed", "failure"}.
+    "failed", "failure", "ranks", "rank_hosts"}.
 
     A row: size (bytes), count, type, redop, and per placement (oop = out-of-place, ip = in-place)
     time_us, algbw and busbw (GB/s) and wrong (wrong elements; None where the test did not check or
     printed a deviation instead of a count). `validated` is false when nothing was checked (-c 0): then
-    `wrong` is None, never 0. `failed` when a launcher or nccl-tests gave up or the table was cut short."""
+    `wrong` is None, never 0. `failed` when a launcher or nccl-tests gave up or the table was cut short.
+    `ranks` counts the "Using devices" lines, else the largest communicator NCCL INFO lines name (None
+    where neither is printed), `rank_hosts` the hosts of the devices."""
     table = {
         "rows": [],
         "version": None,
@@ -183,6 +190,8 @@ def parse_nccl_tests(text):
         "time_factor": 1.0,
         "fatal": None,
         "warning": None,
+        "ranks": {},
+        "comm_sizes": set(),
     }
     for number, line in _without_launcher_prefixes(text):
         stripped = line.strip()
@@ -196,6 +205,14 @@ def parse_nccl_tests(text):
         match = re.search(r"\bvalidation: (\d+)", stripped)
         if match and "nThread" in stripped:
             table["validation_flag"] = int(match.group(1))
+            continue
+        match = COMM_SIZE.search(stripped)
+        if match:
+            table["comm_sizes"].add(int(match.group(1)))
+            continue
+        match = RANK_LINE.match(stripped)
+        if match:
+            table["ranks"][int(match.group(1))] = match.group(2)
             continue
         match = SUMMARY.match(stripped)
         if match:
@@ -222,4 +239,6 @@ def parse_nccl_tests(text):
         "nccl_version": table["version"],
         "failed": failure is not None,
         "failure": failure,
+        "ranks": len(table["ranks"]) or max(table["comm_sizes"] or [0]) or None,
+        "rank_hosts": sorted(set(table["ranks"].values())),
     }

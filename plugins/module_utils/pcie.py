@@ -77,7 +77,7 @@ def parse_lspci_vvv(text):
         if not line.strip():
             continue
         if _STANZA.match(line):
-            bdf, _, description = line.partition(" ")
+            bdf, _space, description = line.partition(" ")
             if bdf.count(":") == 1:
                 bdf = "0000:" + bdf
             current = {
@@ -95,7 +95,7 @@ def parse_lspci_vvv(text):
         if current is None:
             raise ParseError(tool, "expected a device line '<bus>:<dev>.<fn> <description>'", number, line)
         stripped = line.strip()
-        key, _, rest = stripped.partition(":")
+        key, _colon, rest = stripped.partition(":")
         if key in ("UESta", "CESta"):
             current[key.lower()] = [flag for flag, sign in _FLAGS.findall(rest) if sign == "+"]
         elif key in ("LnkCap", "LnkSta"):

@@ -11,11 +11,35 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.metric_rows 
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nccl_tests import parse_nccl_tests
 
 
-def run(ctx, binary, args, algos, launcher, repetitions, fingerprint, max_rsd_percent):
+def _name(binary, algo, launch):
+    return "%s (NCCL_ALGO=%s, %s)" % (binary, algo, launch["topology"])
+
+
+def _refuse_unmeasured(name, parsed, launch, argv, out):
+    """A run that did not measure the bus asked for: a launch failure, corruption, fewer or more ranks
+    than asked, a bus bandwidth of 0. Each is an error naming the run, never a baseline."""
+    problem = None
+    if parsed["failed"] or (parsed["rc"] != 0 and not parsed["rows"]):
+        what = parsed["failure"] or "exit code %s" % parsed["rc"]
+        problem = "%s%s" % ("" if parsed["rows"] else "launch failed: ", what)
+    elif parsed["wrong"]:
+        problem = "%d results #wrong: data corruption on the path" % parsed["wrong"]
+    elif parsed["ranks"] is not None and parsed["ranks"] != launch["ranks"]:
+        problem = "asked for %d ranks, %d ran" % (launch["ranks"], parsed["ranks"])
+    elif parsed["avg_busbw_gb_per_s"] == 0:
+        problem = "average bus bandwidth 0: nothing crossed a bus (one rank, or no peer reached)"
+    if problem:
+        raise CollectorError("%s: %s" % (name, problem), argv, parsed["rc"], out, "")
+
+
+def run(ctx, binary, algos, launch, repetitions, fingerprint, max_rsd_percent):
+    """launch: nccl_launch.plan(...). Every result is labelled with its rank count and topology, so the
+    baseline compares an 8-GPU node with 8-GPU nodes and a 2-node run with 2-node runs."""
     measurements, latency, runs = [], {}, []
+    run_labels = {"ranks": str(launch["ranks"]), "topology": launch["topology"]}
     for repetition in range(1, repetitions + 1):
         for algo in algos:
-            argv = [*list(launcher), binary, *list(args)]
+            argv = list(launch["argv"])
             parsed, _out = run_and_parse(ctx, argv, parse_nccl_tests, binary, env={"NCCL_ALGO": algo})
             runs.append(
                 {
@@ -26,27 +50,12 @@ def run(ctx, binary, args, algos, launcher, repetitions, fingerprint, max_rsd_pe
                     "validated": parsed["validated"],
                     "avg_busbw_gb_per_s": parsed["avg_busbw_gb_per_s"],
                     "nccl_version": parsed["nccl_version"],
+                    "ranks": launch["ranks"],
+                    "topology": launch["topology"],
+                    "rank_hosts": parsed["rank_hosts"],
                 }
             )
-            if parsed["failed"] or (parsed["rc"] != 0 and not parsed["rows"]):
-                what = parsed["failure"] or "exit code %s" % parsed["rc"]
-                raise CollectorError(
-                    "%s (NCCL_ALGO=%s): %s%s"
-                    % (binary, algo, "" if parsed["rows"] else "launch failed: ", what),
-                    argv,
-                    parsed["rc"],
-                    _out,
-                    "",
-                )
-            if parsed["wrong"]:
-                raise CollectorError(
-                    "%s (NCCL_ALGO=%s): %d results #wrong: data corruption on the path"
-                    % (binary, algo, parsed["wrong"]),
-                    argv,
-                    parsed["rc"],
-                    _out,
-                    "",
-                )
+            _refuse_unmeasured(_name(binary, algo, launch), parsed, launch, argv, _out)
             for row in parsed["rows"]:
                 size = str(row["size"])
                 for placement in ("oop", "ip"):  # out-of-place and in-place
@@ -62,7 +71,7 @@ def run(ctx, binary, args, algos, launcher, repetitions, fingerprint, max_rsd_pe
                                 "device": "node",
                                 "unit": "gb_per_s",
                                 "repetition": repetition,
-                                "labels": {"algo": algo.lower(), "size": size, "placement": placement},
+                                "labels": dict(run_labels, algo=algo.lower(), size=size, placement=placement),
                                 "value": row["%s_%s" % (placement, key)],
                             }
                         )
@@ -72,7 +81,7 @@ def run(ctx, binary, args, algos, launcher, repetitions, fingerprint, max_rsd_pe
                     {
                         "metric_name": "bench_allreduce_busbw_gb_per_s",
                         "device": "node",
-                        "labels": {"algo": algo.lower(), "size": "avg"},
+                        "labels": dict(run_labels, algo=algo.lower(), size="avg"),
                         "value": parsed["avg_busbw_gb_per_s"],
                         "unit": "gb_per_s",
                         "repetition": repetition,
@@ -84,7 +93,7 @@ def run(ctx, binary, args, algos, launcher, repetitions, fingerprint, max_rsd_pe
                 {
                     "metric_name": "bench_allreduce_latency_us",
                     "device": "node",
-                    "labels": {"algo": algo, "size": size},
+                    "labels": dict(run_labels, algo=algo, size=size),
                     "value": value,
                     "unit": "us",
                     "repetition": repetition,
@@ -95,7 +104,27 @@ def run(ctx, binary, args, algos, launcher, repetitions, fingerprint, max_rsd_pe
     for (algo, size), times in sorted(latency.items()):
         rows.append(
             metric(
-                "bench_allreduce_latency_us", "node", max(times), {"algo": algo, "size": size, "stat": "max"}
+                "bench_allreduce_latency_us",
+                "node",
+                max(times),
+                dict(run_labels, algo=algo, size=size, stat="max"),
             )
         )
     return bench, rows, stability, {"runs": runs}
+
+
+def recorded(result, fingerprint):
+    """A multi-node run's result (registered on the node that launched it) as this node's: its
+    measurements unchanged, this node's fingerprints, so each participant compares with its class."""
+    bench = (result or {}).get("stethoscope_bench")
+    if not isinstance(bench, dict) or bench.get("suite") != "nccl" or result.get("failed"):
+        raise CollectorError("no NCCL result to record: the batch's run failed or did not run")
+    fingerprint = fingerprint or {}
+    own = dict(
+        bench,
+        class_fingerprint=fingerprint.get("class_fingerprint", ""),
+        node_fingerprint=fingerprint.get("node_fingerprint", ""),
+        fingerprint_detail=fingerprint.get("detail", {}),
+    )
+    extra = {"runs": result.get("runs", []), "recorded_from_run": True}
+    return own, list(result.get("stethoscope_metrics") or []), list(result.get("stability") or []), extra

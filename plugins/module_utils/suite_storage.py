@@ -6,6 +6,7 @@ whose latency log shows when the drive falls off its cliff."""
 from __future__ import annotations
 
 import os
+import stat
 from collections import namedtuple
 
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.bench_result import bench_result
@@ -27,7 +28,12 @@ LATENCY_METRICS = (
 
 
 def is_block_device(path):
-    return path.startswith("/dev/")
+    """Whether path is, or leads through symlinks to, a block device (a name says nothing:
+    /scratch/raw may link to /dev/nvme1n1). A path that does not exist yet is none."""
+    try:
+        return stat.S_ISBLK(os.stat(os.path.realpath(path)).st_mode)
+    except OSError:
+        return False
 
 
 def fio_argv(job, name, rw, *extra):
@@ -101,20 +107,35 @@ def run_sustained(ctx, job, log_dir, fingerprint, device_label, jump_factor):
     except OSError as exc:
         raise CollectorError("fio latency log %s: %s" % (log_path, exc), argv) from None
     jump = latency_jump(points, jump_factor)
-    labels = {"mode": "sustained", "bs": job.block_size}
-    measurements = []
-    if jump:
-        measurements.append(
-            {
-                "metric_name": "bench_fio_latency_jump_seconds",
-                "device": device_label,
-                "labels": labels,
-                "value": jump["at_seconds"],
-                "unit": "s",
-                "repetition": 1,
-            }
-        )
-    bench, rows, stability = bench_result("storage", measurements, fingerprint)
-    if jump:  # one run: the value itself, not a median
-        rows = [metric("bench_fio_latency_jump_seconds", device_label, jump["at_seconds"], labels)]
+    labels = {
+        "mode": "sustained",
+        "bs": job.block_size,
+        "iodepth": str(job.iodepth),
+        "runtime": str(job.runtime),
+    }
+    values = cliff_values(jump, job.runtime)
+    measurements = [
+        {
+            "metric_name": name,
+            "device": device_label,
+            "labels": labels,
+            "value": value,
+            "unit": unit,
+            "repetition": 1,
+        }
+        for name, value, unit in values
+    ]
+    bench, _median_rows, stability = bench_result("storage", measurements, fingerprint)
+    rows = [metric(name, device_label, value, labels) for name, value, _unit in values]  # one run: no median
     return bench, rows, stability, {"sustained": {"points": len(points), "jump": jump, "log": log_path}}
+
+
+def cliff_values(jump, runtime):
+    """The cliff metric of one sustained run, always: the seconds to the jump, or, with none within
+    the run, the run's length (the cliff is no earlier than that), and whether it jumped at all."""
+    if jump:
+        return [
+            ("bench_fio_latency_jump_seconds", jump["at_seconds"], "s"),
+            ("bench_fio_latency_jumped", 1, "flag"),
+        ]
+    return [("bench_fio_latency_jump_seconds", runtime, "s"), ("bench_fio_latency_jumped", 0, "flag")]

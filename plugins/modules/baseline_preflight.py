@@ -41,12 +41,15 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Reads the node and says what it would do; it neither drains nor resumes in check mode.
   diff_mode:
     support: none
+    description: Returns the node as read and the decision with its reason, not a diff.
   facts:
     support: none
+    description: Returns no facts.
 author:
-  - stethoscope developers
+  - stethoscope developers (@aicluster)
 """
 
 EXAMPLES = r"""

@@ -64,6 +64,7 @@ options:
   sustained_dtype:
     description: Data type of the sustained run.
     type: str
+    choices: [bf16, fp16, tf32, fp32, fp64]
     default: bf16
   fft_points:
     description: Points of the complex64 FFT (0 skips it).
@@ -92,7 +93,7 @@ extends_documentation_fragment:
 notes:
   - Needs PyTorch in the Python that runs the module (C(ansible_python_interpreter)).
 author:
-  - stethoscope developers
+  - stethoscope developers (@aicluster)
 """
 
 EXAMPLES = r"""
@@ -128,7 +129,8 @@ device:
   returned: always
   type: str
 devices:
-  description: Per device its index, name, correctness checks (dtype, ok, error, tolerance, checksum), quorum verdict, clock event reasons seen during the run, and error if its worker failed.
+  description: Per device its index, name, correctness checks (dtype, ok, error, tolerance, checksum), quorum
+    verdict, clock event reasons seen during the run, and error if its worker failed.
   returned: success
   type: list
   elements: dict

@@ -9,11 +9,14 @@ module: bench_network
 short_description: RDMA latency and bandwidth to a peer with perftest
 version_added: "0.1.0"
 description:
-  - Runs perftest clients (C(ib_write_lat), C(ib_read_lat), C(ib_write_bw)) against a server started on the peer (the C(bench_network) role starts it), I(repetitions) times.
-  - Reports typical, p99 and p99.9 latency (perftest's own percentiles) and average bandwidth in Gbit/s; a run that ends in C(Failed status) fails the task with that line, and so does a run whose result table lacks its closing line (stopped by ^C or killed mid-sweep), which is incomplete, never a result.
+  - Runs perftest clients (C(ib_write_lat), C(ib_read_lat), C(ib_write_bw)) against a server started on the peer
+    (the C(bench_network) role starts it), I(repetitions) times.
+  - Reports typical, p99 and p99.9 latency (perftest's own percentiles) and average bandwidth in Gbit/s; a run
+    that ends in C(Failed status) fails the task with that line, and so does a run whose result table lacks
+    its closing line (stopped by ^C or killed mid-sweep), which is incomplete, never a result.
 extends_documentation_fragment:
-  - aicluster.stethoscope.node
   - aicluster.stethoscope.bench
+  - aicluster.stethoscope.node
 options:
   server:
     description: Address of the peer running the perftest servers.
@@ -43,8 +46,18 @@ options:
   repetition_number:
     description: Run once and record it as this repetition (the role loops, starting a server before each client).
     type: int
+  port:
+    description: TCP port of the peer's perftest server (C(-p)); perftest's own 18515 when not given.
+    type: int
+  hca_port:
+    description: Port of I(rdma_device) whose RC counters (C(hw_counters/local_ack_timeout_err),
+      C(rnr_nak_retry_err), C(packet_seq_err), C(out_of_sequence)) are read before and after each client
+      run, their increase reported per pair (C(bench_rdma_rc_local_ack_timeouts), C(bench_rdma_rc_rnr_nak_retries),
+      C(bench_rdma_rc_packet_seq_errors), C(bench_rdma_rc_out_of_sequence)); none where the HCA has no such counters.
+    type: int
+    default: 1
 author:
-  - stethoscope developers
+  - stethoscope developers (@aicluster)
 """
 
 EXAMPLES = r"""
@@ -70,10 +83,16 @@ stability:
   type: list
   elements: dict
 runs:
-  description: Per client run the test, repetition, exit code, whether its output was incomplete and the failure line.
+  description: Per client run the test, repetition, exit code, whether its output was incomplete, the failure
+    line and the increase of each RC counter during it (null where the HCA has none).
   returned: success
   type: list
   elements: dict
+ansible_facts:
+  description: C(stethoscope_rdma_pair), the pair measured (peer, server address, port, HCA and its port); the
+    results carry no peer label, so that a pair is compared with its class's other pairs.
+  returned: success
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -108,6 +127,8 @@ def main():
             size={"type": "int", "default": 2},
             iterations={"type": "int", "default": 1000},
             repetition_number={"type": "int"},
+            port={"type": "int"},
+            hca_port={"type": "int", "default": 1},
             **BENCH_ARGUMENT_SPEC,
         ),
         supports_check_mode=True,
@@ -126,6 +147,9 @@ def main():
             p["repetitions"],
             p["fingerprint"],
             p["max_rsd_percent"],
+            repetition_number=p["repetition_number"],
+            port=p["port"],
+            hca_port=p["hca_port"],
         ),
         "%s against %s" % (", ".join(p["tests"]), p["server"]),
         tool=p["tests"][0] if p["tests"] else None,

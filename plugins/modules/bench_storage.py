@@ -9,11 +9,20 @@ module: bench_storage
 short_description: fio 4k random read IOPS and latency percentiles, and a sustained-write latency cliff
 version_added: "0.1.0"
 description:
-  - C(mode=burst) runs fio 4k random read, iodepth 64, libaio, direct I/O, JSON output, I(repetitions) times; reports IOPS and completion-latency p50/p99/p99.9 (fio's own percentiles; none where C(gtod_reduce) measured none).
-  - C(mode=sustained) writes for I(runtime) seconds with a latency log, and reports when latency jumps above I(jump_factor) times its first minute (the seed's 120 µs to 8 ms after 30 minutes). It writes to I(filename), so a raw device is refused unless I(allow_raw_device).
+  - C(mode=burst) runs fio 4k random read, iodepth 64, libaio, direct I/O, JSON output, I(repetitions) times;
+    reports IOPS and completion-latency p50/p99/p99.9 (fio's own percentiles; none where C(gtod_reduce)
+    measured none).
+  - 'C(mode=sustained) writes 4k blocks at random for I(runtime) seconds with a latency log, and always reports
+    the cliff, once per run: C(bench_fio_latency_jump_seconds) is the time at which latency stays above
+    I(jump_factor) times its first minute (the seed''s 120 µs to 8 ms after 30 minutes), or I(runtime) when it
+    never does within the run; C(bench_fio_latency_jumped) is 1 or 0 accordingly. Labels C(mode), C(bs),
+    C(iodepth) and C(runtime) keep runs of another shape apart. It writes to I(filename), so it refuses a
+    block device, also one reached through a symlink (it would destroy the drive''s data); C(mode=burst)
+    only reads and may read one.'
+  - The command's time limit is at least I(runtime) plus 300 seconds (fio runs for I(runtime) by design).
 extends_documentation_fragment:
-  - aicluster.stethoscope.node
   - aicluster.stethoscope.bench
+  - aicluster.stethoscope.node
 options:
   filename:
     description: File or block device to test.
@@ -48,10 +57,6 @@ options:
     description: fio I/O engine.
     type: str
     default: libaio
-  allow_raw_device:
-    description: Allow the sustained write on a block device (destroys its data).
-    type: bool
-    default: false
   log_dir:
     description: Where the sustained run's latency log is written.
     type: path
@@ -64,7 +69,7 @@ options:
     description: Device name in the results (default the file's or device's base name).
     type: str
 author:
-  - stethoscope developers
+  - stethoscope developers (@aicluster)
 """
 
 EXAMPLES = r"""
@@ -80,10 +85,15 @@ stethoscope_bench:
   returned: success
   type: dict
 stethoscope_metrics:
-  description: Median over repetitions per metric.
+  description: Median over repetitions per metric (C(mode=sustained) runs once, its values as they are).
   returned: success
   type: list
   elements: dict
+sustained:
+  description: C(mode=sustained) only. The latency log's number of points, its path and the jump found
+    (C(at_seconds), C(baseline_us), C(after_us), C(factor)), or null when latency never jumped within the run.
+  returned: when mode is sustained
+  type: dict
 stability:
   description: Per metric the repetitions, median, relative standard deviation and the unstable flag.
   returned: success
@@ -102,6 +112,8 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue 
     run_bench,
 )
 
+FIO_SETUP_SECONDS = 300
+
 
 def main():
     module = AnsibleModule(
@@ -114,7 +126,6 @@ def main():
             block_size={"type": "str", "default": "4k"},
             direct={"type": "bool", "default": True},
             ioengine={"type": "str", "default": "libaio"},
-            allow_raw_device={"type": "bool", "default": False},
             log_dir={"type": "path", "default": "/var/lib/stethoscope"},
             jump_factor={"type": "float", "default": 10.0},
             device_label={"type": "str"},
@@ -123,15 +134,18 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    # fio runs for `runtime` by design (time_based): its limit is that plus laying out the file
+    p["timeout"] = max(p["timeout"], p["runtime"] + FIO_SETUP_SECONDS)
     label = p["device_label"] or os.path.basename(p["filename"])
     job = suite_storage.FioJob(
         p["filename"], p["size"], p["runtime"], p["iodepth"], p["block_size"], p["direct"], p["ioengine"]
     )
     if p["mode"] == "sustained":
-        if suite_storage.is_block_device(p["filename"]) and not p["allow_raw_device"]:
+        if suite_storage.is_block_device(p["filename"]):
             module.fail_json(
-                msg="refusing a sustained write on the raw device %s: it destroys its data; "
-                "set allow_raw_device to do it anyway" % p["filename"]
+                msg="refusing a sustained write on %s: it is a block device (%s) and the write would destroy "
+                "its data; point filename at a file on the filesystem under test"
+                % (p["filename"], os.path.realpath(p["filename"]))
             )
         run_bench(
             module,

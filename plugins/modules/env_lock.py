@@ -9,8 +9,14 @@ module: env_lock
 short_description: Lock a node's environment for benchmarks, and put it back exactly as it was
 version_added: "0.1.0"
 description:
-  - 'C(state=locked): CPU governor C(performance) (cpupower where present, else sysfs for every CPU); deep cpuidle states disabled at runtime (vendor-neutral) and C(/dev/cpu_dma_latency) held at 0 by a detached process; C(kernel.numa_balancing=0); the listed interfaces'' MTU; NVMe volatile write cache off (C(nvme set-feature --feature-id=0x06 --value=0), verified with get-feature, not saved across resets); with I(persistent_cstates), C(intel_idle.max_cstate=1 processor.max_cstate=1) on the kernel command line through the distribution''s tool, reporting C(reboot_required) and never rebooting.'
-  - The previous value of everything it changes is recorded on the node (I(state_dir)/env_lock.json) before the first change; C(state=restored) writes those values back and stops the latency holder.
+  - 'C(state=locked): CPU governor C(performance) (cpupower where present, else sysfs for every CPU); deep
+    cpuidle states disabled at runtime (vendor-neutral) and C(/dev/cpu_dma_latency) held at 0 by a detached
+    process; C(kernel.numa_balancing=0); the listed interfaces'' MTU; NVMe volatile write cache off (C(nvme
+    set-feature --feature-id=0x06 --value=0), verified with get-feature, not saved across resets); with
+    I(persistent_cstates), C(intel_idle.max_cstate=1 processor.max_cstate=1) on the kernel command line
+    through the distribution''s tool, reporting C(reboot_required) and never rebooting.'
+  - The previous value of everything it changes is recorded on the node (I(state_dir)/env_lock.json) before the
+    first change; C(state=restored) writes those values back and stops the latency holder.
   - Knobs the node lacks (a VM without cpufreq) are skipped with the reason. Check mode and diff show exactly what would change. Idempotent.
   - Also reports, as a fact, interfaces whose MTU the InfiniBand port's active MTU does not carry (server 4096, switch 2048 leaves NCCL at 40 %).
 extends_documentation_fragment:
@@ -74,12 +80,15 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Reports in C(changes) what would change and changes nothing, state file included.
   diff_mode:
     support: full
+    description: The knobs' values before and after, as a diff.
   facts:
     support: full
+    description: The lock's state (settings in force, skipped knobs) as C(ansible_facts.stethoscope_env_lock).
 author:
-  - stethoscope developers
+  - stethoscope developers (@aicluster)
 """
 
 EXAMPLES = r"""
@@ -231,7 +240,7 @@ def main():
     try:
         if p["state"] == "locked":
             changes, skipped = lock(module, ctx, p, state)
-            mismatch = env_knobs.ib_mtu_mismatch(ctx, {k: v for k, v in _interface_mtus(ctx).items()})
+            mismatch = env_knobs.ib_mtu_mismatch(ctx, _interface_mtus(ctx))
         else:
             changes, skipped, mismatch = restore(module, ctx, state), [], []
     except (CollectorError, OSError) as exc:

@@ -9,9 +9,17 @@ module: fingerprint
 short_description: Class and node fingerprints of a node, for keying benchmark results
 version_added: "0.1.0"
 description:
-  - 'The class fingerprint hashes what identical nodes share: GPU models and count, driver, VBIOS, NIC (RDMA HCA) models, firmware and PSID, NVMe models and firmware, SATA/SAS disk vendors, models and firmware (where the node has such disks), BIOS version, kernel version, a hash of the kernel command line, and the env_lock state. A firmware update of any of these changes the class.'
-  - 'The node fingerprint hashes the class plus the identities of its parts: GPU and NVMe serials; per RDMA HCA its node, system-image and InfiniBand port GUIDs; the permanent addresses of the physical Ethernet ports; SATA/SAS disk serials (SCSI VPD page 0x80, else the C(wwid)); board and product serials. A part swapped for an identical one starts a new segment of the node''s own history and leaves the class alone.'
-  - 'Each HCA''s board serial and part number (C(SN) and C(PN) of its PCI VPD) are returned in C(detail.nic_boards) for people; they are hashed only for an HCA without GUIDs, since VPD is read from the card each time and is root-only on most kernels (a run that cannot read it is not a swap).'
+  - 'The class fingerprint hashes what identical nodes share: GPU models and count, driver, VBIOS, NIC (RDMA
+    HCA) models, firmware and PSID, NVMe models and firmware, SATA/SAS disk vendors, models and firmware
+    (where the node has such disks), BIOS version, kernel version, a hash of the kernel command line, and the
+    env_lock state. A firmware update of any of these changes the class.'
+  - 'The node fingerprint hashes the class plus the identities of its parts: GPU and NVMe serials; per RDMA HCA
+    its node, system-image and InfiniBand port GUIDs; the permanent addresses of the physical Ethernet ports;
+    SATA/SAS disk serials (SCSI VPD page 0x80, else the C(wwid)); board and product serials. A part swapped
+    for an identical one starts a new segment of the node''s own history and leaves the class alone.'
+  - 'Each HCA''s board serial and part number (C(SN) and C(PN) of its PCI VPD) are returned in
+    C(detail.nic_boards) for people; they are hashed only for an HCA without GUIDs, since VPD is read from the
+    card each time and is root-only on most kernels (a run that cannot read it is not a swap).'
   - Removable, USB, iSCSI and Fibre Channel disks are not part of either fingerprint; behind a RAID controller the disks seen are its logical volumes.
   - VPD that cannot be decoded leaves that serial out and is returned as a warning.
 extends_documentation_fragment:
@@ -29,7 +37,7 @@ options:
     type: bool
     default: false
 author:
-  - stethoscope developers
+  - stethoscope developers (@aicluster)
 """
 
 EXAMPLES = r"""
@@ -41,7 +49,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 stethoscope_metrics:
-  description: With I(count_changes), C(node_fingerprint_changes_total) (device C(node)), the changes of the node fingerprint seen across runs (0 at the first run on a node).
+  description: With I(count_changes), C(node_fingerprint_changes_total) (device C(node)), the changes of the
+    node fingerprint seen across runs (0 at the first run on a node).
   returned: when count_changes
   type: list
   elements: dict
@@ -51,12 +60,21 @@ fingerprint_change:
   type: dict
 stethoscope_fingerprint:
   description:
-    - C(class_fingerprint), C(node_fingerprint) (16 hex digits each), the C(detail) they hash and C(warnings) (VPD that could not be decoded, also given as task warnings).
-    - C(detail.serials) (hashed into the node fingerprint) holds C(gpu), C(nvme), C(disk) (lists of serials), C(nic) (per HCA C(node_guid), C(sys_image_guid), C(port_guids), and C(serial) only where it has no GUID), C(ethernet) (permanent addresses), C(board) and C(product).
-    - C(detail.nic_boards) (not hashed) lists per HCA its C(node_guid), C(serial) and C(part) from the PCI VPD (null where unreadable); C(detail.disks) (vendor, model, firmware per SATA/SAS disk, part of the class) is present only where there are such disks.
+    - C(class_fingerprint), C(node_fingerprint) (16 hex digits each), the C(detail) they hash and C(warnings) (VPD
+      that could not be decoded, also given as task warnings).
+    - C(detail.serials) (hashed into the node fingerprint) holds C(gpu), C(nvme), C(disk) (lists of serials),
+      C(nic) (per HCA C(node_guid), C(sys_image_guid), C(port_guids), and C(serial) only where it has no
+      GUID), C(ethernet) (permanent addresses), C(board) and C(product).
+    - C(detail.nic_boards) (not hashed) lists per HCA its C(node_guid), C(serial) and C(part) from the PCI VPD
+      (null where unreadable); C(detail.disks) (vendor, model, firmware per SATA/SAS disk, part of the class)
+      is present only where there are such disks.
   returned: always
   type: dict
-  sample: {"class_fingerprint": "3f1c0a9e5b7d2c11", "node_fingerprint": "9ab0c3d4e5f60718", "detail": {"kernel": "6.18.0", "serials": {"nic": [{"node_guid": "a088:c203:00e3:142a", "sys_image_guid": "a088:c203:00e3:142a", "port_guids": ["a288:c2ff:fee3:142a"]}], "disk": ["S455NY0M123456"], "ethernet": ["3c:ec:ef:12:34:56"]}, "nic_boards": [{"node_guid": "a088:c203:00e3:142a", "serial": "MT2340J88735", "part": "MCX75310AAS-NEAT"}]}, "warnings": []}
+  sample: {"class_fingerprint": "3f1c0a9e5b7d2c11", "node_fingerprint": "9ab0c3d4e5f60718", "detail": {"kernel":
+    "6.18.0", "serials": {"nic": [{"node_guid": "a088:c203:00e3:142a", "sys_image_guid":
+    "a088:c203:00e3:142a", "port_guids": ["a288:c2ff:fee3:142a"]}], "disk": ["S455NY0M123456"], "ethernet":
+    ["3c:ec:ef:12:34:56"]}, "nic_boards": [{"node_guid": "a088:c203:00e3:142a", "serial": "MT2340J88735",
+    "part": "MCX75310AAS-NEAT"}]}, "warnings": []}
 ansible_facts:
   description: The same under C(stethoscope_fingerprint).
   returned: always

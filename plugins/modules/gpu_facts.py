@@ -44,7 +44,7 @@ options:
     type: bool
     default: true
 author:
-  - stethoscope developers
+  - stethoscope developers (@aicluster)
 """
 
 EXAMPLES = r"""

@@ -40,7 +40,7 @@ options:
     type: bool
     default: true
 author:
-  - stethoscope developers
+  - stethoscope developers (@aicluster)
 """
 
 EXAMPLES = r"""

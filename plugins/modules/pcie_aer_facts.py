@@ -23,7 +23,7 @@ options:
     elements: str
     default: []
 author:
-  - stethoscope developers
+  - stethoscope developers (@aicluster)
 """
 
 EXAMPLES = r"""

@@ -29,7 +29,7 @@ description:
 extends_documentation_fragment:
   - aicluster.stethoscope.node
 author:
-  - stethoscope developers
+  - stethoscope developers (@aicluster)
 """
 
 EXAMPLES = r"""

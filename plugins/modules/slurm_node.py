@@ -11,9 +11,12 @@ version_added: "0.1.0"
 description:
   - Reads the node with C(scontrol -o show node), and drains it with C(scontrol update NodeName=... State=DRAIN Reason=...) or resumes it with C(State=RESUME).
   - "A node already drained for another reason is left as it is (C(changed=false), the reason kept): a drain is never re-issued over an existing one."
-  - "Resuming is refused unless the node's current drain reason is the one given in O(reason) (stethoscope's C(stethoscope: <rule> <txn>)), so a node drained by a human, or for another transaction, is never resumed."
+  - "Resuming is refused unless the node's current drain reason is the one given in O(reason) (stethoscope's
+    C(stethoscope: <rule> <txn>)), so a node drained by a human, or for another transaction, is never
+    resumed."
   - Idempotent; check mode and diff report what would change and run no update.
-  - On a node whose slurmd has never answered, Slurm clears the DRAIN flag and still answers "Invalid node state specified"; success is judged by reading the node again, not by that exit code.
+  - On a node whose slurmd has never answered, Slurm clears the DRAIN flag and still answers "Invalid node state
+    specified"; success is judged by reading the node again, not by that exit code.
 options:
   name:
     description: The node's name in Slurm (the inventory's C(slurm_name)); letters, digits, C(.), C(_), C(-), not starting with C(-).
@@ -36,12 +39,15 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Reads the node and reports what would change; no C(scontrol update) runs.
   diff_mode:
     support: full
+    description: The node's drained flag and drain reason before and after.
   facts:
     support: none
+    description: Returns no facts; the node as Slurm shows it is in C(node).
 author:
-  - stethoscope developers
+  - stethoscope developers (@aicluster)
 """
 
 EXAMPLES = r"""
@@ -64,7 +70,8 @@ node:
   description: The node as read after the change (or as it was, in check mode).
   returned: always
   type: dict
-  sample: {"name": "node07", "state": "DOWN", "flags": ["DRAIN", "NOT_RESPONDING"], "drained": true, "reason": "stethoscope: ssd_reallocated_sectors 1a2b3c4d5e6f"}
+  sample: {"name": "node07", "state": "DOWN", "flags": ["DRAIN", "NOT_RESPONDING"], "drained": true, "reason":
+    "stethoscope: ssd_reallocated_sectors 1a2b3c4d5e6f"}
 """
 
 import re

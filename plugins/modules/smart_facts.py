@@ -10,9 +10,14 @@ short_description: SMART and NVMe health of every disk
 version_added: "0.1.0"
 description:
   - Runs C(smartctl -j -a) on every disk under C(/sys/block) (or the listed ones).
-  - 'ATA attributes become C(smart_<name>) (raw as smartctl decodes it: the first number of its raw string) and C(smart_<name>_normalized); NVMe drives report percentage used, media errors, critical warning and available spare.'
-  - 'Each ATA attribute with a threshold gives C(smart_attribute_failing) (label C(attribute): 2 at or below its threshold now, 1 in the past, 0 never); SAS drives give C(disk_grown_defects_total) and C(disk_uncorrected_errors_total) (label C(operation): read, write, verify).'
-  - 'A disk behind a MegaRAID controller (listed in O(devices) as C(/dev/bus/0 -d megaraid,3)) is named C(bus0:megaraid,3), and its rows carry its C(serial) as a label.'
+  - 'ATA attributes become C(smart_<name>) (raw as smartctl decodes it: the first number of its raw string) and
+    C(smart_<name>_normalized); NVMe drives report percentage used, media errors, critical warning and
+    available spare.'
+  - 'Each ATA attribute with a threshold gives C(smart_attribute_failing) (label C(attribute): 2 at or below its
+    threshold now, 1 in the past, 0 never); SAS drives give C(disk_grown_defects_total) and
+    C(disk_uncorrected_errors_total) (label C(operation): read, write, verify).'
+  - 'A disk behind a MegaRAID controller (listed in O(devices) as C(/dev/bus/0 -d megaraid,3)) is named
+    C(bus0:megaraid,3), and its rows carry its C(serial) as a label.'
   - A disk that cannot be read (smartctl timed out, unparseable output, or it cannot open a disk the
     kernel lists) does not stop the others; the task then fails with C(collector_failed) and
     C(collector_exit_code) rows on that disk, and C(collector_disk_unreadable) where smartctl's words say
@@ -30,7 +35,7 @@ options:
     elements: str
     default: []
 author:
-  - stethoscope developers
+  - stethoscope developers (@aicluster)
 """
 
 EXAMPLES = r"""

@@ -4,6 +4,7 @@ graded in the catalog's worse direction, its own history (3σ), and the ring-vs-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from stethoscope.catalog import Catalog
 from stethoscope.store.client import Store
@@ -55,13 +56,14 @@ def grade(deviation: float) -> str:
     return "red" if deviation > RED else "yellow" if deviation >= YELLOW else "green"
 
 
-# bench_compute's verdicts (flags, checksums) and its node-internal comparison with sibling GPUs are
-# read by rules, not graded against the fleet's median.
+# bench_compute's verdicts (flags, checksums) and its node-internal comparison with sibling GPUs, and
+# the storage suite's cliff flag, are read by rules, not graded against the fleet's median.
 NOT_GRADED = (
     "bench_gemm_mismatch",
     "bench_gemm_quorum_suspect",
     "bench_gemm_checksum",
     "bench_gemm_below_siblings_percent",
+    "bench_fio_latency_jumped",
 )
 
 
@@ -101,6 +103,14 @@ def runs_sql(db: str, where: str) -> str:
     )
 
 
+# build's named tuples: a graded run of a series, and a series' latest run among its class's members
+_GRADED_RUN = "Tuple(ts Int64, v Float64, nfp String, cls String, reps UInt64, rsd Float64, unst UInt8)"
+_FLEET_MEMBER = (
+    "Tuple(node String, device String, value Float64, reps UInt64, rsd Float64, unst UInt8, hn UInt64, "
+    "hmean Float64, hsigma Float64, better String)"
+)
+
+
 def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0, node: str | None = None) -> list[Row]:
     """Every node's latest run graded against its class's median (and MAD) and its own history, all
     computed by one ClickHouse query; with `node`, only that node's rows come back (its classes are
@@ -122,9 +132,10 @@ def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0, node: st
     key = "node_id, suite, metric_name, device, labels_key"
     # per series: its runs in time order; the latest, and the earlier ones under its node fingerprint
     per_series = (
-        f"SELECT {key}, arraySort(x -> x.1, groupArray((ts, v, nfp, cls, reps, rsd, unst))) AS rs, "
-        "rs[-1] AS last, last.2 AS value, last.4 AS klass, any(labels) AS lbl, "
-        "arrayMap(x -> x.2, arrayFilter(x -> x.3 = last.3, arrayPopBack(rs))) AS hv, length(hv) AS hn, "
+        f"SELECT {key}, arraySort(x -> x.ts, groupArray(CAST((toUnixTimestamp64Milli(ts), v, nfp, cls, reps, "
+        f"rsd, unst), '{_GRADED_RUN}'))) AS rs, rs[-1] AS last, last.v AS value, last.cls AS klass, "
+        "any(labels) AS lbl, "
+        "arrayMap(x -> x.v, arrayFilter(x -> x.nfp = last.nfp, arrayPopBack(rs))) AS hv, length(hv) AS hn, "
         "arrayAvg(hv) AS hmean, if(hn >= 2, sqrt(arraySum(arrayMap(x -> (x - hmean) * (x - hmean), hv)) "
         "/ (hn - 1)), 0) AS hsigma, "
         "transform(toString(metric_name), {names:Array(String)}, {directions:Array(String)}, 'none') "
@@ -133,17 +144,17 @@ def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0, node: st
     # the fleet per (class, suite, metric, labels): its members in one array, median and MAD of it,
     # then each member back on its own row (one pass; no join, no window)
     fleet = (
-        "SELECT klass, suite, metric_name, labels_key, any(lbl) AS labels, groupArray((node_id, device, "
-        "value, last.5, last.6, last.7, hn, hmean, hsigma, better)) AS members, "
-        "arrayMap(m -> m.3, members) AS vals, "
+        "SELECT klass, suite, metric_name, labels_key, any(lbl) AS labels, groupArray(CAST((node_id, device, "
+        f"value, last.reps, last.rsd, last.unst, hn, hmean, hsigma, better), '{_FLEET_MEMBER}')) AS members, "
+        "arrayMap(m -> m.value, members) AS vals, "
         f"{_array_median_sql('vals')} AS med, length(vals) AS fn, "
         f"{_array_median_sql('arrayMap(x -> abs(x - med), vals)')} AS mad "
         f"FROM ({per_series}) GROUP BY klass, suite, metric_name, labels_key"
     )
     member = (
-        "SELECT m.1 AS node_id, klass, suite, metric_name, m.2 AS device, m.3 AS value, labels AS lbl, "
-        "m.4 AS reps, m.5 AS rsd, m.6 AS unst, m.7 AS hn, m.8 AS hmean, m.9 AS hsigma, m.10 AS better, "
-        f"med, fn, mad FROM ({fleet}) ARRAY JOIN members AS m"
+        "SELECT m.node AS node_id, klass, suite, metric_name, m.device AS device, m.value AS value, "
+        "labels AS lbl, m.reps AS reps, m.rsd AS rsd, m.unst AS unst, m.hn AS hn, m.hmean AS hmean, "
+        f"m.hsigma AS hsigma, m.better AS better, med, fn, mad FROM ({fleet}) ARRAY JOIN members AS m"
     )
     delta = "value - hmean"
     worse = f"multiIf(better = 'higher', -({delta}), better = 'lower', {delta}, abs({delta}))"
@@ -203,6 +214,31 @@ class Check:
     note: str = ""
 
 
+# verify's named tuples: a run (its time, median value and class) and a node's series in its class
+_RUN = "Tuple(ts Int64, v Float64, cls String)"
+_MEMBER = f"Tuple(node String, device String, labels Map(String, String), last {_RUN}, runs Array({_RUN}))"
+
+
+class _Verified(NamedTuple):
+    """One row of verify's query: the node's latest result of a series and its references."""
+
+    better: str
+    suite: str
+    metric_name: str
+    device: str
+    label_keys: list[str]
+    label_values: list[str]
+    value: float
+    at_ms: int
+    peers: int  # other nodes of its class with fresh results
+    class_median: float
+    deviation: float  # from the class median, in the worse direction
+    class_drop: float  # the class median against its own history
+    own_runs: int
+    own_mean: float
+    own_deviation: float
+
+
 def verify(store: Store, catalog: Catalog, node: str, since_ms: int, now: int) -> dict:
     """Is the node, after a repair, as good as a real reference? Per result of its latest run: at
     least MIN_PEERS other nodes of its class with fresh results (a class whose median degraded
@@ -216,35 +252,36 @@ def verify(store: Store, catalog: Catalog, node: str, since_ms: int, now: int) -
     )
     # one pass: each series of the node's classes with its runs (ts, v) in time order, the class's
     # series of one (suite, metric, labels) in one array, then the node's own members picked out
+    run = f"CAST((toUnixTimestamp64Milli(ts), v, cls), '{_RUN}')"
     series = (
         "SELECT node_id, suite, metric_name, device, labels_key, any(labels) AS lbl, "
-        "arraySort(x -> x.1, groupArray((toUnixTimestamp64Milli(ts), v, cls))) AS rs, rs[-1] AS last "
+        f"arraySort(x -> x.ts, groupArray({run})) AS rs, rs[-1] AS last "
         f"FROM ({runs_sql(store.database, where)}) "
         "GROUP BY node_id, suite, metric_name, device, labels_key"
     )
-    others = "arrayFilter(s -> s.1 != {node:String}, members)"
-    fresh_values = f"arrayMap(s -> s.4.2, arrayFilter(s -> s.4.1 >= {{fresh:Int64}}, {others}))"
-    before_fresh = "arrayMap(r -> r.2, arrayFilter(r -> r.1 < {fresh:Int64}, s.5))"
+    others = "arrayFilter(s -> s.node != {node:String}, members)"
+    fresh_values = f"arrayMap(s -> s.last.v, arrayFilter(s -> s.last.ts >= {{fresh:Int64}}, {others}))"
+    before_fresh = "arrayMap(r -> r.v, arrayFilter(r -> r.ts < {fresh:Int64}, s.runs))"
     past_values = f"arrayFlatten(arrayMap(s -> {before_fresh}, {others}))"
     classes = (
-        "SELECT last.3 AS klass, suite, metric_name, labels_key, "
-        "groupArray((node_id, device, lbl, last, rs)) AS members, "
+        "SELECT last.cls AS klass, suite, metric_name, labels_key, "
+        f"groupArray(CAST((node_id, device, lbl, last, rs), '{_MEMBER}')) AS members, "
         f"{fresh_values} AS fresh_values, length(fresh_values) AS peers, "
         f"{_array_median_sql('fresh_values')} AS med, {past_values} AS past_values, "
         f"{_array_median_sql('past_values')} AS hmed, length(past_values) AS hn "
         f"FROM ({series}) GROUP BY klass, suite, metric_name, labels_key"
     )
-    own = "arrayMap(r -> r.2, arrayFilter(r -> r.1 < {since:Int64}, m.5))"
+    own = "arrayMap(r -> r.v, arrayFilter(r -> r.ts < {since:Int64}, m.runs))"
     sql = (
         "SELECT transform(toString(metric_name), {names:Array(String)}, {directions:Array(String)}, "
-        "'none') AS better, suite, metric_name, m.2 AS device, "
-        "mapKeys(mapSort(m.3)), mapValues(mapSort(m.3)), "
-        "m.4.2 AS value, m.4.1, peers, med, "
+        "'none') AS better, suite, metric_name, m.device AS device, "
+        "mapKeys(mapSort(m.labels)), mapValues(mapSort(m.labels)), "
+        "m.last.v AS value, m.last.ts, peers, med, "
         f"round({_worse_sql('value', 'med')}, 2), "
         f"if(hn > 0, round({_worse_sql('med', 'hmed')}, 2), 0), "
         f"length({own}), arrayAvg({own}) AS omean, "
         f"round({_worse_sql('value', 'omean')}, 2) "
-        f"FROM ({classes}) ARRAY JOIN members AS m WHERE m.1 = {{node:String}} "
+        f"FROM ({classes}) ARRAY JOIN members AS m WHERE m.node = {{node:String}} "
         "ORDER BY suite, metric_name, device, labels_key"
     )
     params = {
@@ -258,24 +295,11 @@ def verify(store: Store, catalog: Catalog, node: str, since_ms: int, now: int) -
     checks: list[Check] = []
     reasons: list[str] = []
     latest_per_suite: dict[str, int] = {}
-    for (
-        _better,
-        suite,
-        name,
-        device,
-        keys,
-        values,
-        value,
-        at,
-        peers,
-        med,
-        dev,
-        drop,
-        own_n,
-        own_mean,
-        own_dev,
-    ) in store.query(sql, params):
-        labels = dict(zip(keys, values, strict=True))
+    for row in map(_Verified._make, store.query(sql, params)):
+        suite, name, device, value, at = row.suite, row.metric_name, row.device, row.value, row.at_ms
+        peers, med, dev, drop = row.peers, row.class_median, row.deviation, row.class_drop
+        own_n, own_mean, own_dev = row.own_runs, row.own_mean, row.own_deviation
+        labels = dict(zip(row.label_keys, row.label_values, strict=True))
         latest_per_suite[suite] = max(latest_per_suite.get(suite, 0), int(at))
         where_ = f"{suite} {name} {device} {','.join(f'{k}={v}' for k, v in sorted(labels.items()))}"
         if peers and peers >= MIN_PEERS and drop >= YELLOW:
@@ -317,16 +341,17 @@ def verify(store: Store, catalog: Catalog, node: str, since_ms: int, now: int) -
 
 
 def _ring_vs_tree(rows: list[Row]) -> None:
-    """Ring degraded while tree is normal: the ring crosses a congested switch port. Both: the NIC."""
+    """Ring degraded while tree is normal: the ring crosses a congested switch port. Both: the NIC.
+    Ring and tree are paired within one run shape (ranks, topology), never a node's run with its batch's."""
     average = {
-        (r.node_id, r.labels.get("algo")): r
+        (r.node_id, r.labels.get("algo"), r.labels.get("ranks"), r.labels.get("topology")): r
         for r in rows
         if r.metric_name == "bench_allreduce_busbw_gb_per_s" and r.labels.get("size") == "avg"
     }
-    for (node, algo), ring in average.items():
-        if algo != "ring" or (node, "tree") not in average:
+    for (node, algo, ranks, topology), ring in average.items():
+        tree = average.get((node, "tree", ranks, topology))
+        if algo != "ring" or tree is None:
             continue
-        tree = average[(node, "tree")]
         if ring.grade != "green" and tree.grade == "green":
             ring.hints.append("ring degraded while tree is normal: suspect switch port congestion")
         elif ring.grade != "green" and tree.grade != "green":

@@ -3,7 +3,7 @@
 new class into one baseline.yml run each, under its batch and Slurm rules. A fleet-wide driver
 upgrade is one plan of one class, not one benchmark per node.
 
-    python -m stethoscope.bench.plan [--since 1d] [--json]
+    python -m stethoscope.bench.plan [--since 1d] [--json]     (--since: 90s, 15m, 1.5h, 2d, 1w or seconds)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from stethoscope.store.client import Store, StoreError
-from stethoscope.timeutil import now_ms
+from stethoscope.timeutil import duration_option, now_ms
 
 METRIC = "node_fingerprint_changes_total"
 
@@ -54,19 +54,21 @@ def changed_nodes_by_class(store: Store, since_ms: int) -> list[Plan]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="stethoscope.bench.plan", description=__doc__)
-    parser.add_argument("--since-hours", type=float, default=24.0)
+    parser.add_argument(
+        "--since", type=duration_option, default=86400, metavar="DURATION", help="changed within (default 1d)"
+    )
     parser.add_argument("--dsn")
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
         "--inventory", default=os.environ.get("STETHOSCOPE_INVENTORY") or "INVENTORY", help="for the commands"
     )
     args = parser.parse_args(argv)
-    if args.since_hours <= 0:
-        print("plan: --since-hours must be positive", file=sys.stderr)
+    if args.since <= 0:
+        print(f"plan: --since {args.since:g} s: must be positive", file=sys.stderr)
         return 2
     try:
         with Store(args.dsn) as store:
-            plans = changed_nodes_by_class(store, now_ms() - int(args.since_hours * 3600_000))
+            plans = changed_nodes_by_class(store, now_ms() - round(args.since * 1000))
         for plan in plans:
             plan.inventory = args.inventory
     except StoreError as exc:

@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 
+from stethoscope.bounded_yaml import is_stdin
 from stethoscope.cli.exit_codes import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)\s*$")
-_MINUTES = {"s": 1 / 60, "m": 1.0, "h": 60.0}
+from stethoscope.timeutil import DURATION_SYNTAX, DurationError, parse_duration
 
 
 def lead_minutes(text: str) -> float | None:
-    """'30m', '1h', '90s' -> minutes; None when it is not one of those."""
-    match = _DURATION.match(text)
-    return float(match.group(1)) * _MINUTES[match.group(2)] if match else None
+    """A duration ('30m', '1.5h', '1d', '90s', plain seconds) in minutes; None when it is not one."""
+    try:
+        return parse_duration(text) / 60
+    except DurationError:
+        return None
 
 
 def _say(message: str) -> None:
@@ -34,9 +34,9 @@ def audit_command(args: argparse.Namespace) -> int:
 
     target = lead_minutes(args.lead_target)
     if target is None:
-        _say(f"--lead-target {args.lead_target!r}: expected a duration like 30m, 1h or 90s")
+        _say(f"--lead-target {args.lead_target!r}: not a duration ({DURATION_SYNTAX})")
         return EXIT_USAGE
-    if args.faults is not None and not args.faults.is_file():
+    if args.faults is not None and not is_stdin(args.faults) and not args.faults.is_file():
         _say(f"--faults {args.faults}: no such file")
         return EXIT_USAGE
     inventory = inventory_of(args)

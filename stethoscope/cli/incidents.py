@@ -11,7 +11,6 @@ import sys
 from typing import Any
 
 from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
-from stethoscope.diagnosis.rules import parse_duration
 from stethoscope.remediation.incident_view import Incident, acknowledge, incident, incidents, unacknowledge
 from stethoscope.remediation.ledger import ActionState, Ledger
 from stethoscope.remediation.record import recorded_findings
@@ -20,7 +19,7 @@ from stethoscope.report.summary import initialised
 from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
 from stethoscope.terminal import terminal_safe
-from stethoscope.timeutil import iso, now_ms, to_ms
+from stethoscope.timeutil import iso, moment_ms, now_ms
 
 COMMANDS = ("incidents", "actions")
 STATUSES = ("failed", "refused", "skipped", "ok", "planned", "in_flight", "expired")
@@ -50,7 +49,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     actions = commands.add_parser("actions", help="what was done, refused, failed or skipped, and why")
     actions.add_argument("--txn", help="only this transaction's actions")
     actions.add_argument("--status", choices=STATUSES, help="only actions whose latest status is this")
-    actions.add_argument("--since", help="started since: ISO-8601, epoch seconds, or a duration ago (2h)")
+    actions.add_argument(
+        "--since", help="started since: ISO-8601, epoch seconds, or a duration ago (2h, 1.5d, 1w)"
+    )
     actions.add_argument("--json", action="store_true", help="print them as JSON")
 
 
@@ -106,11 +107,8 @@ def _usage(message: str) -> int:
 
 
 def _since(text: str) -> int | None:
-    ago = parse_duration(text)
-    if ago is not None:
-        return now_ms() - ago * 1000
     try:
-        return to_ms(text)
+        return moment_ms(text, now_ms())
     except (ValueError, OverflowError):
         return None
 

@@ -4,11 +4,14 @@ itself failed (a crash is never reported as findings)."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
+from stethoscope.bounded_yaml import is_stdin
 from stethoscope.catalog import Catalog, CatalogError
 from stethoscope.cli import breaker as breaker_commands
 from stethoscope.cli import fault as fault_commands
@@ -16,8 +19,8 @@ from stethoscope.cli import incidents as incident_commands
 from stethoscope.cli import model as model_commands
 from stethoscope.cli import outcomes as outcome_commands
 from stethoscope.cli import report as report_commands
+from stethoscope.cli import rules_sql, telemetry
 from stethoscope.cli import silence as silence_commands
-from stethoscope.cli import telemetry
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from stethoscope.cli.version import PrintVersions
 from stethoscope.diagnosis.engine import readers_wanted
@@ -25,9 +28,10 @@ from stethoscope.paths import default_spool_dir
 from stethoscope.store.client import SchemaMissing, Store, StoreError
 from stethoscope.store.dsn import ConfigError, redact
 from stethoscope.store.ingest import parse_ndjson
-from stethoscope.store.spool import ReplayReport, Spool
+from stethoscope.store.spool import FileStatus, ReplayReport, Spool
 from stethoscope.store.writer import Writer
 from stethoscope.telemetry import gate as slurm_gate
+from stethoscope.timeutil import duration_option
 
 PACKAGE = Path(__file__).resolve().parent.parent
 FRESH_HELP = "evaluate now, even beside a serve that published this evaluation in its last cycle"
@@ -65,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="raw TTL of metrics and facts in days, >= 1 (default 30; on an existing database: changes it)",
     )
+    init.add_argument("--json", action="store_true", help="print what was done as JSON")
     ddl = db_commands.add_parser("ddl", help="print the DDL")
     ddl.add_argument("--cluster", metavar="NAME", help="print the Replicated + Distributed variant")
 
@@ -75,12 +80,14 @@ def _parser() -> argparse.ArgumentParser:
     summary.add_argument("--inventory", type=Path, help="only this inventory's hosts")
     summary.add_argument("--at", help="evaluation time, ISO-8601 or epoch seconds (default now)")
     summary.add_argument("--fresh", action="store_true", help=FRESH_HELP)
+    summary.add_argument("--json", action="store_true", help="print the nodes as JSON")
     model_options(summary)
 
     baseline = commands.add_parser("baseline", help="graded benchmark report against fleet and own history")
     baseline.add_argument("--out", type=Path, help="also write DIR/baseline.html")
     baseline.add_argument("--all", action="store_true", help="print every row (per-size NCCL rows too)")
     baseline.add_argument("--node", help="only this node's rows (still graded against its whole class)")
+    baseline.add_argument("--json", action="store_true", help="print the rows as JSON")
 
     diagnose = commands.add_parser("diagnose", help="evaluate the rules over ClickHouse (dry-run)")
     diagnose.add_argument("--at", help="evaluation time, ISO-8601 or epoch seconds (default now)")
@@ -102,7 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     model_options(diagnose)
 
     watch = commands.add_parser("watch", help="diagnose periodically, re-reading changed rule files")
-    watch.add_argument("--interval", type=float, default=60.0, help="seconds between cycles (default 60)")
+    watch.add_argument(
+        "--interval", type=duration_option, default=60.0, help="between cycles: 90s, 5m... (default 60 s)"
+    )
     watch.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
     watch.add_argument("--json", action="store_true", help="print the findings as JSON")
     watch.add_argument(
@@ -122,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
         help="inventory the node must be a host of (or $STETHOSCOPE_INVENTORY; required)",
     )
     verify.add_argument(
-        "--since", help="only benchmark results from this time on (ISO-8601 or epoch seconds)"
+        "--since", help="only benchmark results from this time on (ISO-8601, epoch seconds or a duration ago)"
     )
     verify.add_argument(
         "--resumed",
@@ -145,16 +154,28 @@ def _parser() -> argparse.ArgumentParser:
     check = rules_commands.add_parser(
         "check", help="validate a rule file or folder: file:line, field, problem"
     )
-    check.add_argument("path", type=Path)
+    check.add_argument(
+        "path", type=Path, help="rule file or folder, or - to read one rule file from standard input"
+    )
     check.add_argument("--inventory", type=Path, help="use its report intervals (stethoscope_sweep_interval)")
+    check.add_argument("--json", action="store_true", help="print the rules, files, errors and notes as JSON")
+    schema = rules_commands.add_parser(
+        "schema", help="print the path of the JSON Schema of a rule file or metrics.yml (editors, pre-commit)"
+    )
+    schema.add_argument("of", nargs="?", choices=("rules", "metrics"), default="rules")
+    rules_sql.add_parser(rules_commands)
 
     spool = commands.add_parser("spool", help="the spool of rows not yet stored")
     spool_commands = spool.add_subparsers(dest="spool_command", required=True)
-    spool_commands.add_parser("status", help="per file: target database, rows, age, attempts; quarantine")
+    spool_status = spool_commands.add_parser(
+        "status", help="per file: target database, rows, age, attempts; quarantine"
+    )
+    spool_status.add_argument("--json", action="store_true", help="print the spool's state as JSON")
     replay = spool_commands.add_parser("replay", help="write this database's spooled rows to it now")
     replay.add_argument(
         "--into", metavar="DSN", help="move every spooled file into this DSN, whatever it was written for"
     )
+    replay.add_argument("--json", action="store_true", help="print the rows and files replayed as JSON")
     telemetry.add_commands(commands)
     report_commands.register(commands)
     model_commands.register(commands)
@@ -271,7 +292,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.command in telemetry.COMMANDS:
         return telemetry.run(args)
     if args.command == "rules":
-        return _rules_check(args)
+        if args.rules_command == "sql":
+            return rules_sql.rules_sql_command(args)
+        return _rules_schema(args) if args.rules_command == "schema" else _rules_check(args)
     if args.command == "baseline":
         return _baseline(args)
     if args.command == "summary":
@@ -291,7 +314,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command in outcome_commands.COMMANDS:
         return outcome_commands.run(args)
     if args.spool_command == "status":
-        return _spool_status(spool_dir)
+        return _spool_status(spool_dir, args.json)
     return _spool_replay(args, spool_dir)
 
 
@@ -308,6 +331,18 @@ def _db_init(args: argparse.Namespace, spool_dir: Path) -> int:
         if before is not None and args.ttl_days is not None and args.ttl_days != before:
             changed = change_raw_ttl(store, args.ttl_days)
         replayed = Spool(spool_dir).replay(store)
+    if args.json:
+        _say_spool_problems(replayed)
+        return _print_json(
+            {
+                "dsn": redact(store.dsn),
+                "database": store.database,
+                "raw_ttl_days": args.ttl_days or before or DEFAULT_RAW_TTL_DAYS,
+                "raw_ttl_changed_from": before if changed else None,
+                "tables_changed": changed,
+                "replayed": _replay_record(replayed),
+            }
+        )
     print(f"schema ready in {redact(store.dsn)} (database {store.database})")
     if changed:
         print(f"raw TTL changed from {before} to {args.ttl_days} days ({', '.join(changed)})")
@@ -317,9 +352,23 @@ def _db_init(args: argparse.Namespace, spool_dir: Path) -> int:
     return EXIT_OK
 
 
-def _print_replay(report: ReplayReport, always: bool = False) -> None:
+def _print_json(document: object) -> int:
+    """One JSON document on standard output, the --json of every command that reports."""
+    print(json.dumps(document, indent=1, sort_keys=True, default=str))
+    return EXIT_OK
+
+
+def _replay_record(report: ReplayReport) -> dict[str, int]:
+    return {"rows": report.rows, "files": report.files, "other_targets": report.other_targets}
+
+
+def _say_spool_problems(report: ReplayReport) -> None:
     for problem in report.problems:
         print(f"stethoscope: spool: {problem}", file=sys.stderr)
+
+
+def _print_replay(report: ReplayReport, always: bool = False) -> None:
+    _say_spool_problems(report)
     if report.rows or always:
         print(f"replayed {report.rows} spooled rows from {report.files} files")
     if report.other_targets:
@@ -329,9 +378,11 @@ def _print_replay(report: ReplayReport, always: bool = False) -> None:
         )
 
 
-def _spool_status(spool_dir: Path) -> int:
+def _spool_status(spool_dir: Path, as_json: bool = False) -> int:
     spool = Spool(spool_dir)
     files = spool.status()
+    if as_json:
+        return _print_json(_spool_record(spool, files))
     print(f"{sum(f.rows for f in files)} rows waiting in {spool_dir}")
     for f in files:
         tried = f"{f.attempts} failed attempts ({f.last_error})" if f.attempts else "0 attempts"
@@ -348,10 +399,35 @@ def _spool_status(spool_dir: Path) -> int:
     return EXIT_OK
 
 
+def _spool_record(spool: Spool, files: list[FileStatus]) -> dict[str, object]:
+    rejected, reasons = spool.rejected()
+    return {
+        "spool_dir": str(spool.dir),
+        "rows": sum(f.rows for f in files),
+        "files": [
+            {
+                "file": f.path.name,
+                "table": f.table,
+                "rows": f.rows,
+                "age_seconds": round(f.age_seconds, 3),
+                "attempts": f.attempts,
+                "last_error": f.last_error or None,
+                "target": f.target,
+            }
+            for f in files
+        ],
+        "rejected": {"rows": rejected, "reasons": dict(reasons)},
+        "quarantined": [{"file": path.name, "reason": reason} for path, reason in spool.quarantined()],
+    }
+
+
 def _spool_replay(args: argparse.Namespace, spool_dir: Path) -> int:
     with Store(args.into or args.dsn, args.database) as store:
         store.ensure_schema()
         report = Spool(spool_dir).replay(store, into=bool(args.into))
+    if args.json:
+        _say_spool_problems(report)
+        return _print_json(_replay_record(report))
     _print_replay(report, always=True)
     return EXIT_OK
 
@@ -367,7 +443,7 @@ def _summary(args: argparse.Namespace) -> int:
         serves_evaluation,
     )
     from stethoscope.report.summary import initialised, render, summarize
-    from stethoscope.timeutil import now_ms, to_ms
+    from stethoscope.timeutil import iso, now_ms, to_ms
 
     try:
         at_ms = to_ms(args.at) if args.at else now_ms()
@@ -390,13 +466,19 @@ def _summary(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-        print(
-            render(
-                summarize(
-                    store, catalog, rules, at_ms, hosts_of(inventory), model, fleet_of(inventory), findings
-                )
-            )
+        summaries = summarize(
+            store, catalog, rules, at_ms, hosts_of(inventory), model, fleet_of(inventory), findings
         )
+    if args.json:
+        return _print_json({"at": iso(at_ms), "nodes": [asdict(summary) for summary in summaries]})
+    print(render(summaries))
+    return EXIT_OK
+
+
+def _rules_schema(args: argparse.Namespace) -> int:
+    from stethoscope.paths import schema_path
+
+    print(schema_path(args.of))
     return EXIT_OK
 
 
@@ -405,10 +487,21 @@ def _rules_check(args: argparse.Namespace) -> int:
     from stethoscope.diagnosis.rules import load_rules
 
     path = args.path
-    if not path.exists():
+    if not is_stdin(path) and not path.exists():
         print(f"stethoscope: rules check: {path}: no such file or folder", file=sys.stderr)
         return EXIT_USAGE
     result = load_rules(path, catalog_for(inventory_of(args)))
+    if args.json:
+        _print_json(
+            {
+                "rules": len(result.rules),
+                "rule_ids": [rule.rule_id for rule in result.rules],
+                "files": result.files,
+                "errors": [asdict(error) for error in result.errors],
+                "notes": [asdict(note) for note in result.notes],
+            }
+        )
+        return EXIT_USAGE if result.errors or not result.rules else EXIT_OK
     for error in result.errors:
         print(error, file=sys.stderr)
     for note in result.notes:
@@ -431,10 +524,14 @@ def _baseline(args: argparse.Namespace) -> int:
     shown = rows if args.all else baseline.summary_rows(rows)
     if args.node:
         shown = [row for row in shown if row.node_id == args.node]
-    print(baseline.render_table(shown))
+    if args.json:
+        _print_json({"rows": [asdict(row) for row in shown]})
+    else:
+        print(baseline.render_table(shown))
     if args.out:
         private_dir(args.out)
-        print(f"wrote {write_private(args.out / 'baseline.html', render_html(rows))}")
+        written = write_private(args.out / "baseline.html", render_html(rows))
+        print(f"wrote {written}", file=sys.stderr if args.json else sys.stdout)
     return EXIT_OK
 
 

@@ -9,13 +9,12 @@ import sys
 from pathlib import Path
 
 from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
-from stethoscope.diagnosis.rules import parse_duration
 from stethoscope.report.outcomes import outcomes
 from stethoscope.report.outcomes_table import render
 from stethoscope.report.summary import initialised
 from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
-from stethoscope.timeutil import now_ms, to_ms
+from stethoscope.timeutil import moment_ms, now_ms, to_ms
 
 COMMANDS = ("outcomes",)
 
@@ -44,11 +43,8 @@ def _usage(message: str) -> int:
 
 def _moment(text: str, until_ms: int) -> int | None:
     """A duration before `until_ms`, or a moment (ISO-8601, epoch seconds); None if neither."""
-    ago = parse_duration(text)
-    if ago is not None:
-        return until_ms - ago * 1000
     try:
-        return to_ms(text)
+        return moment_ms(text, until_ms)
     except (ValueError, OverflowError):
         return None
 
@@ -58,10 +54,10 @@ def run(args: argparse.Namespace) -> int:
 
     until_ms = now_ms()
     if args.until:
-        until = _moment(args.until, until_ms)
-        if until is None or parse_duration(args.until) is not None:
+        try:
+            until_ms = to_ms(args.until)
+        except (ValueError, OverflowError):
             return _usage(f"--until {args.until!r}: neither ISO-8601 nor epoch seconds")
-        until_ms = until
     since_ms = _moment(args.since, until_ms)
     if since_ms is None:
         return _usage(f"--since {args.since!r}: neither a duration (30d), ISO-8601 nor epoch seconds")

@@ -10,6 +10,7 @@ from pathlib import Path
 from stethoscope.catalog import Catalog
 from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
 from stethoscope.store.client import Store
+from stethoscope.terminal import colour_wanted
 from stethoscope.timeutil import now_ms
 
 COMMANDS = ("top", "report")
@@ -37,6 +38,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "rules/models/)",
     )
     report.add_argument("--no-model", action="store_true", help="today's column from the rules alone")
+    report.add_argument("--json", action="store_true", help="print the board as JSON (with --out too)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,7 +75,7 @@ def _top(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from stethoscope.cli.diagnose import model_of
-    from stethoscope.report.board import collect, render_terminal, write
+    from stethoscope.report.board import board_record, collect, render_terminal, write
 
     if args.days <= 0:
         return _usage("report: --days must be positive")
@@ -82,7 +84,9 @@ def _report(args: argparse.Namespace) -> int:
         data = collect(store, Catalog.load(), args.days, now_ms(), model=model)
     if args.out:
         path = write(data, args.out)
-        print(f"wrote {path}")
-    else:
-        print(render_terminal(data, color=sys.stdout.isatty()))
+        print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(board_record(data), indent=1, sort_keys=True))
+    elif not args.out:
+        print(render_terminal(data, color=colour_wanted(sys.stdout)))
     return EXIT_OK

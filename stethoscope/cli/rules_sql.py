@@ -1,6 +1,7 @@
 """`stethoscope rules sql RULE`: the one query a rule compiles to (diagnosis.engine.rule_query), formatted
 by ClickHouse itself (formatQuery), with its parameters: what `diagnose` runs for that rule, for the store
-named by --dsn (its database and raw TTL), at --at or now."""
+named by --dsn (its database, raw TTL and the cadence its series report at), at --at or now. Without a
+store (an embedded path that does not exist is not created) the query for a new database, unformatted."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
+from stethoscope.diagnosis.cadence import Cadence
 from stethoscope.diagnosis.engine import rule_query
 from stethoscope.store.client import Store, StoreError
-from stethoscope.store.dsn import redact
+from stethoscope.store.dsn import embedded_path, is_embedded, redact
+from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS
 from stethoscope.store.ttl import raw_ttl_seconds
 from stethoscope.timeutil import iso, now_ms, to_ms
 
@@ -44,19 +47,25 @@ def rules_sql_command(args: argparse.Namespace) -> int:
     if rule is None:
         _say(f"no rule {args.rule_id!r} among the {len(rules)} rules loaded")
         return EXIT_USAGE
-    store = Store(args.dsn, args.database)
-    try:
-        with store:
-            ttl = raw_ttl_seconds(store)
-            sql, parameters = rule_query(rule, store.database, at_ms, ttl, catalog, hosts_of(inventory))
-            text = str(store.query("SELECT formatQuery({sql:String})", {"sql": sql})[0][0])
-    except StoreError as exc:  # the SQL as the loader compiles it still helps: a new store's TTL, unformatted
-        _say(f"{redact(str(exc))}; the query for a new database's TTL follows, unformatted")
-        ttl = raw_ttl_seconds_default()
-        text, parameters = rule_query(rule, store.database, at_ms, ttl, catalog, hosts_of(inventory))
+    store, hosts = Store(args.dsn, args.database), hosts_of(inventory)
+    ttl, text = DEFAULT_RAW_TTL_DAYS * 86400, ""
+    parameters: dict[str, Any] = {}
+    if not is_embedded(store.dsn) or Path(embedded_path(store.dsn)).exists():  # never creates a database
+        try:
+            with store:
+                ttl = raw_ttl_seconds(store)
+                (fitted,) = Cadence.learn(store, at_ms, hosts).fit_all([rule])  # as diagnose runs it
+                sql, parameters = rule_query(fitted, store.database, at_ms, ttl, catalog, hosts)
+                text = str(store.query("SELECT formatQuery({sql:String})", {"sql": sql})[0][0])
+        except StoreError as exc:
+            _say(f"{redact(str(exc))}")
+    if not text:  # no store to read: as the loader compiles it for a new database, unformatted
+        _say("no store read: the query for a new database (its TTL, the catalog's cadence), unformatted")
+        text, parameters = rule_query(rule, store.database, at_ms, ttl, catalog, hosts)
     where = f"{rule.file}:{rule.line}"
     if args.json:
-        shown = {"rule_id": rule.rule_id, "file": where, "sql": text, "parameters": parameters}
+        shown = {"rule_id": rule.rule_id, "file": str(rule.file), "line": rule.line, "sql": text}
+        shown |= {"parameters": parameters}
         print(json.dumps(shown, indent=1, default=str))
         return EXIT_OK
     scope = f"database {store.database}, raw TTL {ttl // 86400} days"
@@ -66,12 +75,6 @@ def rules_sql_command(args: argparse.Namespace) -> int:
     for name, value in parameters.items():
         print(f"--   {name} = {value!r}")
     return EXIT_OK
-
-
-def raw_ttl_seconds_default() -> int:
-    from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS
-
-    return DEFAULT_RAW_TTL_DAYS * 86400
 
 
 def _say(message: str) -> None:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stethoscope.bounded_yaml import is_stdin
 from stethoscope.catalog import SWEEP_INTERVAL
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from stethoscope.inventory import NO_INVENTORY, Inventory, default_inventory
@@ -20,6 +21,7 @@ from stethoscope.store.dsn import ConfigError, redact
 from stethoscope.store.writer import Writer
 from stethoscope.telemetry.keyring import Keyring, default_secret_path, keys_from_inventory, read_secret
 from stethoscope.telemetry.metric_set import MetricSet, MetricSetError, load_sets
+from stethoscope.timeutil import duration_option
 
 COMMANDS = ("agent", "collector", "serve")
 
@@ -32,8 +34,12 @@ def add_commands(commands: Any) -> None:
     agent = commands.add_parser("agent", help="run the lab's push agents (nodes run the copied agent.py)")
     _stream_options(agent)
     agent.add_argument("--collector", default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN})")
-    agent.add_argument("--period", type=float, help="seconds between samples (default: the metric set's)")
-    agent.add_argument("--duration", type=float, help="stop after this many seconds (default: until stopped)")
+    agent.add_argument(
+        "--period", type=duration_option, help="between samples: 30s, 1m... (default: the metric set's)"
+    )
+    agent.add_argument(
+        "--duration", type=duration_option, help="stop after this long: 90s, 1h... (default: until stopped)"
+    )
     agent.add_argument("--node", action="append", default=[], help="only this lab node (repeatable)")
     agent.add_argument("--lab-dir", type=Path, help="the lab (default .lab or $STETHOSCOPE_LAB_DIR)")
     agent.add_argument("--print-config", metavar="NODE", help="print the agent.json for NODE and exit")
@@ -42,7 +48,7 @@ def add_commands(commands: Any) -> None:
     _stream_options(collector)
     _listen_options(collector)
     collector.add_argument(
-        "--duration", type=float, help="stop after this many seconds (default: until stopped)"
+        "--duration", type=duration_option, help="stop after this long: 90s, 1h... (default: until stopped)"
     )
 
     serve = commands.add_parser(
@@ -58,7 +64,9 @@ def add_commands(commands: Any) -> None:
         metavar="HOST:PORT",
         help="also answer GET /gate/NODE (and nothing else) there, for the nodes' Slurm gates",
     )
-    serve.add_argument("--interval", type=float, default=60.0, help="seconds between diagnosis cycles (60)")
+    serve.add_argument(
+        "--interval", type=duration_option, default=60.0, help="between diagnosis cycles: 90s, 5m... (60 s)"
+    )
     serve.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
     serve.add_argument("--cycles", type=int, default=0, help="stop after N cycles (default: until stopped)")
     serve.add_argument(
@@ -73,8 +81,8 @@ def add_commands(commands: Any) -> None:
     serve.add_argument("-e", "--extra-var", action="append", default=[], metavar="KEY=VALUE")
     serve.add_argument(
         "--sweep-interval",
-        type=float,
-        help="seconds between sweeps (collect.yml) (default the inventory's stethoscope_sweep_interval, "
+        type=duration_option,
+        help="between sweeps (collect.yml): 90s, 5m... (default the inventory's stethoscope_sweep_interval, "
         f"else {SWEEP_INTERVAL})",
     )
     serve.add_argument(
@@ -92,7 +100,9 @@ def _stream_options(parser: argparse.ArgumentParser) -> None:
         help="hosts and their stethoscope_node_key (or $STETHOSCOPE_INVENTORY; the lab's only for agent)",
     )
     parser.add_argument(
-        "--secret-file", type=Path, help="the cluster secret (default .stethoscope/telemetry)"
+        "--secret-file",
+        type=Path,
+        help="the cluster secret, - for standard input (default .stethoscope/telemetry)",
     )
     parser.add_argument(
         "--previous-secret-file", type=Path, help="the secret before a rotation, still accepted"
@@ -140,6 +150,8 @@ def _stream(args: argparse.Namespace) -> tuple[Keyring, dict[int, MetricSet]]:
     if not nodes:
         raise ConfigError(f"inventory {inventory}: no host has a stethoscope_node_key: nothing can stream")
     lab = inventory.resolve() == default_inventory().resolve()
+    if args.previous_secret_file and is_stdin(args.previous_secret_file) and is_stdin(args.secret_file or ""):
+        raise ConfigError("--secret-file - and --previous-secret-file -: standard input holds one secret")
     secret_path = args.secret_file or default_secret_path()
     secrets = [read_secret(secret_path, create=lab and args.secret_file is None)]
     if args.previous_secret_file:
@@ -244,12 +256,23 @@ def _collector(args: argparse.Namespace, keyring: Keyring, sets: dict[int, Metri
     return EXIT_FAILED if collector.hold.lost else EXIT_OK
 
 
+def executor_judgement(cycles: Any, store: Store) -> dict[str, bool]:
+    """What serve's executor judges findings by that a dry run does not (published evaluation key)."""
+    if cycles.execute_with is None:
+        return {}
+    context = cycles.execute_with(store.dsn, store.database)
+    settings = ("stethoscope_stream_isolation", "stethoscope_alertmanager_url")
+    return {name: True for name in settings if context.setting(name, None)}
+
+
 def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet]) -> int:
     from stethoscope.cli.diagnose import catalog_for, cycles_of, hosts_of, inventory_of, model_of
     from stethoscope.diagnosis.ruleset import RuleSet
+    from stethoscope.remediation.alertmanager import sink_of
     from stethoscope.remediation.lock import LockHeld
     from stethoscope.remediation.published import evaluation_key
     from stethoscope.serve import Server
+    from stethoscope.serve.scrape import scraper_of
 
     inventory = inventory_of(args, required=True, command="serve")
     assert inventory is not None
@@ -272,6 +295,7 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
     store = Store(args.dsn, args.database)
     spool_dir = args.spool_dir or default_spool_dir()
     cycles = cycles_of(args, inventory, catalog, model, long_running=True, beat_seconds=args.interval)
+    judged = executor_judgement(cycles, store)
     try:
         cycles.claim()  # --execute: the one executor of this database while serve runs
     except LockHeld as exc:
@@ -293,7 +317,14 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
         replay_dir=replay_dir(),
         gate_http=_address(args.gate_listen, "--gate-listen") if args.gate_listen else None,
         evaluation_key=lambda used: evaluation_key(
-            used, hosts_of(inventory), inventory.settings, model, cycles.jobs
+            used, hosts_of(inventory), inventory.settings, model, cycles.jobs, judged
+        ),
+        scraper=scraper_of(
+            inventory,
+            args.sweep_interval or inventory.settings.get("stethoscope_sweep_interval") or SWEEP_INTERVAL,
+        ),
+        alert_sink=sink_of(
+            cycles.execute_with(store.dsn, store.database) if cycles.execute_with else None, args.interval
         ),
     )
     try:

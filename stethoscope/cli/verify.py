@@ -20,7 +20,7 @@ from stethoscope.cli.exit_codes import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from stethoscope.inventory import Inventory
 from stethoscope.remediation.repair import Ownership, ownership, stale_metrics, still_matching
 from stethoscope.store.client import Store
-from stethoscope.timeutil import now_ms, to_ms
+from stethoscope.timeutil import moment_ms, now_ms
 
 
 def _say(message: str) -> None:
@@ -34,9 +34,9 @@ def _slurm_environment(inventory: Inventory) -> dict[str, str]:
 
 def verify_command(args: argparse.Namespace) -> int:
     try:
-        since_override = to_ms(args.since) if args.since else None
+        since_override = moment_ms(args.since, now_ms()) if args.since else None
     except ValueError:
-        _say(f"verify: --since {args.since!r} is neither ISO-8601 nor epoch seconds")
+        _say(f"verify: --since {args.since!r} is neither ISO-8601, epoch seconds nor a duration ago")
         return EXIT_USAGE
     inventory = inventory_of(args, required=True)
     host = inventory.host(args.node) if inventory is not None else None

@@ -226,6 +226,17 @@ def _history(store: Store, names: list[str], at_ms: int) -> tuple[dict[str, int]
     return {n: int(t) for n, t in last}, {n: int(t) for n, t in first}
 
 
+def _watched_since(store: Store, at_ms: int) -> int:
+    """The first sight of a host no recording cycle has seen yet (a one-shot `diagnose` records none):
+    the store's first `nodes` row, when it began to know the fleet; `at_ms` for a store without one."""
+    rows = store.query(
+        f"SELECT toUnixTimestamp64Milli(min(updated_at)), count() FROM {store.database}.nodes "
+        "WHERE updated_at <= fromUnixTimestamp64Milli({at:Int64}, 'UTC')",
+        {"at": at_ms},
+    )
+    return int(rows[0][0]) if rows and rows[0][1] else at_ms
+
+
 def record_new_hosts(store: Store, fleet: Fleet, at_ms: int) -> list[str]:
     """Give every inventory host without a `nodes` row one, at `at_ms`: its first sight, from which the
     grace of a new node counts. Returns the hosts recorded."""
@@ -261,6 +272,7 @@ def survey(store: Store, catalog: Catalog, at_ms: int, fleet: Fleet | None = Non
     scope: Iterable[str] = seen if fleet is None else fleet.names
     absent = [] if fleet is None else [name for name in fleet.names if name not in seen]
     last_ms, first_ms = _history(store, absent, at_ms)
+    unrecorded = _watched_since(store, at_ms) if set(absent) - set(first_ms) else at_ms
     grace_ms = GRACE_SWEEPS * (fleet.sweep_interval if fleet else SWEEP_INTERVAL) * 1000
     silences: list[Silence] = []
     series: set[tuple[str, str, str]] = set()
@@ -270,7 +282,7 @@ def survey(store: Store, catalog: Catalog, at_ms: int, fleet: Fleet | None = Non
         node = seen.get(name)
         if node is None:
             never = name not in last_ms
-            new = first_ms.get(name, at_ms) > at_ms - grace_ms
+            new = first_ms.get(name, unrecorded) > at_ms - grace_ms
             if not (never and new):
                 whole[name] = Silence(NODE_RULE, name, "", [], last_ms.get(name, 0))
                 dark.add(name)

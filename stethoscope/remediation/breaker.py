@@ -65,8 +65,9 @@ class CircuitBreaker:
         return self.own | set(self.others)
 
     def admit(self, nodes: Sequence[str]) -> dict[str, tuple[bool, str]]:
-        """Whether each of `nodes`, drained in this order, would be let through now, and why; until the
-        next call, `permit` refuses those the order left no room for. Reserves nothing."""
+        """Whether each of `nodes`, drained in this order, would be let through now, and why; `permit`
+        refuses those the order left no room for until a later cycle's plan judges them again (a
+        drain queued in one cycle may ask in a later one). Reserves nothing."""
         with self._lock:
             trial = replace(
                 self,
@@ -78,7 +79,11 @@ class CircuitBreaker:
                 _refused={},
             )
             verdicts = {node: trial.permit(node) for node in dict.fromkeys(nodes)}
-            self._refused = {node: why for node, (allowed, why) in verdicts.items() if not allowed}
+            for node, (allowed, why) in verdicts.items():
+                if allowed:
+                    self._refused.pop(node, None)
+                else:
+                    self._refused[node] = why
             return verdicts
 
     def permit(self, node: str) -> tuple[bool, str]:

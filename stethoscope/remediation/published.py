@@ -31,14 +31,17 @@ def evaluation_key(
     settings: Mapping[str, Any],
     model: ModelUse | None,
     jobs: JobWatch | None,
+    judged: Mapping[str, Any] | None = None,
 ) -> str:
-    """What an evaluation depends on besides the data and the time, as one digest."""
+    """What an evaluation depends on besides the data and the time, as one digest. `judged`: what an
+    executor judges by that a dry run does not (stream isolation, Alertmanager's silences), where set."""
     digest = hashlib.sha256(repr(sorted(rules, key=lambda rule: rule.rule_id)).encode())
     scope = {
         "hosts": sorted(hosts) if hosts is not None else None,
         "settings": settings,
         "model": [model.meta.name, model.level] if model is not None else None,
         "jobs": repr(jobs or JobWatch()),
+        "judged": dict(judged or {}),
     }
     digest.update(json.dumps(scope, sort_keys=True, default=str).encode())
     return digest.hexdigest()

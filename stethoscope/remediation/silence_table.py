@@ -5,16 +5,19 @@ cycle: the findings they and Slurm's maintenance reservations silence, marked.""
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+from stethoscope.remediation import alertmanager
 from stethoscope.remediation.silences import Matcher, Silence, mark_silenced, silencing
 from stethoscope.remediation.slurm_reservations import read_maintenance
 from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
 TABLE = "silences"
+log = logging.getLogger(__name__)
 
 
 def has_table(store: Store) -> bool:
@@ -99,7 +102,8 @@ def apply_silences(store: Store, findings: list[dict[str, Any]], context: Any = 
     if not findings:
         return 0
     at = now_ms()
-    return mark_silenced(findings, read_silences(store, at), _maintenance(context), at)
+    silences = read_silences(store, at) + alertmanager_silences(context)
+    return mark_silenced(findings, silences, _maintenance(context), at)
 
 
 def silencer(store: Store, context: Any = None) -> Callable[[dict[str, Any]], str | None]:
@@ -110,11 +114,25 @@ def silencer(store: Store, context: Any = None) -> Callable[[dict[str, Any]], st
     def silenced(finding: dict[str, Any]) -> str | None:
         if not read:
             at = now_ms()
-            read.append((read_silences(store, at), _maintenance(context), at))
+            silences = read_silences(store, at) + alertmanager_silences(context)
+            read.append((silences, _maintenance(context), at))
         silences, held, at = read[0]
         return silencing(finding, silences, held, at)
 
     return silenced
+
+
+def alertmanager_silences(context: Any) -> list[Silence]:
+    """The active silences of the context's Alertmanager (`stethoscope_alertmanager_url`), respected
+    as stethoscope's own; none without one, or when it does not answer (said: findings then act)."""
+    url = context.setting(alertmanager.SETTING) if context is not None else None
+    if not url:
+        return []
+    try:
+        return alertmanager.read_silences(str(url))
+    except OSError as exc:
+        log.warning("silences: %s: its silences are not respected this cycle", exc)
+        return []
 
 
 def _maintenance(context: Any) -> dict[str, tuple[str, int]]:

@@ -17,6 +17,7 @@ import hashlib
 import json
 import re
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -375,6 +376,32 @@ def write(board: Board, out: Path, figures_for: int = FIGURES_FOR) -> Path:
     for node in board.nodes:
         write_private(out / node.page, board_html.render_node(board, node))
     return out / "index.html"
+
+
+def board_record(board: Board) -> dict[str, Any]:
+    """The board as `report --json` prints it: per node, one cell per layer and day."""
+    return {
+        "days": board.days,
+        "layers": list(board.layers),
+        "generated_at": board.generated_at,
+        "nodes": [_node_record(node, board) for node in board.nodes],
+    }
+
+
+def _node_record(node: NodeBoard, board: Board) -> dict[str, Any]:
+    cells = [
+        {"layer": layer, "day": day, "state": cell.shown, "notes": list(cell.notes)}
+        for layer in board.layers
+        for day in board.days
+        for cell in (node.cells[(layer, day)],)
+    ]
+    return {
+        "node_id": node.node_id,
+        "cells": cells,
+        "events": [asdict(event) for event in node.events],
+        "reasons": [asdict(reason) for reason in node.reasons],
+        "incidents": [asdict(incident) for incident in node.incidents],
+    }
 
 
 _COLOUR = {

@@ -33,6 +33,7 @@ from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.findings import RULE_FAILED
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.remediation.action_events import publish_breaker
+from stethoscope.remediation.alertmanager import AlertmanagerSink
 from stethoscope.remediation.breaker_state import armed
 from stethoscope.remediation.cycle import CycleResult, Cycles
 from stethoscope.remediation.plan import preview, render_plan
@@ -41,6 +42,7 @@ from stethoscope.report import board
 from stethoscope.serve.exposition import Exposition, Scrape
 from stethoscope.serve.http import bind, handler
 from stethoscope.serve.relay import Relay
+from stethoscope.serve.scrape import Scraper
 from stethoscope.serve.sweeps import Sweeper
 from stethoscope.serve.verdicts import Verdicts, default_grace, room_for
 from stethoscope.store.client import Store, StoreError
@@ -91,6 +93,8 @@ class Server:
         replay_dir: Path | None = None,
         gate_http: tuple[str, int] | None = None,
         evaluation_key: Callable[[list[Rule]], str] | None = None,
+        scraper: Scraper | None = None,
+        alert_sink: AlertmanagerSink | None = None,
     ):
         self.store = store  # opened by start(), held until stop()
         self.spool_dir = spool_dir
@@ -102,6 +106,8 @@ class Server:
         if cycles.execute_with is not None:  # the first executing cycle logs what it will do
             cycles.before_acting = self._log_plan
         self.sweeper = sweeper
+        self.scraper = scraper  # the exporters the inventory lists, as sources (serve.scrape)
+        self.alert_sink = alert_sink  # Alertmanager: the open findings kept firing, the cleared resolved
         self.flush_interval = flush_interval
         self.log_format = log_format
         self.replay_dir = replay_dir  # the collector's replay window across restarts
@@ -119,6 +125,8 @@ class Server:
         self.verdicts = Verdicts(keyring, default_grace(interval))  # the Slurm gate's, per node
         if sweeper is not None:
             sweeper.on_done = lambda seconds: self.exposition.sweep_seconds.observe(seconds)
+        if scraper is not None:
+            self.exposition.registry.register(scraper)
 
     # life -------------------------------------------------------------------------------------
     def start(self) -> Server:
@@ -161,6 +169,8 @@ class Server:
             threading.Thread(target=gates, name="stethoscope-gate", daemon=True).start()
         if self.sweeper is not None:
             self.sweeper.start()
+        if self.scraper is not None:  # its rows through the collector's writer and spool
+            self.scraper.start(writer.write)
         return self
 
     def _publish_breaker(self) -> None:
@@ -185,6 +195,8 @@ class Server:
         self.stop_event.set()
         if self.sweeper is not None:
             self.sweeper.stop()
+        if self.scraper is not None:
+            self.scraper.stop()
         for httpd in (self.httpd, self.gate_httpd):
             if httpd is not None:
                 httpd.shutdown()
@@ -220,6 +232,8 @@ class Server:
             self._log_cycle(at_ms, time.monotonic() - started, None)
             return
         self._write_board(at_ms, rules, result)  # first: a cycle /healthz counts has its board served
+        if self.alert_sink is not None and result.acted:
+            self.alert_sink.publish(result.findings, at_ms)
         self.state.cycles += 1
         self.state.last_at = time.time()
         self.state.last_error = None

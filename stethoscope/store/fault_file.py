@@ -16,14 +16,20 @@ from typing import Any
 
 import yaml
 
-from stethoscope.bounded_yaml import RULE_FILE_MAX_BYTES, BoundedSafeLoader, YamlTooLarge, read_bounded
+from stethoscope.bounded_yaml import (
+    RULE_FILE_MAX_BYTES,
+    BoundedSafeLoader,
+    YamlTooLarge,
+    is_stdin,
+    read_bounded,
+)
 from stethoscope.catalog import LAYERS
 from stethoscope.store.faults import Fault
-from stethoscope.timeutil import to_ms
+from stethoscope.timeutil import DurationError, parse_duration, to_ms
 
 FIELDS = {"node", "node_id", "kind", "layer", "impact", "impact_at", "device", "note"}
-_RELATIVE = re.compile(r"^latest\s*(?:-\s*(\d+)\s*(s|m|h|d))?$")
-_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_RELATIVE = re.compile(r"^latest\s*(?:-\s*(.+))?$")
+_CSV_HEADER = re.compile(r"^\s*\w+\s*(,\s*\w+\s*)+$")
 _KIND = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -46,8 +52,16 @@ def _mapping(loader: _Lines, node: yaml.MappingNode) -> dict:
 _Lines.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 
 
+def _is_csv(path: Path, text: str) -> bool:
+    """By its suffix; on standard input (no name), by a first line of bare column names."""
+    if is_stdin(path):
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        return bool(_CSV_HEADER.match(first))
+    return path.suffix.lower() == ".csv"
+
+
 def _entries(path: Path, text: str) -> tuple[list[tuple[int, Any]], list[str]]:
-    if path.suffix.lower() == ".csv":
+    if _is_csv(path, text):
         reader = csv.DictReader(text.splitlines())
         entries: list[tuple[int, Any]] = []
         for row in reader:
@@ -74,8 +88,11 @@ def impact_of(text: Any, latest_ms: int | None) -> int:
     if match:
         if latest_ms is None:
             raise ValueError(f"impact {text!r} is relative to the newest sample, and the store has none")
-        amount, unit = match.groups()
-        return latest_ms - (int(amount) * _UNIT_MS[unit] if amount else 0)
+        try:
+            ago = parse_duration(match.group(1)) if match.group(1) else 0
+        except DurationError:
+            raise ValueError(f"impact {text!r}: latest-DURATION, a duration such as 10m or 1.5h") from None
+        return latest_ms - round(ago * 1000)
     try:
         return to_ms(text)
     except (ValueError, OverflowError):

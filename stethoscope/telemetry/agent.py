@@ -254,12 +254,12 @@ class NvmlSource:
             "gpu.pcie_rx": lambda h: n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_RX_BYTES) / 1000.0,
             "gpu.pcie_tx": lambda h: n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_TX_BYTES) / 1000.0,
             "gpu.throttle_reasons": lambda h: throttle(h) if throttle else NAN,
-            "gpu.pcie_link_gen": lambda h: n.nvmlDeviceGetCurrPcieLinkGeneration(h),
-            "gpu.pcie_link_width": lambda h: n.nvmlDeviceGetCurrPcieLinkWidth(h),
+            "gpu.pcie_link_gen": n.nvmlDeviceGetCurrPcieLinkGeneration,
+            "gpu.pcie_link_width": n.nvmlDeviceGetCurrPcieLinkWidth,
             "gpu.ecc_corrected": lambda h: n.nvmlDeviceGetTotalEccErrors(
                 h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC
             ),
-            "gpu.pcie_replay": lambda h: n.nvmlDeviceGetPcieReplayCounter(h),
+            "gpu.pcie_replay": n.nvmlDeviceGetPcieReplayCounter,
         }
         gpus = []
         for handle in self.handles:
@@ -479,7 +479,7 @@ def _gpu_source(config: dict[str, Any], counters: Counters) -> Any:
 
 
 def _address(text: str) -> tuple[str, int]:
-    host, _, port = str(text).rpartition(":")
+    host, _colon, port = str(text).rpartition(":")
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
@@ -496,7 +496,7 @@ def load_config(path: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument(
         "--config",
         required=True,

@@ -32,6 +32,7 @@ import argparse
 import hashlib
 import hmac
 import json
+import math
 import os
 import socket
 import sys
@@ -375,7 +376,7 @@ def _seconds(config: dict[str, Any], name: str) -> float:
         value = float(config[name])
     except (TypeError, ValueError):
         value = float("nan")
-    if not value > 0:
+    if math.isnan(value) or value <= 0:
         raise ValueError("%s %r: a positive number of seconds" % (name, config[name]))
     return value
 
@@ -443,7 +444,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="stethoscope-gate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="stethoscope-gate", description=__doc__.split("\n\n", 1)[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -199,5 +199,5 @@ def _read_key(config: dict) -> bytes | None:
 
 
 def _address(text: str) -> tuple:
-    host, _, port = str(text).rpartition(":")
+    host, _colon, port = str(text).rpartition(":")
     return host.strip("[]") or "127.0.0.1", int(port)

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import os
 import secrets as token
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stethoscope.bounded_yaml import is_stdin
 from stethoscope.inventory import default_inventory
 from stethoscope.names import is_node_name
 from stethoscope.paths import state_dir
 from stethoscope.store.dsn import ConfigError
 from stethoscope.telemetry import wire
+
+SECRET_MAX_BYTES = 4096
 
 
 class KeyringError(ConfigError):
@@ -93,6 +97,8 @@ def read_secret(path: str | Path, create: bool = False) -> bytes:
     """A secret file's content (stripped). `create` makes a random one, root-only, where none is:
     the lab's; a real cluster's comes from its vault."""
     path = Path(path)
+    if is_stdin(path):  # from a vault's client, through a pipe: never on the disk
+        return _checked_secret(sys.stdin.buffer.read(SECRET_MAX_BYTES).strip(), "from standard input")
     if create and not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -102,6 +108,10 @@ def read_secret(path: str | Path, create: bool = False) -> bytes:
         secret = path.read_bytes().strip()
     except OSError as exc:
         raise KeyringError(f"cluster secret {path}: {exc.strerror}") from None
+    return _checked_secret(secret, str(path))
+
+
+def _checked_secret(secret: bytes, where: str) -> bytes:
     if len(secret) < 16:
-        raise KeyringError(f"cluster secret {path}: shorter than 16 bytes")
+        raise KeyringError(f"cluster secret {where}: shorter than 16 bytes")
     return secret

@@ -10,8 +10,10 @@ from typing import Any
 
 from stethoscope.diagnosis.findings import printable
 from stethoscope.private_files import private_dir
+from stethoscope.remediation import alertmanager
 from stethoscope.remediation.actions.http import send
 from stethoscope.remediation.actions.means import Act, Means, Result
+from stethoscope.store.dsn import redact
 from stethoscope.templating import Undefined, render
 from stethoscope.timeutil import iso, now_ms
 
@@ -42,8 +44,12 @@ def alert(means: Means, act: Act) -> Result:
 
 
 def send_alert(means: Means, act: Act, message: str) -> Result:
-    """`message` to the action's endpoint, else `stethoscope_alert_webhook`; skipped without one."""
+    """`message` to the action's endpoint, else to Alertmanager (`stethoscope_alertmanager_url`), else
+    `stethoscope_alert_webhook`; skipped without one."""
     finding = act.finding
+    alertmanager_url = means.ctx.setting(alertmanager.SETTING)
+    if alertmanager_url and not act.params.get("endpoint"):
+        return _to_alertmanager(means, act, message, render(str(alertmanager_url), act.context))
     endpoint_template = act.params.get("endpoint") or means.ctx.setting("stethoscope_alert_webhook")
     if not endpoint_template:
         return (
@@ -64,6 +70,18 @@ def send_alert(means: Means, act: Act, message: str) -> Result:
     if not result.ok:
         detail["response"] = result.detail
     return ("ok" if result.ok else "failed"), endpoint, detail
+
+
+def _to_alertmanager(means: Means, act: Act, message: str, url: str) -> Result:
+    """The finding as one alert to Alertmanager's v2 API (remediation.alertmanager)."""
+    alert = alertmanager.alert_of(act.finding, message)
+    endpoint, result = alertmanager.post_alerts(
+        url, [alert], key=act.finding["txn_id"], timeout=means.http_timeout, retries=means.http_retries
+    )
+    detail: dict[str, Any] = {"message": message, "http_status": result.status, "attempts": result.attempts}
+    if not result.ok:
+        detail["response"] = result.detail
+    return ("ok" if result.ok else "failed"), redact(endpoint), detail
 
 
 def api_call(means: Means, act: Act) -> Result:

@@ -1,0 +1,1 @@
+../../../../../../tests/test_lspci_domains.py

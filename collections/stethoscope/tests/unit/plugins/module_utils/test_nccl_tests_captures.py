@@ -1,0 +1,1 @@
+../../../../../../tests/test_nccl_tests_captures.py

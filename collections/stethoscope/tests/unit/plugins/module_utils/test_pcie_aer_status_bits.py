@@ -1,0 +1,1 @@
+../../../../../../tests/test_pcie_aer_status_bits.py

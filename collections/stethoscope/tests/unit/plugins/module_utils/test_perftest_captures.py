@@ -1,0 +1,1 @@
+../../../../../../tests/test_perftest_captures.py
