@@ -229,6 +229,8 @@ class FlakyAlertmanager:
     def __init__(self):
         self.failing = False
         self.taken: list[list[dict]] = []
+        self.silences_readable = True
+        self.silence_reads = 0
 
     def __enter__(self) -> str:
         stand_in = self
@@ -243,6 +245,14 @@ class FlakyAlertmanager:
                     self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+
+            def do_GET(self):  # /api/v2/silences
+                stand_in.silence_reads += 1
+                body = b"[]" if stand_in.silences_readable else b""
+                self.send_response(200 if stand_in.silences_readable else 503)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def log_message(self, *args):
                 pass
@@ -273,3 +283,22 @@ def test_a_resolution_alertmanager_did_not_take_is_sent_again_until_it_does():
     (resolved,) = stand_in.taken[-1]
     assert resolved["labels"] == labels_of(finding)
     assert to_ms(resolved["endsAt"]) == 1_780_000_120_000
+
+
+def test_while_alertmanagers_silences_cannot_be_read_drains_are_held_and_the_alert_still_runs(tmp_path, db):
+    """Fail closed: a silence a human set in Alertmanager for the node may be there, unseen; the drain
+    waits (refused, with the reason) while the log and the alert run. Its silences are read once a cycle."""
+    stand_in = FlakyAlertmanager()
+    stand_in.silences_readable = False
+    drain = {"type": "playbook", "playbook": "remediate/drain.yml"}
+    rule_dir = rules(tmp_path, [{"type": "alert", "message": "worn out"}, drain])
+    with stand_in as url:
+        settings = execute_args(tmp_path, f"stethoscope_alertmanager_url={url}")
+        finding = cycle(tmp_path, db, rule_dir, settings, start(), "node03")["node03"]
+    assert finding["outcome"] == "alert ok, playbook:remediate/drain.yml refused", finding
+    ((status, detail),) = table(db, "SELECT status, detail FROM DB.actions FINAL WHERE action LIKE '%drain%'")
+    assert status == "refused" and "Alertmanager" in json.loads(detail)["reason"], detail
+    # the alert action's, and the drain's refusal, alerted as the breaker's are
+    alerted = [a["annotations"]["message"] for alerts in stand_in.taken for a in alerts]
+    assert alerted[0] == "worn out" and "Alertmanager's silences could not be read" in alerted[1], alerted
+    assert stand_in.silence_reads == 1

@@ -152,13 +152,6 @@ def test_fio_may_run_its_whole_runtime(tmp_path):
     assert int(limit) >= 1800
 
 
-def test_storage_refuses_a_sustained_write_on_a_raw_device(tmp_path):
-    empty = tmp_path / "bin"
-    empty.mkdir()
-    result = run_module(tmp_path, "bench_storage", {"filename": "/dev/nvme0n1", "mode": "sustained"}, empty)
-    assert result["failed"] and "refusing a sustained write on the raw device /dev/nvme0n1" in result["msg"]
-
-
 def test_nccl_ring_and_tree_from_recorded_output(tmp_path):
     bindir, log = tmp_path / "bin", tmp_path / "argv.log"
     fake_tools(

@@ -120,6 +120,20 @@ def test_report_json(hot_dsn):
     assert {"day", "state", "notes"} <= set(node["cells"][0])
 
 
+def test_report_json_prints_any_value_as_every_other_json_command(hot_dsn, monkeypatch, capsys):
+    """A value JSON has no type for (a datetime, a Decimal from the store) is printed as text, as
+    every other --json prints it, not a traceback after the board was computed."""
+    import datetime as dt
+
+    from stethoscope.cli.main import main
+    from stethoscope.report import board
+
+    at = dt.datetime(2026, 12, 6, 18, 0, tzinfo=dt.UTC)
+    monkeypatch.setattr(board, "board_record", lambda data: {"generated_at": at})
+    assert main(["--dsn", hot_dsn, "report", "--days", "2", "--no-model", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"generated_at": str(at)}
+
+
 def test_rules_check_json():
     result = cli("rules", "check", "rules", "--json")
     assert result.returncode == 0, result.stderr
@@ -260,6 +274,17 @@ def test_the_cluster_secret_from_standard_input(monkeypatch):
     assert read_secret("-") == b"s3cret-from-the-vault-0123456789"
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"short\n")))
     with pytest.raises(KeyringError, match="standard input: shorter than 16 bytes"):
+        read_secret("-")
+
+
+def test_a_cluster_secret_longer_than_the_limit_is_refused_not_cut(monkeypatch):
+    from stethoscope.telemetry.keyring import SECRET_MAX_BYTES, KeyringError, read_secret
+
+    longest = b"k" * SECRET_MAX_BYTES
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(longest + b"\n")))
+    assert read_secret("-") == longest
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(longest + b"k\n")))
+    with pytest.raises(KeyringError, match=f"standard input: longer than {SECRET_MAX_BYTES} bytes"):
         read_secret("-")
 
 

@@ -392,45 +392,27 @@ def test_on_stop_the_pool_drops_the_work_not_started_and_lets_the_running_work_f
 def test_an_incident_that_drains_starts_before_incidents_queued_earlier_that_do_not():
     """A node to isolate waits for no backlog of tickets and alerts: with every worker busy, the
     incident whose work drains is started first when a worker frees, then the others in their order."""
-    from stethoscope.remediation.action_pool import ActionPool
-
-    pool = ActionPool(1)
-    running, release, started = threading.Event(), threading.Event(), []
-
-    def blocker() -> None:
-        running.set()
-        release.wait(60)
-
-    pool.submit("busy", ["ticket"], blocker)
+    pool, running, release, ran = pool_running_a_drain()
     assert running.wait(60)
-    pool.submit("ticket-a", ["ticket"], lambda: started.append("ticket-a"))
-    pool.submit("ticket-b", ["alert"], lambda: started.append("ticket-b"))
-    pool.submit("drain-c", ["drain", "ticket"], lambda: started.append("drain-c"), first=True)
+    pool.submit("ticket-a", ["ticket"], lambda: ran.append("ticket-a"))
+    pool.submit("ticket-b", ["alert"], lambda: ran.append("ticket-b"))
+    pool.submit("drain-c", ["drain", "ticket"], lambda: ran.append("drain-c"), first=True)
     release.set()
     wait_for(lambda: pool.pending() == 0, 30, "the queued work did not run")
-    assert started == ["drain-c", "ticket-a", "ticket-b"]
+    assert ran == ["drain", "drain-c", "ticket-a", "ticket-b"]
 
 
 def test_a_drain_added_to_an_incident_still_waiting_moves_it_ahead():
     """An incident queued for a ticket, still waiting for a worker, whose next cycle plans a drain
     (a critical finding joined it) goes ahead of the incidents queued before it, as a new one would."""
-    from stethoscope.remediation.action_pool import ActionPool
-
-    pool = ActionPool(1)
-    running, release, started = threading.Event(), threading.Event(), []
-
-    def blocker() -> None:
-        running.set()
-        release.wait(60)
-
-    pool.submit("busy", ["ticket"], blocker)
+    pool, running, release, ran = pool_running_a_drain()
     assert running.wait(60)
-    pool.submit("ticket-a", ["ticket"], lambda: started.append("ticket-a"))
-    pool.submit("joined-b", ["ticket"], lambda: started.append("joined-b ticket"))
-    pool.submit("joined-b", ["drain"], lambda: started.append("joined-b drain"), first=True)
+    pool.submit("ticket-a", ["ticket"], lambda: ran.append("ticket-a"))
+    pool.submit("joined-b", ["ticket"], lambda: ran.append("joined-b ticket"))
+    pool.submit("joined-b", ["drain"], lambda: ran.append("joined-b drain"), first=True)
     release.set()
     wait_for(lambda: pool.pending() == 0, 30, "the queued work did not run")
-    assert started == ["joined-b ticket", "joined-b drain", "ticket-a"]
+    assert ran == ["drain", "joined-b ticket", "joined-b drain", "ticket-a"]
 
 
 def test_on_stop_incidents_still_waiting_for_a_worker_are_dropped_too():

@@ -21,15 +21,18 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from stethoscope.catalog import default_catalog
-from stethoscope.serve.scrape import Scraper, ScrapeTarget, scrape_targets
+from stethoscope.serve.scrape import Scraper, ScrapeTarget, scrape_targets, scraper_of
 from stethoscope.store.batch import Batch
 from stethoscope.store.client import Store
+from stethoscope.store.dsn import ConfigError
 from stethoscope.telemetry.exporters import default_table, load_table
 
 from conftest import TOP
@@ -121,6 +124,23 @@ def test_a_stale_last_xid_at_the_first_scrape_is_preexisting_not_an_event():
     ]  # fmt: skip
 
 
+def test_a_stale_xid_at_the_first_scrape_is_no_xid_incident_through_diagnose(tmp_dsn):
+    """The shipped rules over what the first scrape of a node whose last XID was 79 long ago stores:
+    the pre-existing XID's info finding, nothing that would drain it."""
+    from stethoscope.diagnosis.findings import diagnose
+    from stethoscope.diagnosis.rules import load_rules
+
+    now = int(time.time() * 1000)
+    seen: dict = {}
+    with Store(tmp_dsn, f"t_{uuid.uuid4().hex[:8]}") as store:
+        store.init_schema()
+        store.insert_metrics(default_table().map("dcgm", dcgm_with_last_xid(79), "gpu-a", now, seen).rows)
+        findings = diagnose(store, load_rules(TOP / "rules", default_catalog()).rules, now + 1_000)
+    assert {(f["rule_id"], f["device"], f["severity"]) for f in findings if "xid" in f["rule_id"]} == {
+        ("gpu_xid_preexisting", "gpu0", "info")
+    }
+
+
 def test_the_scraper_remembers_the_last_xid_per_node_and_gpu_across_rounds(tmp_path):
     page = tmp_path / "metrics"
     page.write_text(dcgm_with_last_xid(79))
@@ -133,7 +153,8 @@ def test_the_scraper_remembers_the_last_xid_per_node_and_gpu_across_rounds(tmp_p
         page.write_text(dcgm_with_last_xid(48))
         sink.batches.clear()
         scraper.scrape_once(sink)
-    (event,) = [r for b in sink.batches for r in b.metrics.iter_rows() if r["metric_name"] == "gpu_xid_errors_total"]
+    rows = [r for b in sink.batches for r in b.metrics.iter_rows()]
+    (event,) = [r for r in rows if r["metric_name"] == "gpu_xid_errors_total"]
     assert (event["device"], event["labels"]["xid"]) == ("gpu0", "48")
 
 
@@ -362,6 +383,8 @@ def test_an_endpoint_url_that_is_a_template_is_refused_naming_its_host(tmp_path)
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu-a": {"stethoscope_scrape": [entry]}}}}))
     with pytest.raises(ValueError, match=r"gpu-a.*not rendered"):
         scrape_targets(inventory)
+    with pytest.raises(ConfigError, match=r"gpu-a.*not rendered"):  # serve: exit 2, before it starts
+        scraper_of(SimpleNamespace(path=inventory, settings={}), 60)
 
 
 def test_the_inventory_lists_each_hosts_endpoints_and_a_bad_entry_is_refused(tmp_path):

@@ -168,6 +168,13 @@ def test_wheel_ships_rules_models_collection_and_templates(wheel):
     assert [n for n in must if WHEEL_DATA + n not in names] == []
     templates = {p.name for p in (TOP / "stethoscope/report/templates").glob("*.j2")}
     assert templates and {f"stethoscope/report/templates/{t}" for t in templates} <= names
+    schemas = {p.name for p in (TOP / "stethoscope/schemas").glob("*.json")}
+    assert schemas and {f"stethoscope/schemas/{s}" for s in schemas} <= names
+    # a link in the checkout to the node-side code: the wheel holds the file's own content
+    linked = TOP / "stethoscope/telemetry/sysfs_devices.py"
+    assert linked.is_symlink()
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read("stethoscope/telemetry/sysfs_devices.py") == linked.read_bytes()
 
 
 def test_wheel_metadata_passes_twine_and_names_the_distribution_everywhere(wheel):

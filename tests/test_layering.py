@@ -23,6 +23,7 @@ BASE = {
     "bounded_yaml",
     "terminal",
     "private_files",
+    "galaxy",
 }
 BELOW = {
     "store": set(),

@@ -1,4 +1,4 @@
-"""ssd_preheat: fio for real on a temp file; a raw device refused."""
+"""ssd_preheat: fio for real on a temp file (a block device refused: tests/test_storage_device_safety.py)."""
 
 from __future__ import annotations
 
@@ -51,8 +51,3 @@ def test_preconditions_a_file(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:]
     assert target.stat().st_size == 16 * 1024 * 1024 and "steady state" in result.stdout
-
-
-def test_refuses_a_raw_device(tmp_path):
-    result = play(tmp_path, "-e", "ssd_preheat_target=/dev/nvme9n1")
-    assert result.returncode != 0 and "is a raw device: preconditioning overwrites all of" in result.stdout

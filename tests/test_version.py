@@ -73,3 +73,40 @@ def test_version_prints_package_collection_rules_and_model_versions():
     last = model["history"][-1]
     expected = f"model {model['name']} {last['action']} {last['at']}, data {model['data_hash'][:16]} ("
     assert lines["model"].startswith(expected)
+
+
+def test_galaxy_yml_is_read_in_one_place():
+    """`--version` and serve's stethoscope_build_info read the collection's version with one function,
+    so the two can never disagree on what galaxy.yml says."""
+    import ast
+
+    readers = sorted(
+        path.relative_to(TOP).as_posix()
+        for path in (TOP / "stethoscope").rglob("*.py")
+        if any(
+            isinstance(node, ast.Constant) and node.value == "galaxy.yml"
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        )
+    )
+    assert readers == ["stethoscope/galaxy.py"]
+
+
+@pytest.mark.parametrize(
+    ("galaxy", "line", "version"),
+    [
+        ("namespace: acme\nname: probe\nversion: 2.3.4\n", "collection acme.probe 2.3.4 (", "2.3.4"),
+        ("namespace: acme\nname: probe\n", "collection unreadable: ", "unknown"),
+        ("- not a mapping\n", "collection unreadable: ", "unknown"),
+        ("version: [unclosed\n", "collection unreadable: ", "unknown"),
+    ],
+)
+def test_version_line_and_build_info_read_galaxy_yml_alike(tmp_path, monkeypatch, galaxy, line, version):
+    from stethoscope import paths
+    from stethoscope.cli.version import collection_line
+    from stethoscope.serve.exposition import collection_version
+
+    collection = tmp_path.joinpath("ansible_collections", "aicluster", "stethoscope")
+    collection.mkdir(parents=True)
+    (collection / "galaxy.yml").write_text(galaxy)
+    monkeypatch.setattr(paths, "collections_path", lambda: tmp_path)
+    assert collection_line().startswith(line) and collection_version() == version

@@ -67,7 +67,7 @@ def _top(args: argparse.Namespace) -> int:
             store, catalog, args.metric, top.window_of(args.days, now_ms()), args.limit, args.device, labels
         )
     if args.json:
-        print(json.dumps([entry.as_dict() for entry in entries], indent=2))
+        print(json.dumps([entry.as_dict() for entry in entries], indent=2, default=str))
     else:
         print(top.render(entries, args.metric, top.is_cumulative(catalog, args.metric)))
     return EXIT_OK
@@ -86,7 +86,7 @@ def _report(args: argparse.Namespace) -> int:
         path = write(data, args.out)
         print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
-        print(json.dumps(board_record(data), indent=1, sort_keys=True))
+        print(json.dumps(board_record(data), indent=1, sort_keys=True, default=str))
     elif not args.out:
         print(render_terminal(data, color=colour_wanted(sys.stdout)))
     return EXIT_OK

@@ -23,12 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 import stethoscope
 from stethoscope.catalog import Catalog, CatalogError
+from stethoscope.galaxy import GalaxyUnreadable, installed_collection
 from stethoscope.model import metadata
-from stethoscope.paths import collection_dir, rules_dir
+from stethoscope.paths import rules_dir
 
 DISTRIBUTION = "aicluster-stethoscope"  # on the package index; the import package is `stethoscope`
 
@@ -38,13 +37,11 @@ def package_line() -> str:
 
 
 def collection_line() -> str:
-    folder = collection_dir()
     try:
-        galaxy = yaml.safe_load((folder / "galaxy.yml").read_text(encoding="utf-8"))
-        name = f"{galaxy['namespace']}.{galaxy['name']}"
-        return f"collection {name} {galaxy['version']} ({folder})"
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
-        return f"collection unreadable: {folder / 'galaxy.yml'}: {exc}"
+        collection = installed_collection()
+    except GalaxyUnreadable as exc:
+        return f"collection unreadable: {exc}"
+    return f"collection {collection.name} {collection.version} ({collection.folder})"
 
 
 def rules_digest(folder: Path) -> str:

@@ -8,7 +8,8 @@
 - Silences are respected, not mirrored: an active silence created in Alertmanager (GET
   /api/v2/silences) whose matchers match a finding's labels silences it as stethoscope's own
   silences do (remediation.silences): no action, recorded `silenced`, saying which silence. A silence
-  lives in one place, Alertmanager's, and ends there; a copy here could outlive it."""
+  lives in one place, Alertmanager's, and ends there; a copy here could outlive it. Read once a
+  cycle; a cycle that cannot read them drains no node (refused, saying why; logs and alerts run)."""
 
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ class LabelMatcher(Matcher):
 
 def read_silences(url: str, timeout: float = 10.0) -> list[Silence]:
     """Alertmanager's active silences as stethoscope's (silence_id `alertmanager <id>`); an answer
-    that cannot be read is an OSError naming the URL (the cycle says it and acts as without them)."""
+    that cannot be read is an OSError naming the URL (the cycle says it and holds its drains)."""
     endpoint = url.rstrip("/") + SILENCES
     try:
         with urllib3.PoolManager(timeout=urllib3.Timeout(total=timeout), retries=False) as pool:

@@ -86,6 +86,12 @@ class CircuitBreaker:
                     self._refused[node] = why
             return verdicts
 
+    def hold(self, nodes: Sequence[str], why: str) -> None:
+        """Refuse the drains of `nodes` this cycle for a reason besides the limits (the next cycle's
+        `admit` judges them again)."""
+        with self._lock:
+            self._refused.update(dict.fromkeys(nodes, why))
+
     def permit(self, node: str) -> tuple[bool, str]:
         """Reserve an isolation of `node`, or say why not; `release` gives back one that failed."""
         with self._lock:

@@ -20,6 +20,8 @@ class Context:
     overrides: dict[str, Any] = field(default_factory=dict)
     state_dir: Path = field(default_factory=default_state_dir)
     spool_dir: Path = field(default_factory=default_spool_dir)
+    # what a cycle reads once and several of its steps use (a context is one cycle's): by name
+    read_once: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def setting(self, name: str, default: Any = None) -> Any:
         return self.overrides.get(name, self.inventory.settings.get(name, default))

@@ -54,7 +54,7 @@ from stethoscope.remediation.retries import (
     reason_of,
 )
 from stethoscope.remediation.settings import Settings
-from stethoscope.remediation.silence_table import silencer
+from stethoscope.remediation.silence_table import drains_held, silencer
 from stethoscope.remediation.slurm_state import read_nodes
 from stethoscope.store.client import Store, StoreError
 from stethoscope.store.dsn import redact
@@ -232,6 +232,9 @@ class Executor:
             # armed every cycle (/metrics shows it); overdue drains expire only when one is planned
             self._arm_breaker(ledger, expire=any(action_label(a) == DRAIN for a in acting))
             self.breaker.admit(plan.drains())  # side by side, the drains get room in the plan's order
+            held = drains_held(self.ctx)
+            if held:
+                self.breaker.hold(plan.drains(), held)
         if pool is None:
             works = _work(plan)
             self._plan_rows(works)

@@ -19,7 +19,7 @@ from stethoscope.remediation.ledger import DRAIN, NEEDS_PERSON
 from stethoscope.remediation.life import decide
 from stethoscope.remediation.retries import REFUSED, next_attempt
 from stethoscope.remediation.settings import Settings
-from stethoscope.remediation.silence_table import silencer
+from stethoscope.remediation.silence_table import drains_held, silencer
 from stethoscope.store.client import Store
 from stethoscope.terminal import terminal_safe_data
 
@@ -61,6 +61,9 @@ def preview(
     )
     breaker = armed(store, context)  # read-only, as the executor's would be now
     admitted = breaker.admit(plan.drains())  # in the order the executor's breaker gives room
+    held = drains_held(context)  # as the executor holds them: Alertmanager's silences unread
+    if held:
+        admitted = dict.fromkeys(admitted, (False, held))
     incidents: dict[str, dict[str, Any]] = {}
 
     def incident(finding: dict[str, Any], txn: str) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from stethoscope.remediation import alertmanager
@@ -17,6 +18,7 @@ from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
 TABLE = "silences"
+READ_KEY = "alertmanager silences"  # the cycle's read, in its context's read_once
 log = logging.getLogger(__name__)
 
 
@@ -122,17 +124,40 @@ def silencer(store: Store, context: Any = None) -> Callable[[dict[str, Any]], st
     return silenced
 
 
-def alertmanager_silences(context: Any) -> list[Silence]:
+@dataclass(frozen=True)
+class AlertmanagerRead:
+    silences: list[Silence]
+    unreadable: str = ""  # why its silences could not be read; "" when they were, or none is configured
+
+
+def alertmanager_read(context: Any) -> AlertmanagerRead:
     """The active silences of the context's Alertmanager (`stethoscope_alertmanager_url`), respected
-    as stethoscope's own; none without one, or when it does not answer (said: findings then act)."""
+    as stethoscope's own; none without one. Read once a cycle: the context (one cycle's) keeps it."""
     url = context.setting(alertmanager.SETTING) if context is not None else None
     if not url:
-        return []
+        return AlertmanagerRead([])
+    kept = getattr(context, "read_once", None)
+    if kept is not None and READ_KEY in kept:
+        return kept[READ_KEY]
     try:
-        return alertmanager.read_silences(str(url))
+        read = AlertmanagerRead(alertmanager.read_silences(str(url)))
     except OSError as exc:
-        log.warning("silences: %s: its silences are not respected this cycle", exc)
-        return []
+        log.warning("silences: %s: drains are held this cycle (a silence there may hold their node)", exc)
+        read = AlertmanagerRead([], str(exc))
+    if kept is not None:
+        kept[READ_KEY] = read
+    return read
+
+
+def alertmanager_silences(context: Any) -> list[Silence]:
+    return alertmanager_read(context).silences
+
+
+def drains_held(context: Any) -> str:
+    """Why this cycle drains no node, "" when it may: fail closed, a drain waits while the silences a
+    human may have set in Alertmanager cannot be read (the logs and alerts still run)."""
+    why = alertmanager_read(context).unreadable
+    return f"held: Alertmanager's silences could not be read this cycle ({why}); not draining" if why else ""
 
 
 def _maintenance(context: Any) -> dict[str, tuple[str, int]]:

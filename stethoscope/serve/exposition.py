@@ -12,7 +12,6 @@ import gzip
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 from prometheus_client import CollectorRegistry, Histogram, Info, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder, gzip_accepted
@@ -20,7 +19,7 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 import stethoscope
 from stethoscope.catalog import default_catalog
 from stethoscope.diagnosis.levels import SEVERITY_ORDER
-from stethoscope.paths import collection_dir
+from stethoscope.galaxy import GalaxyUnreadable, installed_collection
 from stethoscope.remediation.action_events import ActionCounts, last_breaker
 from stethoscope.remediation.incidents import enclosing_device, keeps_own
 from stethoscope.serve.sweeps import HOST_STATES
@@ -78,11 +77,9 @@ class Exposition:
 def collection_version() -> str:
     """The version in the collection's galaxy.yml; "unknown" where it cannot be read."""
     try:
-        galaxy = yaml.safe_load((collection_dir() / "galaxy.yml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+        return installed_collection().version
+    except GalaxyUnreadable:
         return "unknown"
-    version = galaxy.get("version") if isinstance(galaxy, dict) else None
-    return str(version) if version is not None else "unknown"
 
 
 class _State:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,9 @@ from stethoscope.telemetry.exporters import EXPORTERS, ExporterParseError, Expor
 log = logging.getLogger(__name__)
 SETTING = "stethoscope_scrape"
 MAX_BODY_BYTES = 32 * 1024 * 1024  # an exporter's page; a larger one is refused, not read to the end
+WORKERS = 8  # endpoints scraped at once
+ROUND_SHARE = 0.8  # a round's deadline: this share of the interval
+REQUEST_SHARE = 0.5  # the longest one request may take (at most its timeout): ends within the round
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,10 @@ def scrape_targets(inventory: Path) -> list[ScrapeTarget]:
 def _target(host: str, entry: Any) -> ScrapeTarget:
     url = str(entry.get("url", "")) if isinstance(entry, dict) else ""
     exporter = str(entry.get("exporter", "")) if isinstance(entry, dict) else ""
+    if "{{" in url:
+        raise ValueError(
+            f"{host}: {SETTING} url {url!r} is a template: templates are not rendered here; give the URL"
+        )
     if not url.startswith(("http://", "https://")) or exporter not in EXPORTERS:
         raise ValueError(
             f"{host}: {SETTING} entry {entry!r}: needs an http(s) url and an exporter, one of "
@@ -76,15 +84,24 @@ def _target(host: str, entry: Any) -> ScrapeTarget:
 
 
 class Scraper:
+    """The targets scraped side by side (WORKERS at a time), each round within ROUND_SHARE of the
+    interval: an endpoint that does not answer costs its own request's time, not the others' rows."""
+
     def __init__(
         self, targets: list[ScrapeTarget], table: ExporterTable, interval: float, timeout: float = 10.0
     ):
-        self.targets, self.table, self.interval, self.timeout = targets, table, interval, timeout
+        self.targets, self.table, self.interval = targets, table, interval
+        self.round_seconds = ROUND_SHARE * interval
+        self.timeout = min(timeout, REQUEST_SHARE * interval)
         self.stats = ScrapeStats()
         self.stats.failures.update(dict.fromkeys(((t.node_id, t.url) for t in targets), 0))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._pool = urllib3.PoolManager(timeout=urllib3.Timeout(total=timeout), retries=False)
+        self._pool = urllib3.PoolManager(
+            num_pools=WORKERS, maxsize=WORKERS, timeout=urllib3.Timeout(total=self.timeout), retries=False
+        )
+        self._workers = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="stethoscope-scrape")
+        self._counting = threading.Lock()  # the workers count into the same stats
         # (node, gpu) -> the XID dcgm-exporter last showed: in memory, so after a restart the first
         # sighting is pre-existing again (telemetry.exporters)
         self._last_xid: dict[tuple[str, str], int] = {}
@@ -98,6 +115,7 @@ class Scraper:
 
     def stop(self) -> None:
         self._stop.set()
+        self._workers.shutdown(wait=False, cancel_futures=True)
 
     def _loop(self, sink: Callable[[Batch], Any]) -> None:
         due = time.monotonic()
@@ -110,10 +128,17 @@ class Scraper:
             self._stop.wait(max(0.0, due - time.monotonic()))
 
     def scrape_once(self, sink: Callable[[Batch], Any]) -> Batch:
-        """Every target once; their rows to `sink` in one batch (also returned)."""
+        """Every target once, side by side; the rows of those that answered within the round to
+        `sink` in one batch (also returned). A target still waiting for a worker at the round's end
+        is not scraped this round: counted and said as one that did not answer."""
         rows = MetricColumns()
-        for target in self.targets:
-            rows.extend(self._scrape(target))
+        scrapes = {self._workers.submit(self._scrape, target): target for target in self.targets}
+        done, late = wait(scrapes, timeout=self.round_seconds)
+        for future in done:
+            rows.extend(future.result())
+        for future in late:  # one already running ends within its request's time, too late for this batch
+            if future.cancel():
+                self._failed(scrapes[future], f"not scraped within the round ({self.round_seconds:g} s)")
         batch = Batch(metrics=rows)
         if len(rows):
             sink(batch)
@@ -126,21 +151,27 @@ class Scraper:
             at = int(time.time() * 1000)
             mapped = self.table.map(target.exporter, text, target.node_id, at, self._last_xid)
         except (urllib3.exceptions.HTTPError, OSError, ExporterParseError, UnicodeDecodeError) as exc:
-            self.stats.failures[key] += 1
-            self.stats.last_error[key] = f"{type(exc).__name__}: {redact(str(exc))}"
-            log.warning(
-                "scrape: %s endpoint of %s did not answer: %s: %s",
-                target.exporter,
-                target.node_id,
-                redact(target.url),
-                self.stats.last_error[key],
-            )
+            self._failed(target, f"{type(exc).__name__}: {redact(str(exc))}")
             return MetricColumns()
-        self.stats.last_error.pop(key, None)
-        self.stats.scrapes[target.exporter] += 1
-        self.stats.unmapped[target.exporter] += sum(mapped.unmapped.values())
-        self.stats.rows[target.exporter] += len(mapped.rows)
+        with self._counting:
+            self.stats.last_error.pop(key, None)
+            self.stats.scrapes[target.exporter] += 1
+            self.stats.unmapped[target.exporter] += sum(mapped.unmapped.values())
+            self.stats.rows[target.exporter] += len(mapped.rows)
         return mapped.rows
+
+    def _failed(self, target: ScrapeTarget, why: str) -> None:
+        key = (target.node_id, target.url)
+        with self._counting:
+            self.stats.failures[key] += 1
+            self.stats.last_error[key] = why
+        log.warning(
+            "scrape: %s endpoint of %s did not answer: %s: %s",
+            target.exporter,
+            target.node_id,
+            redact(target.url),
+            why,
+        )
 
     def _fetch(self, url: str) -> str:
         response = self._pool.request("GET", url, preload_content=False, headers={"Accept": "text/plain"})

@@ -98,7 +98,8 @@ def read_secret(path: str | Path, create: bool = False) -> bytes:
     the lab's; a real cluster's comes from its vault."""
     path = Path(path)
     if is_stdin(path):  # from a vault's client, through a pipe: never on the disk
-        return _checked_secret(sys.stdin.buffer.read(SECRET_MAX_BYTES).strip(), "from standard input")
+        # one byte more than allowed: a longer secret is refused, never cut to a different key
+        return _checked_secret(sys.stdin.buffer.read(SECRET_MAX_BYTES + 1).strip(), "from standard input")
     if create and not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -114,4 +115,6 @@ def read_secret(path: str | Path, create: bool = False) -> bytes:
 def _checked_secret(secret: bytes, where: str) -> bytes:
     if len(secret) < 16:
         raise KeyringError(f"cluster secret {where}: shorter than 16 bytes")
+    if len(secret) > SECRET_MAX_BYTES:
+        raise KeyringError(f"cluster secret {where}: longer than {SECRET_MAX_BYTES} bytes")
     return secret
