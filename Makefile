@@ -30,7 +30,7 @@ demo: setup
 	$(BIN)/ansible-playbook -i $(LAB) playbooks/collect.yml
 	$(BIN)/ansible-playbook -i $(LAB) playbooks/collect.yml
 	$(BIN)/stethoscope summary --inventory $(LAB)
-	# batches of 4 (10 % of 8 nodes is batches of 1): RDMA pairs form only among nodes benchmarked together
+	# batches of 4 (the default, 10 % of the inventory, at least 2, is 2 here): RDMA pairs form only among nodes benchmarked together
 	$(BIN)/ansible-playbook -i $(LAB) playbooks/baseline.yml -e baseline_batch=4
 	$(BIN)/stethoscope baseline --out .stethoscope/report
 	# the baseline took minutes: fresh sweeps, so that the rules read data of now, not UNKNOWN

@@ -226,3 +226,11 @@ def test_report_with_a_nonpositive_day_count_is_a_usage_error(tmp_dsn):
     from stethoscope.cli.main import main
 
     assert main(["report", "--days", "0", "--dsn", tmp_dsn]) == 2
+
+
+def test_the_collectors_own_health_under_the_controllers_name_is_no_node_of_the_board(store):
+    seeded(store)
+    batch = MetricColumns()
+    sweeps(batch, "controller-host", range(3), "telemetry_packets_rejected_total", "collector", lambda b: 0.0)
+    store.insert_metrics(batch)
+    assert "controller-host" not in {n.node_id for n in board(store).nodes}

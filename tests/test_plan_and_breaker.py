@@ -17,7 +17,7 @@ import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
-from test_breaker import drain_row
+from test_breaker import drain_row, resume_row
 from test_execute import db, execute_args, inventory, rules, table, worn
 
 from stethoscope.store.client import Store
@@ -272,3 +272,20 @@ def test_a_drain_the_plan_refused_stays_refused_while_its_work_waits_past_the_ne
         False,
         breaker.room("node03")[1],
     )  # judged again: still full
+
+
+def test_a_refusal_stays_listed_after_the_drain_is_tried_again(tmp_path, db):
+    """The drain's own row changes when it is retried (here it then fails: no Slurm); the refusal
+    keeps a row of its own, so `breaker` and `actions --status refused` still show it."""
+    node01_isolated_node02_worn(db)
+    rule_dir = str(rules(tmp_path, ACTIONS))
+    args = execute_args(tmp_path)[1:]
+    cli(db, "diagnose", "--no-model", "--json", "--rules", rule_dir, "--execute", *args)  # refused
+    with Store(db) as store:
+        resume_row(store, "node01", now_ms())  # room again: the next cycle tries node02's drain
+    retried = cli(db, "diagnose", "--no-model", "--json", "--rules", rule_dir, "--execute", *args)
+    assert f"action {DRAIN} failed: node node02" in retried.stderr, retried.stderr
+    (refusal,) = json.loads(cli(db, "breaker", "--json", *args, check_rc=(0,)).stdout)["refusals"]
+    assert refusal["node"] == "node02" and "own limit" in refusal["reason"]
+    listed = cli(db, "actions", "--status", "refused", check_rc=(0,)).stdout
+    assert "node02" in listed and "breaker_refusal" in listed

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from stethoscope.remediation.breaker import CircuitBreaker
-from stethoscope.remediation.ledger import Ledger
+from stethoscope.remediation.ledger import BREAKER_REFUSAL, Ledger
 from stethoscope.remediation.retries import REFUSED, reason_of
 from stethoscope.remediation.settings import Settings
 from stethoscope.remediation.slurm_state import read_nodes
@@ -30,7 +30,11 @@ def armed(store: Store, context: Any) -> CircuitBreaker:
 def breaker_state(store: Store, context: Any, since_ms: int) -> dict[str, Any]:
     """The breaker's state now and its refusals since `since_ms` (newest first)."""
     state = armed(store, context).state()
-    refused = Ledger(store).action_states(status=REFUSED, since_ms=since_ms)
+    # a refusal's own row where there is one (a drain's row changes when it is tried again); a drain
+    # row still refused from before those rows were kept
+    states = Ledger(store).action_states(status=REFUSED, since_ms=since_ms)
+    kept = {(s.txn_id, s.target) for s in states if s.action == BREAKER_REFUSAL}
+    refused = [s for s in states if s.action == BREAKER_REFUSAL or (s.txn_id, s.target) not in kept]
     state["refusals"] = [
         {
             "at": iso(s.started_ms),

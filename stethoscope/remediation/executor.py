@@ -33,6 +33,7 @@ from stethoscope.remediation.breaker import CircuitBreaker, drain_in_place
 from stethoscope.remediation.context import Context
 from stethoscope.remediation.incident_view import notes
 from stethoscope.remediation.ledger import (
+    BREAKER_REFUSAL,
     DRAIN,
     ESCALATE,
     NEEDS_PERSON,
@@ -509,6 +510,9 @@ class Executor:
         detail = attempt_detail(detail, status, attempt, self.at_ms, self.backoff, earlier)
         row.update(status=status, detail=detail, finished_at=now_ms())
         self._record(row)
+        if label == DRAIN and status == REFUSED:  # its row changes when it is tried again: the refusal stays
+            refusal = note_row(row["txn_id"], BREAKER_REFUSAL, row["target"], detail, row["finding_id"])
+            self._record({**refusal, "status": REFUSED})
         if label == DRAIN:
             self.breaker.settle(row["target"])  # on record: the ledger counts it (or not) from now on
         why = "" if status == "ok" else reason_of(detail)

@@ -23,7 +23,10 @@ RESUME = "resume"  # verify resumed the node: the drain of that txn ends, its fi
 NEEDS_PERSON = "needs_person"  # an action failed past its last retry: alerted once
 ACK = "ack"  # a person took the incident (`stethoscope incidents ack`)
 ESCALATE = "escalate"  # a more severe finding joined the incident
-BOOKKEEPING = (RESUME, NEEDS_PERSON, ACK, ESCALATE)
+# the circuit breaker refused a drain: kept as a row of its own, since the drain's row changes when
+# the drain is tried again (`stethoscope breaker` and `actions --status refused` list these)
+BREAKER_REFUSAL = "breaker_refusal"
+BOOKKEEPING = (RESUME, NEEDS_PERSON, ACK, ESCALATE, BREAKER_REFUSAL)
 HELD = ("ok", "in_flight")  # a drain in place, or one that may be
 STATUSES = ("open", "stale", "resolved", "silenced")  # silenced: remediation.silences
 

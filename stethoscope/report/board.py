@@ -37,6 +37,7 @@ from stethoscope.report.board_cells import SYMBOL, Board, Cell, Event, NodeBoard
 from stethoscope.report.layers import LAYERS, layer_of
 from stethoscope.report.smart import smart_trends
 from stethoscope.store.client import Store
+from stethoscope.telemetry.udp_collector import SELF
 from stethoscope.terminal import terminal_safe
 from stethoscope.timeutil import iso
 
@@ -106,8 +107,9 @@ def collect(
             "SELECT node_id, transform(metric_name, {names:Array(String)}, {layers:Array(String)}, "
             "'compute') AS layer, toString(toDate(hour)) AS day, sum(samples) "
             f"FROM {db}.metrics_hourly WHERE hour >= toDateTime({{start:Int64}} / 1000) "
-            "GROUP BY node_id, layer, day HAVING sum(samples) > 0",
-            {"names": names, "layers": [layer_of(catalog, n) for n in names], "start": start_ms},
+            "AND device != {own:String} GROUP BY node_id, layer, day HAVING sum(samples) > 0",
+            # the collector's own health is stored under the controller's host name: no node of the fleet
+            {"names": names, "layers": [layer_of(catalog, n) for n in names], "start": start_ms, "own": SELF},
         )
         for node, layer, day, _count in rows:
             if day in labels:

@@ -46,6 +46,7 @@ DUPLICATE = "duplicate"
 # A batch the embedded store is slow to take is better waited for than spooled: spooling and then
 # replaying it costs more than the insert, and a write that times out may land anyway (twice).
 WRITE_TIMEOUT = 30.0
+SELF = "collector"  # the device of the collector's own health rows (stored under its host's name)
 NONFINITE = "nonfinite"  # the reason a value is dropped alone: ±Inf (NaN is a missing reading)
 VALUE_REASONS = (NONFINITE,)
 INTERNAL = "internal"  # the reason a datagram is dropped when handling it raised
@@ -459,7 +460,7 @@ class Collector:
             rows.append(
                 self.collector_id,
                 "telemetry_packets_rejected_total",
-                "collector",
+                SELF,
                 {"reason": reason},
                 float(self.stats.rejected[reason]),
                 ts_ms,
@@ -468,7 +469,7 @@ class Collector:
             rows.append(
                 self.collector_id,
                 "telemetry_values_rejected_total",
-                "collector",
+                SELF,
                 {"reason": reason},
                 float(self.stats.values_rejected[reason]),
                 ts_ms,
@@ -485,7 +486,7 @@ class Collector:
             rows.append(
                 node,
                 "telemetry_node_packets_rejected_total",
-                "collector",
+                SELF,
                 {"reason": reason},
                 float(count),
                 ts_ms,
@@ -495,7 +496,7 @@ class Collector:
             ("telemetry_job_streams_evicted_total", refusals.evicted),
         ):
             for node, count in sorted(counts.items()):
-                rows.append(node, name, "collector", {}, float(count), ts_ms)
+                rows.append(node, name, SELF, {}, float(count), ts_ms)
         return rows
 
 
