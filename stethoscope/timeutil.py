@@ -87,6 +87,17 @@ def parse_duration(text: object) -> float:
     return int(seconds) if seconds.is_integer() else seconds
 
 
+def positive_seconds(value: object) -> float:
+    """An interval setting in seconds (a number or its text), more than 0; ValueError otherwise."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = 0.0
+    if not seconds > 0:
+        raise ValueError(f"{value!r}: a positive number of seconds")
+    return seconds
+
+
 def duration_option(text: str) -> float:
     """argparse's type for a duration option: a bad one is exit 2 naming the option and the value."""
     try:

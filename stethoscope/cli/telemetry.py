@@ -21,7 +21,7 @@ from stethoscope.store.dsn import ConfigError, redact
 from stethoscope.store.writer import Writer
 from stethoscope.telemetry.keyring import Keyring, default_secret_path, keys_from_inventory, read_secret
 from stethoscope.telemetry.metric_set import MetricSet, MetricSetError, load_sets
-from stethoscope.timeutil import duration_option
+from stethoscope.timeutil import duration_option, positive_seconds
 
 COMMANDS = ("agent", "collector", "serve")
 
@@ -367,13 +367,11 @@ def _sweeper(args: argparse.Namespace, inventory: Inventory, store: Store, spool
     from stethoscope.remediation.actions.playbook import playbook_environment
     from stethoscope.serve.sweeps import Sweeper
 
-    interval = args.sweep_interval or inventory.settings.get("stethoscope_sweep_interval") or SWEEP_INTERVAL
+    given = args.sweep_interval or inventory.settings.get("stethoscope_sweep_interval") or SWEEP_INTERVAL
     try:
-        interval = float(interval)
-    except (TypeError, ValueError):
-        interval = 0
-    if interval <= 0:
-        raise ConfigError(f"sweep interval {interval!r}: a positive number of seconds")
+        interval = positive_seconds(given)
+    except ValueError as exc:
+        raise ConfigError(f"sweep interval {exc}") from None
     envvars = playbook_environment(store.dsn, store.database, spool_dir)
     batch = str(inventory.settings.get("stethoscope_sweep_batch") or "100%")
     return Sweeper(inventory.path, interval, envvars, hosts=sorted(inventory.hosts), batch=batch)

@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily
 from stethoscope.store.batch import Batch, MetricColumns
 from stethoscope.store.dsn import redact
 from stethoscope.telemetry.exporters import EXPORTERS, ExporterParseError, ExporterTable
+from stethoscope.timeutil import positive_seconds
 
 log = logging.getLogger(__name__)
 SETTING = "stethoscope_scrape"
@@ -225,9 +226,7 @@ def scraper_of(inventory: Any, default_interval: float) -> Scraper | None:
         return None
     interval = inventory.settings.get("stethoscope_scrape_interval") or default_interval
     try:
-        seconds = float(interval)
-    except (TypeError, ValueError):
-        seconds = 0.0
-    if seconds <= 0:
-        raise ConfigError(f"stethoscope_scrape_interval {interval!r}: a positive number of seconds")
+        seconds = positive_seconds(interval)
+    except ValueError as exc:
+        raise ConfigError(f"stethoscope_scrape_interval {exc}") from None
     return Scraper(targets, table, seconds)
