@@ -17,7 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from stethoscope.serve.sweeps import Sweeper
+from stethoscope.serve.sweeps import SWEEP_NICENESS, Sweeper
 from stethoscope.store.client import Store
 
 from conftest import LAB_INVENTORY, TOP, ansible_env
@@ -110,6 +110,33 @@ def test_a_sweep_still_running_at_the_next_interval_is_not_overlapped(tmp_path):
     ordered = sorted(spans)
     assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(ordered))
     assert all(end - start >= 3 for start, end in spans)
+
+
+def test_a_sweep_runs_below_the_operators_commands_in_cpu_priority(tmp_path):
+    """On a loaded controller the operator's commands beside serve come first: the sweep's
+    ansible-playbook and the modules it starts run at a niceness of at least SWEEP_NICENESS."""
+    probe = tmp_path / "niceness.yml"
+    out = tmp_path / "niceness"
+    probe.write_text(
+        "---\n- name: Record the sweep's niceness\n  hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - name: Read it\n      ansible.builtin.command: nice\n      register: niceness\n"
+        "      changed_when: false\n"
+        '    - name: Keep it\n      ansible.builtin.copy:\n        content: "{{ niceness.stdout }}"\n'
+        f"        dest: {out}\n        mode: '0600'\n"
+    )
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "---\nall:\n  hosts:\n    node01:\n      ansible_connection: local\n"
+        "      ansible_python_interpreter: '{{ ansible_playbook_python }}'\n"
+    )
+    sweeper = Sweeper(inventory, 3600.0, {}, playbook=str(probe))
+    sweeper.start()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (sweeper.stats.ok or sweeper.stats.failed):
+        time.sleep(0.2)
+    sweeper.stop()
+    assert sweeper.stats.ok == 1, sweeper.stats
+    assert int(out.read_text()) >= SWEEP_NICENESS > 0
 
 
 def test_an_http_address_in_use_is_a_configuration_error_that_names_it(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -23,6 +24,9 @@ from stethoscope.store.dsn import ConfigError
 log = logging.getLogger(__name__)
 PLAYBOOK = "collect.yml"
 HOST_STATES = ("ok", "failed", "unreachable")  # how each host of a sweep ended
+# a sweep is background work: on a controller its 64-host fan-out holds every core for seconds, and
+# the operator's commands beside serve (and serve's own diagnosis) must not wait behind it
+SWEEP_NICENESS = 10
 
 
 @dataclass
@@ -50,6 +54,16 @@ def batches(hosts: list[str], batch: str) -> list[list[str]]:
         raise ConfigError(f"stethoscope_sweep_batch {batch!r}: a count of hosts or a percentage, like 25%")
     size = max(1, size)
     return [hosts[i : i + size] for i in range(0, len(hosts), size)]
+
+
+def _yield_cpu() -> None:
+    """Lower the calling thread's CPU priority to SWEEP_NICENESS (never raise it). On Linux a niceness
+    belongs to a thread, and the ansible-playbook it starts inherits it."""
+    thread = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, thread, max(SWEEP_NICENESS, os.getpriority(os.PRIO_PROCESS, thread)))
+    except OSError as exc:  # a sandbox that forbids it: the sweep runs as before
+        log.warning("sweep: cannot lower its CPU priority: %s", exc)
 
 
 class Sweeper:
@@ -98,6 +112,7 @@ class Sweeper:
 
     def _sweep(self) -> None:
         started = time.monotonic()
+        _yield_cpu()
         self.stats.running = True
         try:
             results = []
