@@ -10,12 +10,13 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 setup: $(VENV)/.installed .collections/.linked
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml training/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# the distribution was named stethoscope before aicluster-stethoscope: a venv of then holds both
 	$(BIN)/pip uninstall --quiet --yes stethoscope
-	$(BIN)/pip install --quiet -e '.[dev,train]'
+	# the runtime and the training side (torch: `model train`, the lab's episodes), both editable
+	$(BIN)/pip install --quiet -e '.[dev]' -e ./training
 	touch $@
 
 # a stamp of its own: the link's galaxy.yml has its checkout's time, older than the script's
@@ -60,6 +61,9 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy stethoscope stethoscope_training
+	# each distribution's imports against its own pyproject.toml
+	$(BIN)/deptry stethoscope
+	cd training && $(CURDIR)/$(BIN)/deptry stethoscope_training
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --offline
 	bash tools/ansible_sanity.sh

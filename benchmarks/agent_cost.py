@@ -4,7 +4,7 @@ run the way a node runs it (`python3 agent.py --config agent.json`, copied files
 
     python benchmarks/agent_cost.py [--minutes 10] [--period 5] [--node node02]
 
-Target (issue 11): RSS <= 20 MB and CPU <= 0.5 % of one core averaged over 10 minutes.
+Target: RSS <= 20 MB and CPU <= 0.5 % of one core averaged over 10 minutes.
 """
 
 from __future__ import annotations

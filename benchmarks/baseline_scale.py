@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`stethoscope baseline` and `verify --node` at fleet scale: N nodes x 5 suites x 30 runs of history
 (3 repetitions each) generated into embedded ClickHouse (INSERT ... SELECT from numbers()), 10 hardware
-classes, every 97th node 30 % slow. Targets (issue 9): the whole report <= 2 s and one node's verify
+classes, every 97th node 30 % slow. Targets: the whole report <= 2 s and one node's verify
 <= 0.5 s on a 2-core machine. The old implementation (commit 208f04c, which loaded all of
 `bench_results FINAL` into Python, also to verify one node) is timed on the same data in the same run,
 imported from `git show 208f04c:stethoscope/bench/baseline.py`.

@@ -2,7 +2,7 @@
 """The board at fleet scale: `stethoscope report --out DIR --days 7` for 2,000 nodes, rules evaluated
 at each day's end as the command does. Data generated inside ClickHouse: per node an hourly sample of
 one metric per layer for 7 days (the job layer only on a third of the nodes), 92 days of SMART
-reallocated sectors (growing on some drives), stored findings on 5 % of the nodes. Targets (issue 12):
+reallocated sectors (growing on some drives), stored findings on 5 % of the nodes. Targets:
 renders in <= 10 s, the page under 5 MB.
 
     .venv/bin/python benchmarks/board_scale.py [--nodes 2000] [--days 7]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A fault present in every sweep, with sweeps every 300 s ±60 s and a lost sweep, is found at every
-5-minute instant for 4 hours, and the healthy nodes give no finding (issue 19's target).
+5-minute instant for 4 hours, and the healthy nodes give no finding.
 
 The lab is swept three times for real (collect.yml, the callback, embedded ClickHouse); its rows are
 laid out again every 300 s ± 60 s over 4 h 30 min with one sweep lost, the inventory declaring

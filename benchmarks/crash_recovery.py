@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Crash recovery (issue 27 target): `serve --execute` cycling fast (no sweeps; the data is in the
+"""Crash recovery: `serve --execute` cycling fast (no sweeps; the data is in the
 store) on the lab's 8 Slurm nodes (a real slurmctld from tools/slurm_lab.py) with a worn SSD on
 node03 whose rule drains, bundles evidence and opens a Jira ticket (a loopback stand-in). At each of
 10 points of that action sequence serve and every process under it are killed with SIGKILL (as

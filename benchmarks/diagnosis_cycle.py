@@ -205,7 +205,7 @@ def unknown_part(store: Store, catalog: Catalog, end_ms: int, fleet: Fleet, repe
 
 
 def model_part(store: Store, end_ms: int, repeat: int) -> dict:
-    """The learned model's part of the cycle (issue 10: <= 1.5 s of the 5 s at 200 nodes x 24 h),
+    """The learned model's part of the cycle (the target: <= 1.5 s of the 5 s at 200 nodes x 24 h),
     timed on its own: features, both graphs, explanation and path."""
     meta = model_meta()
     if meta is None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The learned diagnosis's input for a whole fleet: `features.read_windows` for N nodes x 10 minutes of
-5-second stream rows in embedded ClickHouse, timed (docs/design.md "Learned diagnosis"). Target
-(issue 10): features + both graphs + explanation <= 2 s for 2,000 nodes on a 2-core machine, so the
+5-second stream rows in embedded ClickHouse, timed (docs/design.md "Learned diagnosis"). Target:
+features + both graphs + explanation <= 2 s for 2,000 nodes on a 2-core machine, so the
 features should take about 1.2 s or less.
 
 The store holds what a streaming fleet writes: per node and 5-s period the node part (20 slots,

@@ -5,7 +5,7 @@ cached verdict), and serve hung (it accepts and never answers: the 0.5 s fetch t
 
     python benchmarks/gate_latency.py [--runs 50] [--out FILE]
 
-Target (issue 27): the gate answers in under 1 s, p99 included, whatever state serve is in. Draining
+Target: the gate answers in under 1 s, p99 included, whatever state serve is in. Draining
 (scontrol) is left out: it is Slurm's time, not the gate's.
 """
 

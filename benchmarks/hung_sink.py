@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A hung sink must not stall the play: collect.yml over an N-node lab with the DSN at a loopback HTTP
 server that accepts connections and never answers, against the same play with a working embedded
-sink, alternating, in one run. Target (issue 8): the hung run costs at most one write timeout more
+sink, alternating, in one run. Target: the hung run costs at most one write timeout more
 than the working run (one timeout per play, then the play spools without waiting). Then
 `stethoscope spool replay --into <working dsn>` must store every spooled row (counts compared).
 

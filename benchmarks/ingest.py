@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Ingest throughput: the store's columnar write against a bare clickhouse-connect insert, same rows,
-same run, embedded ClickHouse (chdb). Target (issue 2): >= 500,000 rows/s and >= 80 % of bare.
+same run, embedded ClickHouse (chdb). Target: >= 500,000 rows/s and >= 80 % of bare.
 
     .venv/bin/python benchmarks/ingest.py [--rows 2000000] [--repeat 3]
 """

@@ -1,4 +1,4 @@
-"""Memory one node key can make the collector hold (issue 26): a node sends job-part datagrams, each
+"""Memory one node key can make the collector hold: a node sends job-part datagrams, each
 for a (job, rank) pair not seen before, through the collector's real receive path (MAC, freshness,
 replay guard, rows); the sink takes the rows every FLUSH_EVERY datagrams (a second of a busy stream)
 and drops them, so what stays is the per-stream state. Reports the process's resident memory and the

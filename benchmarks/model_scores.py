@@ -2,7 +2,7 @@
 """The shipped model (rules/models/core12*) on episodes generated afresh from the seed in its
 metadata, beside the rules alone on a sample of the same episodes: per-class precision, recall, F1,
 macro-F1, healthy false findings, the rules-miss families, and inference time per episode batch.
-Targets (issue 10): macro-F1 >= 0.90, fault precision >= 0.92, healthy false findings <= 1 %.
+Targets: macro-F1 >= 0.90, fault precision >= 0.92, healthy false findings <= 1 %.
 
     .venv/bin/python benchmarks/model_scores.py [--rules-sample 300] [--json OUT]
 """

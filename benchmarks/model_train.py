@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training the learned diagnosis: time on 1-2 threads, held-out scores, reproducibility (the same
 seed twice), and fine-tuning a shifted hardware class (accuracy before and after, the old classes
-after). Targets (issue 10): training reproducible within 0.01; fine-tune >= 0.85 after on the new
+after). Targets: training reproducible within 0.01; fine-tune >= 0.85 after on the new
 class, old classes within 2 points. Writes nothing under rules/ (a temp folder).
 
     .venv/bin/python benchmarks/model_train.py [--seed 7] [--threads 1] [--twice] [--json OUT]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`stethoscope serve` on a 64-node lab with sweeps every 120 s for 10 minutes (issue 19's target):
+"""`stethoscope serve` on a 64-node lab with sweeps every 120 s for 10 minutes:
 every sweep stored, the diagnosis cycle's p99 under the sweep interval, no overlapping sweeps.
 
 serve runs as it would on a controller: the inventory (64 lab nodes, each with its stream key,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Read commands beside a running `serve` (issue 27's target: every read command answers in <= 2 s,
+"""Read commands beside a running `serve` (the target: every read command answers in <= 2 s,
 p95 of 50 calls, and never exits 3 for a lock).
 
 serve runs on the lab as on a controller (the embedded database held by serve, its own sweeps of
@@ -14,7 +14,7 @@ loopback Jira stand-in takes the tickets), so the reads run while its first exec
 bundle evidence and ticket the lab's faults. Once its actions have settled (no action for two cycles),
 `--inject NODE` starts an XID 79 on that healthy node (`tools/lab.py inject`), as a GPU that falls
 off the bus between sweeps, and the seconds from then to the node's drain in Slurm and to its ticket
-are reported (issue 27's target: both within 5 minutes, with sweeps every 120 s and cycles every 60 s).
+are reported (the target: both within 5 minutes, with sweeps every 120 s and cycles every 60 s).
 
     .venv/bin/python benchmarks/serve_relay_reads.py [--nodes 16] [--calls 50] [--direct-calls 5]
         [--execute [--inject node09]]

@@ -7,7 +7,7 @@ generator at full speed) as the ceiling.
 
     python benchmarks/stream_scale.py [--rates 4000,8000,16000] [--duration 60] [--out FILE]
 
-Target (issue 11): 16,000 datagrams/s for 60 s, 0 samples lost, every sample stored. After the
+Target: 16,000 datagrams/s for 60 s, 0 samples lost, every sample stored. After the
 measured seconds the generator goes on re-sending for 3 periods (as running agents would), so the
 last samples get their copies too; `datagrams_sent` counts the measured seconds only.
 """

@@ -2,7 +2,7 @@
 """The seed's headline query: "top 10 nodes by NVLink error rate over the last 7 days", from
 metrics_hourly (whole hours) plus raw rows at the partial ends, and from the raw rows alone, in the
 same run, on data generated inside ClickHouse (INSERT ... SELECT FROM numbers(), hour by hour, the
-materialized view filling the rollup as it would from the collector). Target (issue 12): <= 300 ms
+materialized view filling the rollup as it would from the collector). Target: <= 300 ms
 from the rollup on 200 nodes x 8 GPUs x 7 days of 5-second rates (about 190 M rows).
 
     .venv/bin/python benchmarks/top_nvlink.py [--nodes 200] [--gpus 8] [--days 7] [--interval 5]

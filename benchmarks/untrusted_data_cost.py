@@ -1,4 +1,4 @@
-"""What the checks that keep node data from becoming code cost (issue 26), each against its reference
+"""What the checks that keep node data from becoming code cost, each against its reference
 in the same run:
 
 - the stream's rows through the writer's check (`rows.split_metrics`, names included) against the

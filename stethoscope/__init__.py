@@ -1,3 +1,3 @@
 """Controller side of aicluster.stethoscope: store, spool, metric catalog and CLI."""
 
-__version__ = "0.1.0"
+__version__ = "1.0.0"

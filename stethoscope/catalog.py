@@ -3,6 +3,7 @@ and the kinds of device metrics are reported on (which device encloses which).""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -14,6 +15,7 @@ import yaml
 from stethoscope.aggregates import for_kind
 from stethoscope.bounded_yaml import RULE_FILE_MAX_BYTES, load_bounded
 from stethoscope.paths import rules_dir
+from stethoscope.timeutil import DurationError, positive_seconds
 
 KINDS = ("gauge", "counter", "events")
 DIRECTIONS = ("higher", "lower", "none")
@@ -75,6 +77,17 @@ class DeviceKind:
     pattern: str
     prefixes: tuple[str, ...] = ()
     parent: str | None = None
+
+
+def _interval_seconds(name: str, value: Any) -> int | None:
+    """A report interval: seconds or a duration ('90s', '5m'), above 0, rounded up to whole seconds
+    as the catalog keeps them; None stays None (not set)."""
+    if value is None:
+        return None
+    try:
+        return math.ceil(positive_seconds(value))
+    except DurationError as exc:
+        raise CatalogError(f"{name}: {exc}") from None
 
 
 class CatalogError(ValueError):
@@ -147,13 +160,9 @@ class Catalog:
             raise CatalogError(
                 f"stethoscope_metric_intervals must be a mapping of metric to seconds, not {per_metric!r}"
             )
-        overrides = dict(per_metric or {})
-        named = [("stethoscope_sweep_interval", sweep), ("push_agent_period", stream), *overrides.items()]
-        for name, seconds in named:
-            if seconds is not None and (
-                isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0
-            ):
-                raise CatalogError(f"{name}: an interval is a positive number of seconds, not {seconds!r}")
+        sweep = _interval_seconds("stethoscope_sweep_interval", sweep)
+        stream = _interval_seconds("push_agent_period", stream)
+        overrides = {name: _interval_seconds(name, seconds) for name, seconds in (per_metric or {}).items()}
         unknown = sorted(name for name in overrides if name not in self)
         if unknown:
             raise CatalogError(

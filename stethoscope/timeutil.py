@@ -87,15 +87,22 @@ def parse_duration(text: object) -> float:
     return int(seconds) if seconds.is_integer() else seconds
 
 
-def positive_seconds(value: object) -> float:
-    """An interval setting in seconds (a number or its text), more than 0; ValueError otherwise."""
+TIMER_FLOOR_SECONDS = 1  # the least period of a timer (a sweep, a scrape, a heartbeat): less spins
+
+
+def positive_seconds(value: object, *, whole: bool = False, least: float = 0) -> float:
+    """A duration setting (a number of seconds, or its text in the one syntax: '90s', '1.5h') -> seconds,
+    more than 0 and at least `least`, and a whole number of them with `whole` ('1.5m' is; '2.5s' is
+    not); DurationError (a ValueError) naming the value, the rule and the syntax otherwise."""
     try:
-        seconds = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        seconds = 0.0
-    if not seconds > 0:
-        raise ValueError(f"{value!r}: a positive number of seconds")
-    return seconds
+        seconds = parse_duration(value)
+    except DurationError:
+        seconds = 0
+    if not (seconds > 0 and seconds >= least and (not whole or float(seconds).is_integer())):
+        rule = f"at least {least:g}s" if least > 0 else "above 0"
+        kind = "duration of whole seconds" if whole else "duration"
+        raise DurationError(f"{value!r:.60} is not a {kind} {rule} ({DURATION_SYNTAX})")
+    return int(seconds) if whole else seconds
 
 
 def duration_option(text: str) -> float:

@@ -2,7 +2,8 @@
 thresholds on validation, export both graphs to ONNX, check onnxruntime gives what torch gives, score
 the shipped graphs on the test split and write the metadata (docs/design.md "Learned diagnosis").
 
-torch is imported only inside these functions (the `train` extra); inference needs none of it."""
+torch (a dependency of aicluster-stethoscope-training) is imported only inside these functions;
+inference needs none of it."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ MIN_STD = 1e-3
 
 
 class TorchMissing(ModelError):
-    """Training without the `train` extra."""
+    """Training without torch."""
 
 
 @contextlib.contextmanager
@@ -61,7 +62,9 @@ def require_torch() -> Any:
             import torch
             import torch._dynamo
     except ImportError:
-        raise TorchMissing("training needs torch, which is not installed: pip install '.[train]'") from None
+        raise TorchMissing(
+            "training needs torch, which is not installed: pip install aicluster-stethoscope-training"
+        ) from None
     return torch
 
 

@@ -1,5 +1,5 @@
-"""Small graphs that keep the shipped model's ONNX contract (docs/design.md "Learned diagnosis",
-issue 10's spec), exported by torch into a test's folder with their metadata: for the inference,
+"""Small graphs that keep the shipped model's ONNX contract (docs/design.md "Learned diagnosis"),
+exported by torch into a test's folder with their metadata: for the inference,
 explanation and findings tests to run through onnxruntime before (or besides) the trained model.
 
 - classifier: per class, a logit from the window's mean of chosen normalised features; the

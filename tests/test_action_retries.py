@@ -129,7 +129,7 @@ def test_a_retry_that_succeeds_keeps_the_failed_attempt_in_its_row(tmp_path, db,
 def test_a_drain_refused_for_over_an_hour_spends_no_attempt_and_drains_when_the_breaker_has_room(
     tmp_path, db, slurm, http_standin
 ):
-    """Regression (issue 19): a refusal counted as an attempt and waited 5, 15, 45 min like a failure;
+    """Regression: a refusal counted as an attempt and waited 5, 15, 45 min like a failure;
     with the breaker full for an hour the incident ended as "needs a person" (refused 4 times)
     without a drain ever tried while there was room."""
     t0 = start()

@@ -1,4 +1,4 @@
-"""Alertmanager as the sink of alerts (issue 30): with `stethoscope_alertmanager_url`, the alert
+"""Alertmanager as the sink of alerts: with `stethoscope_alertmanager_url`, the alert
 action posts the finding to Alertmanager's v2 API (labels alertname = rule_id, node, device,
 severity, level, txn; annotations message and evidence), serve's sink keeps the open findings firing
 and sends endsAt for those that resolved, and a silence created in Alertmanager silences the

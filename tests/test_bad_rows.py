@@ -1,4 +1,4 @@
-"""One bad row never takes its neighbours with it (issue 20): a timestamp or value that no table can
+"""One bad row never takes its neighbours with it: a timestamp or value that no table can
 hold is a line error in `ingest` and a row set aside in `spool/rejected/` (with its reason) on replay
 and write; the good rows of the same line set, file or batch are stored; a spool file whose header
 is damaged is quarantined with its reason instead of waiting forever; spool files are private."""

@@ -1,4 +1,4 @@
-"""The board renders any device name and is its owner's only (issue 26): a device name with `$` made
+"""The board renders any device name and is its owner's only: a device name with `$` made
 matplotlib parse the trend chart's legend as mathtext and fail, so `stethoscope report` exited 3
 and serve skipped the board every cycle; the board, the baseline page and the state folder (the
 embedded database among it) were readable by every user of the controller."""

@@ -68,11 +68,6 @@ def collect(tmp_path: Path, lab_dir: Path, dsn: str, timeout_s: float = 10) -> d
     return {host: result.get("stethoscope_metrics", []) for host, result in results.items()}
 
 
-# collect.yml's fingerprint task stores one row per node per sweep (node_fingerprint_changes_total)
-# besides the health sweep's, whose result is the last task's and so the one the tree callback keeps
-FINGERPRINT_ROWS = 1
-
-
 def stored_rows(dsn: str) -> dict[str, int]:
     """Rows per node that came from the modules (the callback's own ansible_host_unreachable apart)."""
     with Store(dsn) as store:
@@ -98,11 +93,9 @@ def test_sink_up_stores_exactly_what_the_modules_returned(tmp_path, tmp_dsn):
     lab_dir = lab(tmp_path)
     first = collect(tmp_path, lab_dir, tmp_dsn)
     assert sorted(first) == [f"node{i:02d}" for i in range(1, 9)]
-    assert stored_rows(tmp_dsn) == {node: len(rows) + FINGERPRINT_ROWS for node, rows in first.items()}
+    assert stored_rows(tmp_dsn) == {node: len(rows) for node, rows in first.items()}
     second = collect(tmp_path, lab_dir, tmp_dsn)
-    assert stored_rows(tmp_dsn) == {
-        node: len(first[node]) + len(second[node]) + 2 * FINGERPRINT_ROWS for node in first
-    }
+    assert stored_rows(tmp_dsn) == {node: len(first[node]) + len(second[node]) for node in first}
     assert unreachable_series(tmp_dsn) == {node: [0.0, 0.0] for node in first}  # reached in both sweeps
     with Store(tmp_dsn) as store:
         db = "stethoscope"
@@ -130,9 +123,7 @@ def test_sink_busy_spools_then_the_next_run_replays_with_exact_counts(tmp_path, 
     assert down_total > 0 and spooled.pending_rows() >= down_total
     up = collect(tmp_path, lab_dir, tmp_dsn)
     assert spooled.pending() == []
-    assert stored_rows(tmp_dsn) == {
-        node: len(down[node]) + len(up[node]) + 2 * FINGERPRINT_ROWS for node in up
-    }
+    assert stored_rows(tmp_dsn) == {node: len(down[node]) + len(up[node]) for node in up}
 
 
 def test_rows_spooled_for_a_refusing_server_stay_for_it(tmp_path, tmp_dsn):
@@ -144,8 +135,8 @@ def test_rows_spooled_for_a_refusing_server_stay_for_it(tmp_path, tmp_dsn):
     collect(tmp_path, lab_dir, tmp_dsn)
     left = Spool(tmp_path / "spool").status()
     assert {f.target for f in left} == {f"http://127.0.0.1:{closed} database stethoscope"}
-    # besides the modules' rows, each node's ansible_host_unreachable (0: reached) and its fingerprint row
-    extra = len(down) * (1 + FINGERPRINT_ROWS)
+    # besides the module's rows (the fingerprint's among them), each node's ansible_host_unreachable 0
+    extra = len(down)
     assert (
         sum(f.rows for f in left if f.table == "metrics") == sum(len(rows) for rows in down.values()) + extra
     )
@@ -199,7 +190,7 @@ def test_hung_sink_costs_one_timeout_per_play_and_replay_into_stores_every_row(
     modules = {host: len(result["stethoscope_metrics"]) for host, result in results.items()}
     moved = cli("--spool-dir", str(tmp_path / "spool"), "spool", "replay", "--into", tmp_dsn)
     assert moved.returncode == 0, moved.stderr
-    assert stored_rows(tmp_dsn) == {node: rows + FINGERPRINT_ROWS for node, rows in modules.items()}
+    assert stored_rows(tmp_dsn) == modules
     assert unreachable_series(tmp_dsn) == {node: [0.0] for node in modules}
 
 

@@ -155,9 +155,10 @@ def test_an_inventory_sets_the_sweep_interval_and_single_metrics():
     assert slower.get("smart_reallocated_sector_ct").interval == 600
     assert slower.get("bench_gemm_tflops").interval == base.get("bench_gemm_tflops").interval  # not swept
     assert slower.get("train_step_time_ms").interval == base.get("train_step_time_ms").interval
+    assert base.with_intervals("5m").get("ib_port_state").interval == 300  # the one duration syntax
     for sweep, per_metric, message in [
-        (0, None, "stethoscope_sweep_interval: an interval is a positive number"),
-        ("5m", None, "stethoscope_sweep_interval: an interval is a positive number"),
+        (0, None, "stethoscope_sweep_interval: 0 is not a duration above 0"),
+        ("5 min", None, "stethoscope_sweep_interval: '5 min' is not a duration above 0"),
         (None, ["x"], "must be a mapping"),
         (None, {"gpu_made_up": 5}, "names metrics not in the catalog: gpu_made_up"),
     ]:

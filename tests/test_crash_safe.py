@@ -1,4 +1,4 @@
-"""Crash-safe actions (issue 27): `serve --execute` killed with SIGKILL, its playbooks with it (as
+"""Crash-safe actions: `serve --execute` killed with SIGKILL, its playbooks with it (as
 systemd kills a unit's whole cgroup), at any point of an incident's drain -> evidence -> ticket, and
 started again: the successor acts at once (no wait for the dead executor's heartbeat), says from its
 first line that it executes, reconciles what was in flight (Slurm read back; evidence and ticket run

@@ -1,4 +1,4 @@
-"""Secrets in a DSN (issue 20): a password may hold any character (percent-encoded, or a raw `@`: the
+"""Secrets in a DSN: a password may hold any character (percent-encoded, or a raw `@`: the
 last `@` before the host ends the user info) and reaches the server intact; it is masked whole in
 every message; `?password=` works, and a password given twice is exit 2 with nothing spooled."""
 

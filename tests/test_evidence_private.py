@@ -1,5 +1,5 @@
 """An evidence bundle holds kernel logs and hardware records: on the controller it is 0600 in 0700
-folders, and on the node it never lies readable by others while it is packed (issue 20)."""
+folders, and on the node it never lies readable by others while it is packed."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_an_evidence_bundle_is_0600_in_0700_folders(tmp_path, tmp_dsn):
 
 
 def test_the_tickets_copy_of_the_baseline_is_0600_in_0700_folders(tmp_path, tmp_dsn, http_standin):
-    """Regression (issue 26): the ticket role made the incident's folder 0755 and wrote the baseline
+    """Regression: the ticket role made the incident's folder 0755 and wrote the baseline
     comparison beside the evidence 0644."""
     hook = http_standin()
     evidence = tmp_path / "ev"

@@ -90,7 +90,7 @@ def test_another_users_executor_on_this_host_keeps_this_one_from_acting(tmp_path
 def test_a_fresh_heartbeat_of_a_process_of_this_host_that_is_gone_holds_no_one_back(
     tmp_path, db, http_standin
 ):
-    """Regression (issue 27): a serve killed with SIGKILL left a fresh beat; its successor, holding
+    """Regression: a serve killed with SIGKILL left a fresh beat; its successor, holding
     the flock the kernel freed, stood by for 3 beats (~3.5 minutes), logging `dry-run`."""
     hook = http_standin()
     rule_dir, settings = alerting(tmp_path, db, hook)
@@ -110,7 +110,7 @@ def test_a_foreign_heartbeat_that_missed_3_beats_is_taken_over(tmp_path, db, htt
 
 
 def test_the_lock_belongs_to_the_database_whatever_spool_folder_a_run_is_given(tmp_path, db, http_standin):
-    """Regression guard (issue 19): the lock file lived beside the spool folder, so two runs with
+    """Regression guard: the lock file lived beside the spool folder, so two runs with
     different --spool-dir both executed."""
     hook = http_standin()
     rule_dir, settings = alerting(tmp_path, db, hook)

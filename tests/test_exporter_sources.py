@@ -1,4 +1,4 @@
-"""The exporters a GPU site already runs as sources (issue 30): serve scrapes the dcgm-exporter,
+"""The exporters a GPU site already runs as sources: serve scrapes the dcgm-exporter,
 node_exporter and smartctl_exporter endpoints the inventory lists, maps their names through the one
 table in rules/sources/exporters.yml to the catalog's, and hands the rows, node_id = the inventory
 host, to the same sink the collector writes through. A name the table does not map is ignored and

@@ -1,4 +1,4 @@
-"""Findings are recorded whether or not the loop acts (issue 27): a dry-run `watch` stored none, so
+"""Findings are recorded whether or not the loop acts: a dry-run `watch` stored none, so
 `incidents --all` was empty after the demo and the board painted days green that `diagnose --at`
 called critical. Now a dry-run cycle records its findings (no txn: nothing acted) and their life,
 every cycle that evaluated leaves an `evaluations` row, a day no evaluation covered is grey "not

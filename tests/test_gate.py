@@ -1,4 +1,4 @@
-"""The Slurm gate (issue 27, bullet 9): serve publishes each node's verdict signed with the node's own
+"""The Slurm gate: serve publishes each node's verdict signed with the node's own
 key; the gate, as the node runs it (the copied gate.py, the controller's dependencies blocked), exits 1
 with a reason when the node has an open critical finding or its data stopped, 0 when clear, keeps the
 last good verdict for when serve is down, refuses a verdict it cannot verify, that is another node's or

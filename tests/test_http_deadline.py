@@ -1,4 +1,4 @@
-"""serve's HTTP endpoint gives a client a whole-request deadline (issue 26): the per-read timeout alone
+"""serve's HTTP endpoint gives a client a whole-request deadline: the per-read timeout alone
 let a client that trickles a header line every few seconds hold a connection (and a thread) for as
 long as it liked."""
 

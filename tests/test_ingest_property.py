@@ -1,5 +1,5 @@
 """For any input, the ingest path and the stream's decoder keep every good row exactly once, set every
-bad one aside with its reason, and never crash (issue 20). Real parts: NDJSON through `parse_ndjson`
+bad one aside with its reason, and never crash. Real parts: NDJSON through `parse_ndjson`
 and the Writer into an embedded ClickHouse; spool files replayed row by row; datagrams through
 `wire.decode` and a real Collector into the same store."""
 

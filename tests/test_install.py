@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
 import sys
 import sysconfig
 import textwrap
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
+import stethoscope
 from stethoscope import paths
 
 from conftest import REAL, TOP
@@ -46,7 +49,10 @@ SOURCES = (
     "roles",
     "playbooks",
     "collections",
+    "stethoscope_training",  # beside the package in the checkout, never in its wheel
 )
+# the training distribution: its project folder and the top-level package it links to
+TRAINING_SOURCES = ("training", "stethoscope_training", "LICENSE")
 WHERE = """
 import json, stethoscope, stethoscope.paths as p
 found = [stethoscope.__file__, p.rules_dir(), p.models_dir(), p.playbooks_dir(), p.collection_dir()]
@@ -79,23 +85,40 @@ def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600, **kwargs)
 
 
+def _copy_sources(names: tuple[str, ...], into: Path) -> None:
+    """The named files and folders of the checkout, links kept as links, no byte code or egg-info."""
+    into.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for name in names:
+        if (TOP / name).is_dir():
+            shutil.copytree(TOP / name, into / name, symlinks=True, ignore=ignore)
+        else:
+            shutil.copy2(TOP / name, into / name)
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """The wheel built from a copy of the checkout's sources (links kept as links), so that no stale
     build/ of the checkout leaks into it."""
     top = tmp_path_factory.mktemp("wheel")
     source = top / "src"
-    source.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for name in SOURCES:
-        if (TOP / name).is_dir():
-            shutil.copytree(TOP / name, source / name, symlinks=True, ignore=ignore)
-        else:
-            shutil.copy2(TOP / name, source / name)
+    _copy_sources(SOURCES, source)
     pip = [str(BIN / "pip"), "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
     built = _run([*pip, "-w", str(top / "dist"), str(source)])
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     (found,) = (top / "dist").glob("aicluster_stethoscope-*.whl")
+    return found
+
+
+@pytest.fixture(scope="module")
+def training_wheel(tmp_path_factory) -> Path:
+    """The training distribution's wheel, built from a copy of its sources as the runtime's is."""
+    top = tmp_path_factory.mktemp("training-wheel")
+    _copy_sources(TRAINING_SOURCES, top / "src")
+    pip = [str(BIN / "pip"), "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
+    built = _run([*pip, "-w", str(top / "dist"), str(top / "src/training")])
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    (found,) = (top / "dist").glob("aicluster_stethoscope_training-*.whl")
     return found
 
 
@@ -177,6 +200,66 @@ def test_wheel_ships_rules_models_collection_and_templates(wheel):
         assert archive.read("stethoscope/telemetry/sysfs_devices.py") == linked.read_bytes()
 
 
+def _metadata_headers(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        (meta,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        return archive.read(meta).decode().split("\n\n")[0].splitlines()
+
+
+def _required_distributions(headers: list[str]) -> set[str]:
+    """The distribution names of the Requires-Dist headers, versions, extras and markers left out."""
+    return {
+        re.split(r"[<>=!~;\[ ]", h.removeprefix("Requires-Dist: "))[0]
+        for h in headers
+        if h.startswith("Requires-Dist: ")
+    }
+
+
+def test_runtime_wheel_holds_no_training_code(wheel):
+    """Training (torch, the generators) is a distribution of its own: the runtime's wheel, built from
+    sources that hold stethoscope_training beside stethoscope, leaves it out, and torch with it."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert [n for n in names if n.startswith("stethoscope_training/")] == []
+    headers = _metadata_headers(wheel)
+    assert not {"torch", "onnx"} & _required_distributions(headers)
+    assert "Provides-Extra: train" not in headers
+
+
+def test_training_wheel_holds_the_training_package_and_requires_the_runtime(training_wheel):
+    with zipfile.ZipFile(training_wheel) as archive:
+        names = set(archive.namelist())
+    modules = {f"stethoscope_training/{f}" for f in _files(TOP / "stethoscope_training") if f.endswith(".py")}
+    assert modules and modules <= names
+    assert not [n for n in names if n.startswith("stethoscope/")]
+    headers = _metadata_headers(training_wheel)
+    assert "Name: aicluster-stethoscope-training" in headers
+    assert f"Version: {stethoscope.__version__}" in headers
+    wanted = {"aicluster-stethoscope", "torch", "onnx", "numpy", "onnxruntime"}
+    assert wanted <= _required_distributions(headers)
+    checked = _run([str(BIN / "twine"), "check", "--strict", str(training_wheel)])
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_training_distribution_pins_the_runtime_it_is_released_with():
+    # stethoscope_training imports the runtime's internals (features, metadata, store), which change
+    # between releases: any other runtime version than its own may break it
+    project = tomllib.loads((TOP / "training/pyproject.toml").read_text(encoding="utf-8"))["project"]
+    runtime = [d for d in project["dependencies"] if re.match(r"aicluster-stethoscope\s*[<>=!~]", d)]
+    assert runtime == [f"aicluster-stethoscope=={stethoscope.__version__}"]
+
+
+@pytest.mark.parametrize("command", [["train"], ["evaluate"], ["finetune", "--from-faults"]])
+def test_model_training_commands_without_the_training_distribution_name_it(installed, tmp_path, command):
+    """The runtime alone (the wheel, no training distribution): exit 2 and the line that says what to
+    install, no traceback."""
+    env = _isolated_env(STETHOSCOPE_HOME=str(tmp_path / "home"))
+    ran = _run([str(installed.parent / "stethoscope"), "model", *command], cwd=tmp_path, env=env)
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert "pip install aicluster-stethoscope-training" in ran.stderr
+    assert "Traceback" not in ran.stderr
+
+
 def test_wheel_metadata_passes_twine_and_names_the_distribution_everywhere(wheel):
     """What the package index checks (readme, licence, URLs), under the distribution's own name, which
     the collection's requirements.txt (ansible-builder's input) asks for."""
@@ -193,7 +276,8 @@ def test_wheel_metadata_passes_twine_and_names_the_distribution_everywhere(wheel
         f"Project-URL: {k}" for k in ("Homepage", "Repository", "Issues", "Documentation")
     }
     wanted = (TOP / "collections/stethoscope/requirements.txt").read_text().splitlines()
-    assert [line for line in wanted if line and not line.startswith("#")] == ["aicluster-stethoscope>=0.1.0"]
+    required = [line for line in wanted if line and not line.startswith("#")]
+    assert required == [f"aicluster-stethoscope>={stethoscope.__version__}"]  # the collection's own release
 
 
 def test_installed_cli_finds_the_shipped_rules_and_model_and_keeps_state_under_home(installed, tmp_path):

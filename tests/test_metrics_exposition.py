@@ -1,4 +1,4 @@
-"""serve's /metrics behaves as an exporter (issue 30): prometheus_client's own exposition (HEAD, gzip,
+"""serve's /metrics behaves as an exporter: prometheus_client's own exposition (HEAD, gzip,
 OpenMetrics when asked), process_* series and stethoscope_build_info, every label of a fixed set at 0
 from the start (so `increase()` sees the first event), names per Prometheus' conventions (a timestamp
 ends in `_timestamp_seconds`, no pre-computed rate), `promtool check metrics` clean, and a real

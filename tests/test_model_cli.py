@@ -112,12 +112,12 @@ def test_training_without_torch_exits_2_with_the_pip_hint(command, small_episode
         [sys.executable, "-c", NO_TORCH, *argv], cwd=TOP, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 2, done.stderr
-    assert "pip install '.[train]'" in done.stderr
+    assert "pip install aicluster-stethoscope-training" in done.stderr
     assert not list(tmp_path.glob("*.onnx"))
 
 
 def test_finetune_raises_the_shifted_class_and_keeps_the_old_ones(tmp_path, capsys):
-    pytest.importorskip("torch", reason="fine-tuning needs the train extra (pip install '.[train]')")
+    pytest.importorskip("torch", reason="fine-tuning needs torch (aicluster-stethoscope-training)")
     path = _copy_shipped(tmp_path / "model")
     shifted = tmp_path / "shifted"
     data = episodes.generate(seed=11, per_family=20, hw_class="shifted")
@@ -153,7 +153,7 @@ def test_finetune_raises_the_shifted_class_and_keeps_the_old_ones(tmp_path, caps
 
 
 def test_finetune_with_too_few_fault_episodes_exits_2(tmp_path, small_episodes, capsys):
-    pytest.importorskip("torch", reason="fine-tuning needs the train extra (pip install '.[train]')")
+    pytest.importorskip("torch", reason="fine-tuning needs torch (aicluster-stethoscope-training)")
     path = _copy_shipped(tmp_path / "model")
     data = episodes.load(small_episodes)
     hw = str(data.hw_class[0])
@@ -174,7 +174,7 @@ def test_finetune_with_too_few_fault_episodes_exits_2(tmp_path, small_episodes, 
 
 
 def test_train_with_a_bad_episode_count_exits_2_not_3(tmp_path, capsys):
-    pytest.importorskip("torch", reason="training needs the train extra (pip install '.[train]')")
+    pytest.importorskip("torch", reason="training needs torch (aicluster-stethoscope-training)")
     assert main(["model", "train", "--per-family", "0", "--out", str(tmp_path)]) == 2
     assert "per_family" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())

@@ -269,7 +269,7 @@ def test_model_findings_in_python_match_those_of_the_cli_path(store, episode_set
     use = ModelUse(metadata.load(model_json))
     found = diagnose(store, [], at, model=use)
     assert [f["node_id"] for f in found if f["rule_id"] == "model.communication"] == [FAULTY]
-    # the nodes it judged, and the switch they are behind (judged for congestion: issue 21), named
+    # the nodes it judged, and the switch they are behind (judged for congestion), named
     # as its findings name it
     assert use.evaluated == set(_fleet(episode_set)) | {f"switch:{SWITCH}"}
     assert render(found, 0, model="core12").startswith(

@@ -1,4 +1,4 @@
-"""`stethoscope model finetune --from-faults` (issue 21, real data in): a GPU class the model was not
+"""`stethoscope model finetune --from-faults` (real data in): a GPU class the model was not
 trained for is calibrated on its own healthy windows in the store and then classified, its findings
 marked self-calibrated; the heads are tuned on the windows of the faults recorded in the store
 (`fault confirm` records them with `store.faults.record`, as here), read back from fault_windows.

@@ -1,4 +1,4 @@
-"""Diagnosis that understands synchronous jobs (issue 21): the job-relative detector names the rank
+"""Diagnosis that understands synchronous jobs: the job-relative detector names the rank
 that holds a job back and the switch that congests the jobs crossing it, and the graphs' findings on
 the peers that only wait are folded into that one finding. Scenes from stethoscope_training/jobs.py
 (ranks' times from how a synchronous step runs, node signals calibrated on the real H200 capture),
@@ -54,7 +54,7 @@ def test_the_culprit_rank_is_named_and_its_waiting_peers_get_no_finding(graphs, 
         f"job {truth['job']}: rank {truth['rank']} on {culprit} slows 15 ranks: {layer}"
     )
     assert _own_findings(scene, run.findings, truth["peers"]) == []
-    # the graphs alone read the waiting peers as faults: what issue 21 is about
+    # the graphs alone read the waiting peers as faults: why the job-relative detector exists
     alone = from_windows(graphs, scene.windows(), scene.topology, relative=False)
     assert len(_own_findings(scene, alone.findings, truth["peers"])) >= 4
 

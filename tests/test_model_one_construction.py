@@ -1,5 +1,5 @@
-"""The training side's figures come from the runtime's own ONNX loader, with its contract check
-(issue 22)."""
+"""The training side's figures come from the runtime's own ONNX loader, with its contract check,
+so training and the runtime judge a model alike."""
 
 from __future__ import annotations
 

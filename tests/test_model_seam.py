@@ -1,9 +1,9 @@
-"""The seam of issue 21, end to end with real parts: the ranks of one synchronous job, each node
-running the push agent (stethoscope/telemetry/agent.py, the file the push_agent role copies, its GPU
-source the real H200 capture) and the job's reporter (telemetry/job.py, the job part) -> UDP on
-loopback -> a real Collector -> the store (embedded ClickHouse) -> read_windows -> the shipped model
-and the job-relative detector -> one finding naming the culprit rank, none for its waiting peers.
-Jobs run several ranks a node: with two, each node's agent streams beside two reporters, and an
+"""Where the node graphs meet the job-relative detector, end to end with real parts: the ranks of one
+synchronous job, each node running the push agent (stethoscope/telemetry/agent.py, the file the
+push_agent role copies, its GPU source the real H200 capture) and the job's reporter (telemetry/job.py,
+the job part) -> UDP on loopback -> a real Collector -> the store (embedded ClickHouse) -> read_windows ->
+the shipped model and the job-relative detector -> one finding naming the culprit rank, none for its
+waiting peers. Jobs run several ranks a node: with two, each node's agent streams beside two reporters, and an
 input stall on both ranks of one node is that node's one finding naming both.
 
 Ten minutes of 5-second periods are replayed at full speed: the agents' and reporters' clocks and

@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-pytest.importorskip("torch", reason="training needs the train extra (pip install '.[train]')")
+pytest.importorskip("torch", reason="training needs torch (aicluster-stethoscope-training)")
 
 from stethoscope.model.features import normalise
 from stethoscope.model.metadata import ERROR_COUNTERS, ModelError, load

@@ -90,7 +90,7 @@ def test_test_nccl_failure_after_the_header_names_the_line():
 
 def test_test_nccl_failure_after_some_sizes_fails_the_run():
     lines = fixture_text(T4_TAG_OUTPUT).splitlines()
-    crash = fixture_text(RTX5090_NCCL_FAILURE).splitlines()[10:]  # the real failure lines of issue 287
+    crash = fixture_text(RTX5090_NCCL_FAILURE).splitlines()[10:]  # the real failure lines of nccl-tests #287
     parsed = parse_nccl_tests("\n".join(lines[:70] + crash + lines[70:]) + "\n")
     assert parsed["failed"] and "Test NCCL failure common.cu:392" in parsed["failure"]
 

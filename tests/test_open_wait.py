@@ -1,4 +1,4 @@
-"""Waiting for a busy embedded database (issue 20): the writer honours STETHOSCOPE_OPEN_WAIT like every
+"""Waiting for a busy embedded database: the writer honours STETHOSCOPE_OPEN_WAIT like every
 other open, within half its write timeout (a write never outlasts its timeout), and the holder is
 named while a stethoscope process holds the database, even after a second handle of that process (a
 collector's writer, each second) opened and closed it."""

@@ -1,13 +1,18 @@
 """The package declares what it imports: every third-party module that stethoscope/ imports, at the
-top or inside a function, comes from a distribution pyproject.toml lists as a dependency."""
+top or inside a function, comes from a distribution pyproject.toml lists as a dependency; deptry (in
+`make lint`) says the same of both distributions, and that each dependency is used."""
 
 from __future__ import annotations
 
 import ast
 import importlib.metadata
 import re
+import subprocess
 import sys
 import tomllib
+from pathlib import Path
+
+import pytest
 
 from conftest import TOP
 
@@ -54,3 +59,24 @@ def test_every_third_party_import_is_a_declared_dependency():
         if not distributions & declared_names:
             undeclared[module] = where
     assert undeclared == {}, f"imported but not in pyproject.toml's dependencies: {undeclared}"
+
+
+def _deptry(root: str, cwd: Path) -> subprocess.CompletedProcess:
+    deptry = Path(sys.executable).parent / "deptry"
+    return subprocess.run(
+        [str(deptry), "--no-ansi", root], cwd=cwd, capture_output=True, text=True, check=False, timeout=300
+    )
+
+
+@pytest.mark.parametrize(("root", "project"), [("stethoscope", "."), ("stethoscope_training", "training")])
+def test_deptry_finds_every_import_declared_and_every_dependency_used(root, project):
+    """What `make lint` runs: each distribution's imports against its own pyproject.toml."""
+    checked = _deptry(root, TOP / project)
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
+
+
+def test_make_lint_runs_deptry_on_both_distributions():
+    lint = re.search(r"^lint:.*?(?=^\S)", (TOP / "Makefile").read_text(), re.MULTILINE | re.DOTALL)
+    assert lint is not None
+    assert re.search(r"deptry stethoscope$", lint.group(0), re.MULTILINE)
+    assert re.search(r"cd training && .*deptry stethoscope_training$", lint.group(0), re.MULTILINE)

@@ -1,12 +1,13 @@
 """benchmarks/results holds what benchmark runs measured, each file written whole by one run with
-that run's stamp (benchmarks/provenance.py), and README's figures are the ones in those files.
+that run's stamp (benchmarks/provenance.py), and the figures README and docs/ quote are the ones in
+those files.
 
 - every benchmark script writes its results through provenance.write_results (none writes a results
   file itself, none merges into an earlier file);
 - every results file carries the stamp, or is listed in benchmarks/results/UNSTAMPED.md with why it
   was not rerun and the command that rewrites it;
-- every figure README quotes from a results file (QUOTES below) matches the file, as rounded in
-  README; every results file README names has its figures listed here.
+- every figure README or a docs/ page quotes from a results file (QUOTES below) matches the file, as
+  rounded there; every results file they name has its figures listed here.
 """
 
 from __future__ import annotations
@@ -417,6 +418,47 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
         ],
         "accuracy 0.818 → 0.981, the old\nclasses 0.996 → 0.996",
     ),
+    # docs/design.md's "Sizing beyond one machine"
+    (
+        "stream_scale.json",
+        [("highest_rate_held_per_s",), ("runs", {"rate_target_per_s": 16000}, "seconds")],
+        "One collector held 16,000 datagrams/s for 60 s",
+    ),
+    ("stream_scale.json", [("runs", {"rate_target_per_s": 16000}, "nodes")], "20,000 nodes' node\n  part"),
+    (
+        "store_latency.json",
+        [("nodes",), ("latency_p99_s",)],
+        "2,000 node-part-only nodes with the\n  diagnosis cycle beside it at p99 1.8 s",
+    ),
+    ("ingest.json", [("rows_per_second_median", "writer")], "525,173 rows/s through the writer"),
+    (
+        "diagnosis_cycle.json",
+        [("results", 0, "cycle", "median_cpu_seconds"), ("results", 0, "nodes")],
+        "the diagnosis cycle: 4.9 CPU-seconds a cycle for 200 nodes",
+    ),
+    ("diagnosis_cycle.json", [("results", 0, "cycle", "median_seconds")], "2.75 s wall"),
+    ("diagnosis_cycle.json", [("results", 0, "rules")], "that run loaded the 58 rules"),
+    (
+        "board_scale.json",
+        [("render_s",), ("nodes",), ("days",)],
+        "(6.2 s for 2,000 nodes x 7 days, board_scale.json)",
+    ),
+    (
+        "collect_vs_ping_64.json",
+        [("seconds_median", "ping"), ("seconds_median", "collect"), ("collect_vs_ping",)],
+        "ping 16.4 s, collect.yml 33.8 s (2.06x)",
+    ),
+    (
+        "collect_vs_ping_64.json",
+        [("seconds_median", "reference"), ("reference_vs_ping",)],
+        "`git show 57fed94:playbooks/collect.yml`: a fingerprint task, then the `health_collect` role)\n"
+        "  58.6 s (3.57x)",
+    ),
+    (
+        "collect_vs_ping_256.json",
+        [("seconds_median", "ping"), ("seconds_median", "collect"), ("collect_vs_ping",)],
+        "ping 73.1 s,\n  collect.yml 124.7 s (1.71x)",
+    ),
 ]
 
 NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
@@ -448,7 +490,9 @@ def _matches(quoted: str, value: float) -> bool:
 
 
 def _readme() -> str:
-    return (TOP / "README.md").read_text(encoding="utf-8")
+    """README and the docs/ pages its topics moved to (the model's scores: docs/model_history.md)."""
+    pages = [TOP / "README.md", *sorted((TOP / "docs").glob("*.md"))]
+    return "\n".join(page.read_text(encoding="utf-8") for page in pages)
 
 
 @pytest.mark.parametrize("name, paths, text", QUOTES, ids=[f"{q[0]}:{q[2][:40]}" for q in QUOTES])
@@ -465,11 +509,24 @@ def test_a_figure_readme_quotes_is_the_one_in_its_results_file(name, paths, text
     assert not wrong, f"{name}: {wrong}"
 
 
+def _results_files_named(text: str) -> set[str]:
+    """The results files `text` names, by path (`benchmarks/results/x.json`) or by bare name (`x.json`)."""
+    # results files are named in lower case; a capital is a placeholder (`model_fresh_setN_by_versionV.json`)
+    by_path = set(re.findall(r"benchmarks/results/([a-z0-9_./]+\.json)", text))
+    bare = {name for name in re.findall(r"\b[a-z0-9_]+\.json\b", text) if (RESULTS / name).is_file()}
+    return by_path | bare
+
+
 def test_every_results_file_readme_names_has_its_figures_checked():
-    named = set(re.findall(r"benchmarks/results/([\w./]+\.json)", _readme()))
+    named = _results_files_named(_readme())
     checked = {name for name, _, _ in QUOTES}
     assert named <= checked, f"README cites {sorted(named - checked)} without figures checked here"
     assert all((RESULTS / name).is_file() for name in checked)
+
+
+def test_a_results_file_named_by_its_bare_name_counts_as_named():
+    text = "(6.2 s, board_scale.json); `benchmarks/results/ingest.json`; agent.json; set_N_by_V.json"
+    assert _results_files_named(text) == {"board_scale.json", "ingest.json"}
 
 
 def test_the_figure_check_flags_a_figure_the_file_does_not_hold():

@@ -1,4 +1,4 @@
-"""A rule that fails costs that rule only (issue 20): one node's +Inf in a has_bits metric stops no
+"""A rule that fails costs that rule only: one node's +Inf in a has_bits metric stops no
 rule at all; a rule whose query fails is a `rule_failed` finding on the controller (its file:line and
 the error) while the other rules' findings come as before; one-shot `diagnose` exits 3 only when
 every rule failed; serve counts the failures per rule on /metrics and its cycles go on.

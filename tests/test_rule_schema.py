@@ -1,4 +1,4 @@
-"""JSON Schemas of a rule file and of rules/metrics.yml (docs/design.md "Rules"), shipped as package data
+"""JSON Schemas of a rule file and of rules/metrics.yml (docs/rules.md), shipped as package data
 for editors and pre-commit. Their enums and field lists are the loaders' own constants, every shipped
 file passes them, and what they refuse `stethoscope rules check` (the authority) refuses too."""
 
@@ -353,16 +353,16 @@ def test_every_form_the_loader_accepts_passes_the_schema(text, tmp_path, shipped
 
 
 def test_an_editor_reads_the_schema_from_the_comment_the_docs_give():
-    """docs/design.md names the modeline a rule file may carry; its path from rules/<layer>/ resolves."""
-    design = (TOP / "docs/design.md").read_text(encoding="utf-8")
+    """docs/rules.md names the modeline a rule file may carry; its path from rules/<layer>/ resolves."""
+    design = (TOP / "docs/rules.md").read_text(encoding="utf-8")
     line = "# yaml-language-server: $schema=../../stethoscope/schemas/rule-file.schema.json"
     assert line in design
     assert (TOP / "rules/gpu" / line.split("=", 1)[1]).resolve() == RULE_SCHEMA.resolve()
 
 
 def _documented_hooks() -> list[dict]:
-    """The pre-commit configuration docs/design.md "Rules" gives, its hooks in order."""
-    design = (TOP / "docs/design.md").read_text(encoding="utf-8")
+    """The pre-commit configuration docs/rules.md gives, its hooks in order."""
+    design = (TOP / "docs/rules.md").read_text(encoding="utf-8")
     after = design.split("pre-commit, in a repository holding rules:\n", 1)[1]
     block = after.split("```yaml\n", 1)[1].split("```", 1)[0]
     return [hook for repo in yaml.safe_load(textwrap.dedent(block)) for hook in repo["hooks"]]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import signal
 import socket
@@ -16,6 +17,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 from stethoscope.serve.sweeps import SWEEP_NICENESS, Sweeper
 from stethoscope.store.client import Store
@@ -115,6 +118,8 @@ def test_a_sweep_still_running_at_the_next_interval_is_not_overlapped(tmp_path):
 def test_a_sweep_runs_below_the_operators_commands_in_cpu_priority(tmp_path):
     """On a loaded controller the operator's commands beside serve come first: the sweep's
     ansible-playbook and the modules it starts run at a niceness of at least SWEEP_NICENESS."""
+    if os.nice(0) >= SWEEP_NICENESS:
+        pytest.skip(f"the tests run at niceness {os.nice(0)}: a sweep at {SWEEP_NICENESS} would show nothing")
     probe = tmp_path / "niceness.yml"
     out = tmp_path / "niceness"
     probe.write_text(

@@ -1,4 +1,4 @@
-"""Silences, maintenance and ack (issue 27): a finding an active silence or a Slurm maintenance
+"""Silences, maintenance and ack: a finding an active silence or a Slurm maintenance
 reservation matches takes no action and is recorded as `silenced`; once the silence ends the rule's
 next match acts as a new finding would; an acknowledged incident's retries and alerts wait until it
 escalates or is un-acknowledged; a bad matcher, duration or silence id is exit 2."""

@@ -1,4 +1,4 @@
-"""The stream against hostile or broken senders (issue 20), on loopback: a validly signed datagram
+"""The stream against hostile or broken senders, on loopback: a validly signed datagram
 carrying ±Inf stores its finite values and counts the others by reason, never the Inf; the wire
 decoder never yields a non-finite value; exact replays stay refused across a collector restart (the
 replay window is persisted per node and boot epoch); a busy UDP port is exit 2 naming the address."""

@@ -1,4 +1,4 @@
-"""The stream's identity against clock moves and cardinality (issue 26 parts 4 and 5): a node whose
+"""The stream's identity against clock moves and cardinality: a node whose
 clock moved back is not locked out (the agent's boot epoch is a persisted counter, and the collector
 re-synchronises a stream refused as replayed for a bounded time while it sends fresh, signed
 datagrams), exact replays stay refused after that, every refusal of an authenticated datagram names

@@ -1,4 +1,4 @@
-"""Node-controlled text reaches the operator's terminal as visible escapes (issue 26): a device, a
+"""Node-controlled text reaches the operator's terminal as visible escapes: a device, a
 node name or a message holding an escape sequence, a newline or a bidi override printed raw could
 clear the screen, forge a line of output or reverse what follows it. JSON output keeps the data."""
 

@@ -1,4 +1,4 @@
-"""Training out of the runtime (issue 21; docs/design.md "Layout"): the episode generators, fresh
+"""Training out of the runtime (docs/design.md "Layout"): the episode generators, fresh
 sets, training and evaluation live in `stethoscope_training`, which the runtime never imports; the
 CLI's `model train|evaluate|finetune` import it lazily and say so, exit 2, where it is missing."""
 

@@ -259,7 +259,7 @@ def test_diagnose_with_an_inventory_names_its_node_that_never_reported(store, tm
 
 
 def test_an_agent_that_stops_is_unknown_within_seconds_while_its_sweeps_keep_their_cadence(store):
-    """Regression guard (issue 11): a stream series was judged on the catalog's interval (60 s, or
+    """Regression guard: a stream series was judged on the catalog's interval (60 s, or
     the inventory's sweep interval), so an agent that stopped went unnoticed for 3 minutes or more.
     Its series now stand on the stream's 5-s period (3 periods missing, judged 10 s later for
     delivery and clock skew); the same node's sweep rows keep their own cadence."""
@@ -312,7 +312,7 @@ def test_the_inventorys_push_agent_period_reaches_unknown(tmp_path):
 
 
 def test_a_node_whose_many_devices_fell_silent_is_one_finding_listing_them_in_one_capped_line(store):
-    """Regression guard (issue 19): three minutes after the last sweep, one UNKNOWN finding per silent
+    """Regression guard: three minutes after the last sweep, one UNKNOWN finding per silent
     device, each alerting, some lines 1,579 characters long."""
     gpus = [(f"gpu_{m}", f"gpu{g}") for g in range(8) for m in ("temperature_celsius", "power_watts")]
     nics = [("ib_port_state", f"mlx5_{p}/1") for p in range(8)]

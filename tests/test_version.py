@@ -110,3 +110,16 @@ def test_version_line_and_build_info_read_galaxy_yml_alike(tmp_path, monkeypatch
     (collection / "galaxy.yml").write_text(galaxy)
     monkeypatch.setattr(paths, "collections_path", lambda: tmp_path)
     assert collection_line().startswith(line) and collection_version() == version
+
+
+def test_package_collection_and_training_share_one_version_of_at_least_1_0_0_with_a_changelog_entry():
+    """galaxy-importer's strict setting wants a collection version of 1.0.0 or more; the package, the
+    training distribution and the collection are released together, and the changelog names it."""
+    import stethoscope_training
+
+    galaxy = yaml.safe_load((TOP / "collections/stethoscope/galaxy.yml").read_text())
+    assert str(galaxy["version"]) == stethoscope.__version__ == stethoscope_training.__version__
+    major, _minor, _patch = (int(part) for part in stethoscope.__version__.split("."))
+    assert major >= 1
+    changelog = (TOP / "collections/stethoscope/CHANGELOG.md").read_text().splitlines()
+    assert f"## {stethoscope.__version__}" in changelog

@@ -1,4 +1,4 @@
-"""Writers that cannot die silently (issue 26 part 3), on real disks: a spool on a full tmpfs and a
+"""Writers that cannot die silently, on real disks: a spool on a full tmpfs and a
 database folder on a read-only bind mount. What can be neither stored nor spooled is held in memory
 (bounded, counted as at risk, the oldest dropped and counted as lost beyond the bound), retried at
 each flush and stored once the disk or the store comes back; /healthz says degraded meanwhile."""

@@ -1,4 +1,4 @@
-"""Operators' YAML is bounded (issue 26): a rule file, the metric catalog, a faults file and the
+"""Operators' YAML is bounded: a rule file, the metric catalog, a faults file and the
 inventory are refused past a size limit unread, and past an alias count, an alias expansion or a
 nesting depth while they are composed, with file and line; a refused rule file costs that file only
 where the loader already keeps per-file failures (watch, serve)."""

@@ -5,7 +5,7 @@ fixtures it calls (followed through the test modules it imports from), and the f
               its own, or an executor that may run a remediation playbook
     lab       builds or sweeps the lab (tools/lab.py, the session's lab sweeps)
     training  trains or exports a model (torch), or generates training episodes or job scenes
-    lint      ruff, yamllint, ansible-lint, the galaxy build
+    lint      ruff, yamllint, ansible-lint, deptry, the galaxy build
     cli       runs the stethoscope command in processes of its own (a second or more each)
     realtime  waits on a clock: sleeps, long-running serve/watch/agent processes
     external  starts an external program or service: slurmctld and munge, Chromium, fio, a network
@@ -32,7 +32,7 @@ TIERS: dict[str, str] = {
         r"\btorch\b|\bmodel_graphs\b|\btrain_graphs\b|\"train\"|\"finetune\""
         r"|\bregenerated\b|episodes\.generate\(|generate_dir\(|\bjob_fresh\b|\bsimulate\("
     ),
-    "lint": r"\bruff\b|yamllint|ansible-lint|build_collection",
+    "lint": r"\bruff\b|yamllint|ansible-lint|build_collection|\bdeptry\b",
     "realtime": r"time\.sleep\(|\bPopen\(|\"serve\"|\"watch\"|\"agent\"",
     "cli": r"\"stethoscope\.cli\"|\"-m\", \"stethoscope|\bcli\(",
     "external": (

@@ -18,7 +18,8 @@ Outputs no real sample exists for (`nvidia-smi nvlink
 -e`, `-gt d`, `rdma -j res show qp`, `nvme get-feature`) are constructed in the tools' documented
 formats and carry SYNTHETIC in their file names.
 
-The replay advances one step per sweep (`advance`, run by playbooks/collect.yml): counters on faulted
+The replay advances one step per sweep (`advance`, run by playbooks/collect.yml on an inventory with
+the lab's empty `stethoscope_lab` group, which `build --inventory` writes): counters on faulted
 nodes grow, so rates and trends are real across several sweeps.
 
     python tools/lab.py build [--nodes N] [--inventory PATH]   # (re)build .lab at step 0
@@ -760,6 +761,7 @@ def write_inventory(count: int, path: Path) -> None:
     rdma = [node_name(i) for i in range(count) if profile_of(i).ib is not None]
     if rdma:
         lines += ["    rdma_nodes:", "      hosts:"] + [f"        {host}:" for host in rdma]
+    lines.append("    stethoscope_lab: {}  # no hosts: collect.yml advances the replay where it exists")
     write(path, "\n".join(lines) + "\n")
     group_vars = path.parent / "group_vars"
     if group_vars.resolve() != (TOP / "inventories/lab/group_vars").resolve():

@@ -38,7 +38,7 @@ def collect(ctx, dmon_samples=1, read_kernel_log=True):
         return result(False, {"reason": "nvidia-smi not found"})
     seen = ctx.load_state(SEEN_STATE).get("gpus", {})
     argv = ["nvidia-smi", "-q", "-x"]
-    rc, out, err = ctx.run(argv)
+    rc, out, err = ctx.run_once(argv)
     if rc != 0 and not seen and any(marker in (out + err) for marker in NO_DEVICE_MARKERS):
         return result(False, {"reason": (out + err).strip().splitlines()[0]})
     try:

@@ -52,9 +52,19 @@ class Context:
         self.check_mode = check_mode
         self.timeout = timeout
         self.now = clock
+        self._answers = {}
 
     def run(self, argv, env=None):
         return self._runner(argv, self.timeout, env)
+
+    def run_once(self, argv, env=None):
+        """`run`, but a command this context already ran answers as it did then: a snapshot that several
+        parts of one module run read (`nvidia-smi -q -x`: the fingerprint and the GPU collector) is
+        taken once."""
+        key = (tuple(argv), tuple(sorted((env or {}).items())))
+        if key not in self._answers:
+            self._answers[key] = self.run(argv, env)
+        return self._answers[key]
 
     def path(self, absolute):
         return os.path.join(self.root, absolute.lstrip("/"))

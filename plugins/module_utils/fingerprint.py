@@ -32,7 +32,7 @@ def _gpus(ctx):
     if not ctx.which("nvidia-smi"):
         return None, []
     argv = ["nvidia-smi", "-q", "-x"]
-    rc, out, err = ctx.run(argv)
+    rc, out, err = ctx.run_once(argv)
     if rc != 0:
         return {"error": "nvidia-smi exit code %s" % rc}, []
     try:
@@ -215,7 +215,8 @@ def _nvmes(ctx):
 
 
 def fingerprint(ctx, env_lock_state=None):
-    """-> {"class_fingerprint", "node_fingerprint", "detail": {...}, "warnings": [...]}.
+    """-> {"present": True, "class_fingerprint", "node_fingerprint", "detail": {...}, "warnings": [...]}
+    (`present` as every collector's fact has it).
 
     Models and firmware (GPU VBIOS, HCA, NVMe, SATA/SAS) are the class: a firmware update changes the
     class, as a driver update does. Serials, GUIDs and permanent addresses are the node: a part swapped
@@ -251,6 +252,7 @@ def fingerprint(ctx, env_lock_state=None):
     }
     class_fp = digest(detail)
     return {
+        "present": True,
         "class_fingerprint": class_fp,
         "node_fingerprint": digest({"class": class_fp, "serials": serials}),
         "detail": dict(detail, serials=serials, nic_boards=hca_boards),
@@ -300,3 +302,17 @@ def count_change(ctx, result):
         )
     row = {"name": CHANGES_METRIC, "device": "node", "value": float(count), "labels": {}}
     return row, change
+
+
+def collect(ctx, env_lock_state=None):
+    """The fingerprint as one step of a sweep (health_facts): its fact as the fingerprint module gives
+    it, the change counter's row, and the change this run saw (`fingerprint_change`)."""
+    result = fingerprint(ctx, env_lock_state)
+    row, change = count_change(ctx, result)
+    return {
+        "present": True,
+        "fact": result,
+        "metrics": [row],
+        "warnings": result["warnings"],
+        "returns": {"fingerprint_change": change},
+    }

@@ -63,11 +63,12 @@ def run_collectors(module, collectors):
     failed. A failure (a CollectorError, or a result's `failures` beside the rows it could still
     read) is stored like any reading: `collector_failed` rows and a fact with the tool's first line;
     the series are 0 from when the collector answers again. The module fails afterwards, naming every
-    collector that could not answer, and still returns every row."""
+    collector that could not answer, and still returns every row. A result may give its whole `fact`
+    (beside `present`, instead of `facts`) and `returns`, values returned beside the facts."""
     ctx = make_context(module)
     previous = ctx.load_state(FAILURE_STATE)
     known = dict(previous)
-    facts, metrics, failures, done = {}, [], [], {}
+    facts, metrics, failures, done, returns = {}, [], [], {}, {}
     for name, collect in collectors:
         try:
             outcome = collect(ctx, done)
@@ -76,7 +77,9 @@ def run_collectors(module, collectors):
             outcome["failures"] = [collector_failure.from_error(name, exc)]
         items = outcome.get("failures") or []
         fact = {"present": outcome["present"]}
-        fact.update(outcome["facts"])
+        fact.update(outcome.get("fact") or {})
+        fact.update(outcome.get("facts") or {})
+        returns.update(outcome.get("returns") or {})
         metrics.extend(outcome["metrics"])
         rows = [row for item in items for row in collector_failure.failure_rows(item)]
         missed = _still_missed(previous.get(name, []), rows, ctx.now())
@@ -106,8 +109,9 @@ def run_collectors(module, collectors):
             stderr=first["stderr"],
             ansible_facts=facts,
             stethoscope_metrics=metrics,
+            **returns,
         )
-    module.exit_json(changed=False, ansible_facts=facts, stethoscope_metrics=metrics)
+    module.exit_json(changed=False, ansible_facts=facts, stethoscope_metrics=metrics, **returns)
 
 
 def _still_missed(before, now, at):

@@ -32,8 +32,9 @@ options:
   count_changes:
     description:
       - Count changes of the node fingerprint across runs in I(state_dir) and return them as
-        C(node_fingerprint_changes_total) (kind events; collect.yml does, so that a driver upgrade or
-        a swapped part triggers a re-baseline). The first run on a node counts 0.
+        C(node_fingerprint_changes_total) (kind events, so that a driver upgrade or a swapped part
+        triggers a re-baseline; collect.yml's sweep does the same inside M(aicluster.stethoscope.health_facts)
+        with I(fingerprint), in the same state). The first run on a node counts 0.
     type: bool
     default: false
 author:
@@ -60,8 +61,8 @@ fingerprint_change:
   type: dict
 stethoscope_fingerprint:
   description:
-    - C(class_fingerprint), C(node_fingerprint) (16 hex digits each), the C(detail) they hash and C(warnings) (VPD
-      that could not be decoded, also given as task warnings).
+    - C(present) (true, as in every collector's fact), C(class_fingerprint), C(node_fingerprint) (16 hex digits
+      each), the C(detail) they hash and C(warnings) (VPD that could not be decoded, also given as task warnings).
     - C(detail.serials) (hashed into the node fingerprint) holds C(gpu), C(nvme), C(disk) (lists of serials),
       C(nic) (per HCA C(node_guid), C(sys_image_guid), C(port_guids), and C(serial) only where it has no
       GUID), C(ethernet) (permanent addresses), C(board) and C(product).
@@ -70,7 +71,7 @@ stethoscope_fingerprint:
       is present only where there are such disks.
   returned: always
   type: dict
-  sample: {"class_fingerprint": "3f1c0a9e5b7d2c11", "node_fingerprint": "9ab0c3d4e5f60718", "detail": {"kernel":
+  sample: {"present": true, "class_fingerprint": "3f1c0a9e5b7d2c11", "node_fingerprint": "9ab0c3d4e5f60718", "detail": {"kernel":
     "6.18.0", "serials": {"nic": [{"node_guid": "a088:c203:00e3:142a", "sys_image_guid":
     "a088:c203:00e3:142a", "port_guids": ["a288:c2ff:fee3:142a"]}], "disk": ["S455NY0M123456"], "ethernet":
     ["3c:ec:ef:12:34:56"]}, "nic_boards": [{"node_guid": "a088:c203:00e3:142a", "serial": "MT2340J88735",

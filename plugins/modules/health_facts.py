@@ -22,6 +22,10 @@ description:
     The collector's fact carries C(failures) with the tool's first line.
   - GPUs busy in this sweep (utilisation above zero) are passed to the PCIe collector, for which a lower
     link speed then counts as degradation.
+  - With I(fingerprint), the node is first fingerprinted as M(aicluster.stethoscope.fingerprint) with
+    I(count_changes) does it, in the same invocation, so that a sweep (C(playbooks/collect.yml)) costs one
+    module run per host; it and the GPU collector read one C(nvidia-smi -q -x). Its failure is a collector's
+    failure, named C(fingerprint); the collectors still run.
 extends_documentation_fragment:
   - aicluster.stethoscope.node
 options:
@@ -39,6 +43,14 @@ options:
     description: Read XID events from C(dmesg).
     type: bool
     default: true
+  fingerprint:
+    description:
+      - Fingerprint the node before the collectors and count changes of its node fingerprint across runs
+        in I(state_dir), as M(aicluster.stethoscope.fingerprint) with I(count_changes) does (the first run on
+        a node counts 0). In check mode the count is not saved.
+    type: bool
+    default: false
+    version_added: "1.0.0"
 author:
   - stethoscope developers (@aicluster)
 """
@@ -50,15 +62,24 @@ EXAMPLES = r"""
 - name: Only storage and tuning
   aicluster.stethoscope.health_facts:
     collectors: [smart, tuning]
+
+- name: A whole sweep, the fingerprint included (what playbooks/collect.yml runs)
+  aicluster.stethoscope.health_facts:
+    fingerprint: true
 """
 
 RETURN = r"""
 ansible_facts:
-  description: One C(stethoscope_<collector>) fact per collector that answered (see the single modules).
+  description:
+    - One C(stethoscope_<collector>) fact per collector that answered (see the single modules).
+    - With I(fingerprint), C(stethoscope_fingerprint) as M(aicluster.stethoscope.fingerprint) returns it.
   returned: always
   type: dict
 stethoscope_metrics:
-  description: Metric rows with catalog names from every collector that answered.
+  description:
+    - Metric rows with catalog names from every collector that answered.
+    - With I(fingerprint), first C(node_fingerprint_changes_total) (device C(node)), the changes of the node
+      fingerprint seen across runs.
   returned: always
   type: list
   elements: dict
@@ -68,6 +89,10 @@ failed_collectors:
   returned: failure
   type: list
   elements: str
+fingerprint_change:
+  description: With I(fingerprint), the change this run saw (from, to, class_from, class_to, fields), or null.
+  returned: when fingerprint is true and it could be read
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -79,6 +104,7 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils import (
     collect_rdma,
     collect_smart,
     collect_tuning,
+    fingerprint,
 )
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.module_glue import (
     argument_spec,
@@ -104,6 +130,7 @@ def main():
             collectors={"type": "list", "elements": "str", "choices": list(ORDER), "default": list(ORDER)},
             dmon_samples={"type": "int", "default": 1},
             read_kernel_log={"type": "bool", "default": True},
+            fingerprint={"type": "bool", "default": False},
         ),
         supports_check_mode=True,
     )
@@ -116,8 +143,10 @@ def main():
         "smart": lambda ctx, _done: collect_smart.collect(ctx),
         "tuning": lambda ctx, _done: collect_tuning.collect(ctx),
     }
-    wanted = [name for name in ORDER if name in params["collectors"]]
-    run_collectors(module, [(name, available[name]) for name in wanted])
+    wanted = [(name, available[name]) for name in ORDER if name in params["collectors"]]
+    if params["fingerprint"]:
+        wanted.insert(0, ("fingerprint", lambda ctx, _done: fingerprint.collect(ctx)))
+    run_collectors(module, wanted)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,17 @@
-"""`stethoscope audit [--faults FILE] [--lead-target 30m] [--out DIR] [--json] [--no-model]`: exit 1
-when a fault kind's median lead is under the target."""
+"""`stethoscope audit [--faults FILE] [--lead-target 30m] [--out DIR] [--json] [--no-model]`
+(docs/design.md "Reports and audit"): how far ahead the diagnosis warned of the faults `stethoscope
+fault` recorded; exit 1 when a fault kind's median lead is under the target."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from stethoscope.bounded_yaml import is_stdin
-from stethoscope.cli.exit_codes import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+from stethoscope.cli.common import Subcommands, say, usage
+from stethoscope.cli.exit_codes import EXIT_FINDINGS, EXIT_OK
 from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
 from stethoscope.timeutil import DURATION_SYNTAX, DurationError, parse_duration
@@ -22,8 +25,25 @@ def lead_minutes(text: str) -> float | None:
         return None
 
 
-def _say(message: str) -> None:
-    print(f"stethoscope: audit: {message}", file=sys.stderr)
+def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
+    audit = commands.add_parser(
+        "audit", help="how many minutes ahead the diagnosis warned of past faults", parents=parents
+    )
+    audit.add_argument("--faults", type=Path, help="import this YAML/JSON/CSV faults file first")
+    audit.add_argument("--lead-target", default="30m", help="exit 1 when a kind's median lead is under it")
+    audit.add_argument("--out", type=Path, help="write DIR/audit.html (beside the board)")
+    audit.add_argument("--json", action="store_true", help="print the audit as JSON")
+    audit.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
+    audit.add_argument("--inventory", type=Path, help="use its report intervals (or $STETHOSCOPE_INVENTORY)")
+    audit.add_argument(
+        "--model",
+        type=Path,
+        metavar="JSON",
+        help="the model's metadata (default core12.json: the state folder's models/, else the shipped "
+        "rules/models/)",
+    )
+    audit.add_argument("--no-model", action="store_true", help="audit the rules alone")
+    audit.set_defaults(func=audit_command)
 
 
 def audit_command(args: argparse.Namespace) -> int:
@@ -34,11 +54,9 @@ def audit_command(args: argparse.Namespace) -> int:
 
     target = lead_minutes(args.lead_target)
     if target is None:
-        _say(f"--lead-target {args.lead_target!r}: not a duration ({DURATION_SYNTAX})")
-        return EXIT_USAGE
+        return usage(f"audit: --lead-target {args.lead_target!r}: not a duration ({DURATION_SYNTAX})")
     if args.faults is not None and not is_stdin(args.faults) and not args.faults.is_file():
-        _say(f"--faults {args.faults}: no such file")
-        return EXIT_USAGE
+        return usage(f"audit: --faults {args.faults}: no such file")
     inventory = inventory_of(args)
     catalog = catalog_for(inventory)
     rules = checked_rules(args.rules, catalog, "audit").rules
@@ -48,10 +66,9 @@ def audit_command(args: argparse.Namespace) -> int:
         if args.faults is not None:
             parsed = fault_file.parse(args.faults, known_nodes(store), latest_sample_ms(store))
             for error in parsed.errors:
-                _say(error)
+                say(f"audit: {error}")
             if parsed.errors:
-                _say(f"{len(parsed.errors)} problems in {args.faults}; nothing imported")
-                return EXIT_USAGE
+                return usage(f"audit: {len(parsed.errors)} problems in {args.faults}; nothing imported")
             for fault in parsed.faults:
                 record(store, fault)
             print(f"imported {len(parsed.faults)} faults from {args.faults}", file=sys.stderr)

@@ -5,39 +5,43 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
+from stethoscope.cli.common import Subcommands, usage
+from stethoscope.cli.exit_codes import EXIT_OK
 from stethoscope.diagnosis.rules import parse_duration
 from stethoscope.remediation.breaker_state import breaker_state
 from stethoscope.store.client import Store
 from stethoscope.terminal import terminal_safe_data
 from stethoscope.timeutil import now_ms
 
-COMMANDS = ("breaker",)
 
-
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
-        "breaker", help="the circuit breaker: its limits, what counts against them, what it refused"
+        "breaker",
+        help="the circuit breaker: its limits, what counts against them, what it refused",
+        parents=parents,
     )
-    parser.add_argument("--inventory", type=Path, help="the inventory the executor acts on (required)")
+    parser.add_argument(
+        "--inventory",
+        type=Path,
+        help="the inventory the executor acts on (or $STETHOSCOPE_INVENTORY; required)",
+    )
     parser.add_argument(
         "-e", "--extra-var", action="append", default=[], metavar="KEY=VALUE", help="a setting (repeatable)"
     )
     parser.add_argument("--since", default="24h", help="refusals within this duration (default 24h)")
     parser.add_argument("--json", action="store_true", help="print the state as JSON")
+    parser.set_defaults(func=breaker_command)
 
 
-def run(args: argparse.Namespace) -> int:
+def breaker_command(args: argparse.Namespace) -> int:
     from stethoscope.cli.diagnose import execution_context, inventory_of
 
     seconds = parse_duration(args.since)
     if seconds is None:
-        print(f"stethoscope: breaker: --since {args.since!r}: not a duration such as 24h", file=sys.stderr)
-        return EXIT_USAGE
+        return usage(f"breaker: --since {args.since!r}: not a duration such as 24h")
     inventory = inventory_of(args, required=True, command="breaker")
     assert inventory is not None  # inventory_of exits 2 without one
     context = execution_context(args, inventory)

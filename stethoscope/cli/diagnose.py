@@ -6,13 +6,13 @@ import argparse
 import contextlib
 import math
 import os
-import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 from stethoscope.catalog import Catalog, CatalogError
+from stethoscope.cli.common import FRESH_HELP, Subcommands, execution_options, model_options, say
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from stethoscope.diagnosis.findings import RULE_FAILED
 from stethoscope.diagnosis.job_watch import JobSettingError, JobWatch
@@ -26,11 +26,46 @@ from stethoscope.paths import rules_dir
 from stethoscope.remediation.cycle import CycleResult, Cycles, render_result, worst
 from stethoscope.remediation.lock import LockHeld
 from stethoscope.store.dsn import redact
-from stethoscope.timeutil import iso, now_ms, to_ms
+from stethoscope.timeutil import duration_option, iso, now_ms, to_ms
 
 
-def _say(message: str) -> None:
-    print(f"stethoscope: {message}", file=sys.stderr)
+def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
+    diagnose = commands.add_parser(
+        "diagnose", help="evaluate the rules over ClickHouse (dry-run)", parents=parents
+    )
+    diagnose.add_argument("--at", help="evaluation time, ISO-8601 or epoch seconds (default now)")
+    diagnose.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
+    diagnose.add_argument("--json", action="store_true", help="print the findings as JSON")
+    diagnose.add_argument(
+        "--fail-on",
+        default="critical",
+        choices=["info", "warning", "critical"],
+        help="exit 1 when a finding is at or above this severity (default critical)",
+    )
+    diagnose.add_argument(
+        "--plan",
+        action="store_true",
+        help="say per incident what --execute would do now (drain, ticket, refused...); acts on nothing",
+    )
+    diagnose.add_argument("--fresh", action="store_true", help=FRESH_HELP)
+    execution_options(diagnose)
+    model_options(diagnose)
+    diagnose.set_defaults(func=diagnose_command)
+
+    watch = commands.add_parser(
+        "watch", help="diagnose periodically, re-reading changed rule files", parents=parents
+    )
+    watch.add_argument(
+        "--interval", type=duration_option, default=60.0, help="between cycles: 90s, 5m... (default 60 s)"
+    )
+    watch.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
+    watch.add_argument("--json", action="store_true", help="print the findings as JSON")
+    watch.add_argument(
+        "--cycles", type=int, default=0, help="stop after N cycles (default: run until stopped)"
+    )
+    execution_options(watch)
+    model_options(watch)
+    watch.set_defaults(func=watch_command)
 
 
 def _overrides(pairs: list[str]) -> dict[str, Any] | None:
@@ -38,7 +73,7 @@ def _overrides(pairs: list[str]) -> dict[str, Any] | None:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            _say(f"-e {pair!r}: expected KEY=VALUE")
+            say(f"-e {pair!r}: expected KEY=VALUE")
             return None
         overrides[key.strip()] = value
     return overrides
@@ -52,13 +87,13 @@ def inventory_of(args: argparse.Namespace, required: bool = False, command: str 
     if named is None:
         if required or getattr(args, "execute", False):
             what = "--execute" if getattr(args, "execute", False) else "this command"
-            _say(f"{command or args.command}: {what} {NO_INVENTORY}")
+            say(f"{command or args.command}: {what} {NO_INVENTORY}")
             raise SystemExit(EXIT_USAGE)
         return None
     try:
         return load_inventory(named)
     except Exception as exc:  # InventoryError, and ansible's own parse errors, which have many types
-        _say(f"inventory: {exc}")
+        say(f"inventory: {exc}")
         raise SystemExit(EXIT_USAGE) from None
 
 
@@ -78,7 +113,7 @@ def catalog_for(inventory: Inventory | None) -> Catalog:
             period,
         )
     except CatalogError as exc:
-        _say(f"inventory {inventory.path}: {exc}")
+        say(f"inventory {inventory.path}: {exc}")
         raise SystemExit(EXIT_USAGE) from None
 
 
@@ -98,7 +133,7 @@ def jobs_of(inventory: Inventory | None, command: str, extra_vars: list[str] | N
         return JobWatch.of(settings)
     except JobSettingError as exc:
         where = f"inventory {inventory.path}" if inventory is not None else "-e"
-        _say(f"{command}: {where}: {exc}")
+        say(f"{command}: {where}: {exc}")
         raise SystemExit(EXIT_USAGE) from None
 
 
@@ -124,7 +159,7 @@ def execution_context(args: argparse.Namespace, inventory: Inventory):
     try:  # a bad setting stops the command now, not every cycle of a long-running one
         Settings.of(Context(args.dsn or "", args.database, inventory, overrides, spool_dir=spool_dir))
     except ConfigError as exc:
-        _say(f"{args.command}: {exc}")
+        say(f"{args.command}: {exc}")
         raise SystemExit(EXIT_USAGE) from None
     print_actions(getattr(args, "log_format", None) or "text")  # one line per action, to stderr
     return lambda dsn, database: Context(dsn, database, inventory, overrides, spool_dir=spool_dir)
@@ -148,13 +183,13 @@ def model_of(args: argparse.Namespace, inventory: Inventory | None, command: str
     try:
         level = level_of(inventory.settings.get("stethoscope_model_level") if inventory else None)
     except ValueError as exc:
-        _say(f"{command}: inventory {inventory.path if inventory else ''}: {exc}")
+        say(f"{command}: inventory {inventory.path if inventory else ''}: {exc}")
         raise SystemExit(EXIT_USAGE) from None
     try:
         meta = load(Path(path))
         graphs_for(meta)  # a graph onnxruntime cannot load fails here, not in the first cycle
     except ModelError as exc:
-        _say(f"{command}: {exc}; --no-model diagnoses by the rules alone")
+        say(f"{command}: {exc}; --no-model diagnoses by the rules alone")
         raise SystemExit(EXIT_USAGE) from None
     return ModelUse(meta, level)
 
@@ -164,16 +199,16 @@ def checked_rules(path: Path | None, catalog: Catalog, command: str) -> LoadResu
     at all exits 2: a gate must not pass because its rules were never evaluated."""
     path = Path(path or rules_dir())
     if not path.exists():
-        _say(f"{command}: {path}: no such file or folder")
+        say(f"{command}: {path}: no such file or folder")
         raise SystemExit(EXIT_USAGE)
     loaded = load_rules(path, catalog)
     for error in loaded.errors:
-        _say(f"{command}: {error}")
+        say(f"{command}: {error}")
     if loaded.errors:
-        _say(f"{command}: {len(loaded.errors)} problems in the rules under {path}; nothing evaluated")
+        say(f"{command}: {len(loaded.errors)} problems in the rules under {path}; nothing evaluated")
         raise SystemExit(EXIT_USAGE)
     if not loaded.rules:
-        _say(f"{command}: no rules under {path} ({loaded.files} rule files)")
+        say(f"{command}: no rules under {path} ({loaded.files} rule files)")
         raise SystemExit(EXIT_USAGE)
     return loaded
 
@@ -186,7 +221,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
     try:
         at_ms = to_ms(args.at) if args.at else now_ms()
     except ValueError:
-        _say(f"diagnose: --at {args.at!r} is neither ISO-8601 nor epoch seconds")
+        say(f"diagnose: --at {args.at!r} is neither ISO-8601 nor epoch seconds")
         return EXIT_USAGE
     if getattr(args, "plan", False):
         return _plan(args, inventory, catalog, loaded.rules, model, at_ms)
@@ -196,15 +231,15 @@ def diagnose_command(args: argparse.Namespace) -> int:
         try:
             result = cycles.run(loaded.rules, at_ms)
         except LockHeld as exc:
-            _say(f"diagnose: {exc}; nothing done")
+            say(f"diagnose: {exc}; nothing done")
             return EXIT_FAILED
     say_cycle(result, args.json)
     if result.every_rule_failed:  # one rule failing is a finding; all of them, a failed run
         first = next(f for f in result.findings if f["rule_id"] == RULE_FAILED)
-        _say(f"diagnose: every rule failed ({result.rules}); the first: {first['message']}")
+        say(f"diagnose: every rule failed ({result.rules}); the first: {first['message']}")
         return EXIT_FAILED
     if model is not None and model.error:  # the rules' findings are printed; the diagnosis is not whole
-        _say(f"diagnose: model {model.meta.name}: {model.error}")
+        say(f"diagnose: model {model.meta.name}: {model.error}")
         return EXIT_FAILED
     return EXIT_FINDINGS if worst(result.findings) >= SEVERITY_ORDER[args.fail_on] else EXIT_OK
 
@@ -228,7 +263,7 @@ def serves_evaluation(
     result = result_of(published, key, model, now_ms())
     if result is not None:
         age = max(0, (now_ms() - result.at_ms) // 1000)
-        _say(
+        say(
             f"{args.command}: serve's evaluation of {iso(result.at_ms)} ({age} s ago; serve holds the "
             "database and evaluates every cycle); --fresh evaluates now"
         )
@@ -252,7 +287,7 @@ def _plan(
     from stethoscope.store.client import Store
 
     if args.execute:
-        _say("diagnose: --plan shows what --execute would do; give one of them")
+        say("diagnose: --plan shows what --execute would do; give one of them")
         return EXIT_USAGE
     if inventory is None:
         inventory_of(args, required=True, command="diagnose --plan")
@@ -275,7 +310,6 @@ def cycles_of(
     catalog: Catalog,
     model: ModelUse | None,
     long_running: bool = False,
-    beat_seconds: float | None = None,
 ) -> Cycles:
     """The diagnosis cycles a command runs (remediation.cycle), as its options and inventory say."""
     return Cycles(
@@ -287,7 +321,6 @@ def cycles_of(
         fleet=fleet_of(inventory),
         model=model,
         long_running=long_running,
-        beat_seconds=beat_seconds,
         jobs=jobs_of(
             inventory, getattr(args, "command", None) or "diagnose", getattr(args, "extra_var", None)
         ),
@@ -296,7 +329,7 @@ def cycles_of(
 
 def say_cycle(result: CycleResult, as_json: bool) -> None:
     if result.standby:
-        _say(f"{result.standby}; this run does not act")
+        say(f"{result.standby}; this run does not act")
     print(render_result(result, as_json), flush=True)
 
 
@@ -309,28 +342,26 @@ def watch_command(args: argparse.Namespace) -> int:
     checked_rules(path, catalog, "watch")  # the first cycle's rules must load; later bad edits are kept out
     rules = RuleSet(path, catalog)
     model = model_of(args, inventory, "watch")
-    cycles = cycles_of(
-        args, inventory, catalog, model, long_running=True, beat_seconds=max(args.interval, 1.0)
-    )
+    cycles = cycles_of(args, inventory, catalog, model, long_running=True)
     cycle = failed = 0
     try:
         while True:
             cycle += 1
             try:
                 for message in rules.refresh():
-                    _say(f"watch: {message}")
+                    say(f"watch: {message}")
                 if not rules.rules:  # every rule file removed since: never "healthy" over no rules
-                    _say(f"watch: cycle {cycle}: no rules under {path}; nothing evaluated")
+                    say(f"watch: cycle {cycle}: no rules under {path}; nothing evaluated")
                 else:
                     say_cycle(cycles.run(rules.rules, now_ms()), args.json)
             except KeyboardInterrupt:
                 raise
             except LockHeld as exc:  # another executor acts on this database: this one never will
-                _say(f"watch: {exc}; nothing done")
+                say(f"watch: {exc}; nothing done")
                 return EXIT_FAILED
             except Exception as exc:  # the store, a rule, a playbook, the disk: keep watching
                 failed += 1
-                _say(
+                say(
                     f"watch: cycle {cycle} failed ({failed} so far): {type(exc).__name__}: {redact(str(exc))}"
                 )
                 if args.debug:

@@ -1,14 +1,14 @@
-"""`stethoscope fault confirm|add|list` and `stethoscope audit` (docs/design.md "Storage", "Reports
-and audit")."""
+"""`stethoscope fault confirm|add|list` (docs/design.md "Storage"): the faults of the past, which
+`stethoscope audit` (cli/audit.py) measures the diagnosis against."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from stethoscope.catalog import LAYERS, Catalog
+from stethoscope.cli.common import Subcommands, usage
 from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
 from stethoscope.diagnosis.layers import rule_layer
 from stethoscope.store.client import Store
@@ -24,67 +24,40 @@ from stethoscope.store.faults import (
 from stethoscope.terminal import terminal_safe
 from stethoscope.timeutil import iso
 
-COMMANDS = ("fault", "audit")
 IMPACT_HELP = "impact time: ISO-8601, epoch seconds, or latest[-DURATION] (the newest stored sample)"
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    fault = commands.add_parser("fault", help="the faults of the past: the audit's ground truth")
+def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
+    fault = commands.add_parser(
+        "fault", help="the faults of the past: the audit's ground truth", parents=parents
+    )
     sub = fault.add_subparsers(dest="fault_command", required=True)
-    confirm = sub.add_parser("confirm", help="record the fault a stored finding warned of")
+    confirm = sub.add_parser("confirm", help="record the fault a stored finding warned of", parents=parents)
+    confirm.set_defaults(func=fault_confirm)
     confirm.add_argument("finding_id", help="a finding_id as `diagnose --json` prints it")
     confirm.add_argument("--impact", required=True, help=IMPACT_HELP)
     confirm.add_argument("--kind", help="fault kind (default: the finding's rule id)")
     confirm.add_argument("--layer", choices=LAYERS, help="layer (default: its rule's catalog layer)")
     confirm.add_argument("--note", default="", help="free text")
     confirm.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
-    add = sub.add_parser("add", help="record a fault no finding warned of")
+    add = sub.add_parser("add", help="record a fault no finding warned of", parents=parents)
+    add.set_defaults(func=fault_add)
     add.add_argument("--node", required=True)
     add.add_argument("--kind", required=True, help="e.g. ssd_wear, aer_storm, nvlink_crc")
     add.add_argument("--layer", required=True, help=f"one of {', '.join(LAYERS)}")
     add.add_argument("--impact", required=True, help=IMPACT_HELP)
     add.add_argument("--device", default="", help="e.g. gpu3, nvme0n1 (default: the node)")
     add.add_argument("--note", default="")
-    listing = sub.add_parser("list", help="the recorded faults")
+    listing = sub.add_parser("list", help="the recorded faults", parents=parents)
+    listing.set_defaults(func=fault_list)
     listing.add_argument("--json", action="store_true", help="print them as JSON")
-
-    audit = commands.add_parser("audit", help="how many minutes ahead the diagnosis warned of past faults")
-    audit.add_argument("--faults", type=Path, help="import this YAML/JSON/CSV faults file first")
-    audit.add_argument("--lead-target", default="30m", help="exit 1 when a kind's median lead is under it")
-    audit.add_argument("--out", type=Path, help="write DIR/audit.html (beside the board)")
-    audit.add_argument("--json", action="store_true", help="print the audit as JSON")
-    audit.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
-    audit.add_argument("--inventory", type=Path, help="use its report intervals")
-    audit.add_argument(
-        "--model",
-        type=Path,
-        metavar="JSON",
-        help="the model's metadata (default core12.json: the state folder's models/, else the shipped "
-        "rules/models/)",
-    )
-    audit.add_argument("--no-model", action="store_true", help="audit the rules alone")
-
-
-def _usage(message: str) -> int:
-    print(f"stethoscope: {message}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.command == "audit":
-        from stethoscope.cli.audit import audit_command
-
-        return audit_command(args)
-    if args.fault_command == "list":
-        return _list(args)
-    return _add(args) if args.fault_command == "add" else _confirm(args)
 
 
 def _impact(store: Store, text: str, command: str) -> int | None:
     try:
         return impact_of(text, latest_sample_ms(store))
     except ValueError as exc:
-        _usage(f"fault {command}: --impact: {exc}")
+        usage(f"fault {command}: --impact: {exc}")
         return None
 
 
@@ -98,13 +71,13 @@ def _store_fault(store: Store, fault: Fault) -> int:
     return EXIT_OK
 
 
-def _add(args: argparse.Namespace) -> int:
+def fault_add(args: argparse.Namespace) -> int:
     if args.layer not in LAYERS:
-        return _usage(f"fault add: --layer {args.layer!r}: one of {', '.join(LAYERS)}")
+        return usage(f"fault add: --layer {args.layer!r}: one of {', '.join(LAYERS)}")
     with Store(args.dsn, args.database) as store:
         store.ensure_schema()
         if args.node not in known_nodes(store):
-            return _usage(f"fault add: unknown node {args.node!r} (not in the nodes table or the metrics)")
+            return usage(f"fault add: unknown node {args.node!r} (not in the nodes table or the metrics)")
         impact = _impact(store, args.impact, "add")
         if impact is None:
             return EXIT_USAGE
@@ -125,16 +98,16 @@ def _rule_layer(rule_id: str, rules_path: Path | None) -> str | None:
     return None
 
 
-def _confirm(args: argparse.Namespace) -> int:
+def fault_confirm(args: argparse.Namespace) -> int:
     with Store(args.dsn, args.database) as store:
         store.ensure_schema()
         stored = stored_finding(store, args.finding_id)
         if stored is None:
-            return _usage(f"fault confirm: no stored finding {args.finding_id!r} (`diagnose --json` lists)")
+            return usage(f"fault confirm: no stored finding {args.finding_id!r} (`diagnose --json` lists)")
         rule_id, node, device = stored
         layer = args.layer or _rule_layer(rule_id, args.rules)
         if layer is None:
-            return _usage(f"fault confirm: rule {rule_id!r} is not among the rules; give --layer")
+            return usage(f"fault confirm: rule {rule_id!r} is not among the rules; give --layer")
         impact = _impact(store, args.impact, "confirm")
         if impact is None:
             return EXIT_USAGE
@@ -142,7 +115,7 @@ def _confirm(args: argparse.Namespace) -> int:
         return _store_fault(store, fault)
 
 
-def _list(args: argparse.Namespace) -> int:
+def fault_list(args: argparse.Namespace) -> int:
     with Store(args.dsn, args.database) as store:
         store.ensure_schema()
         faults = list_faults(store)

@@ -1,52 +1,76 @@
-"""`stethoscope incidents [show TXN | ack TXN | unack TXN]` and `stethoscope actions` (docs/design.md
-"CLI"): the incidents diagnose --execute opened (one transaction each), what was done for them,
-refused, failed or skipped, and why; who acknowledged them."""
+"""`stethoscope incidents [show TXN | ack TXN | unack TXN | repaired TXN]` and `stethoscope actions`
+(docs/design.md "CLI"): the incidents diagnose --execute opened (one transaction each), what was
+done for them, refused, failed or skipped, and why; who acknowledged them; the re-baselines planned,
+waiting for their window, running or done (remediation.rebaseline). `repaired` marks an incident's
+node repaired: the executor's next cycle verifies it (remediate/verify.yml) by itself."""
 
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
-import sys
 from typing import Any
 
-from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
+from stethoscope.cli.common import Subcommands, tell, usage, user
+from stethoscope.cli.exit_codes import EXIT_OK
 from stethoscope.remediation.incident_view import Incident, acknowledge, incident, incidents, unacknowledge
-from stethoscope.remediation.ledger import ActionState, Ledger
+from stethoscope.remediation.ledger import REBASELINE, ActionState, Ledger
+from stethoscope.remediation.rebaseline import FINISHED, repaired_row
 from stethoscope.remediation.record import recorded_findings
 from stethoscope.remediation.retries import RETRIED, attempt_of, reason_of
 from stethoscope.report.summary import initialised
 from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
-from stethoscope.terminal import terminal_safe
 from stethoscope.timeutil import iso, moment_ms, now_ms
 
-COMMANDS = ("incidents", "actions")
-STATUSES = ("failed", "refused", "skipped", "ok", "planned", "in_flight", "expired")
+STATUSES = ("failed", "refused", "skipped", "ok", "planned", "in_flight", "expired", "waiting", "running")
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
     listing = commands.add_parser(
-        "incidents", help="the incidents --execute opened: one transaction, ticket and drain each"
+        "incidents",
+        help="the incidents --execute opened: one transaction, ticket and drain each",
+        parents=parents,
     )
+    listing.set_defaults(func=run)
     listing.add_argument("--all", action="store_true", help="resolved incidents too")
     listing.add_argument("--node", help="only this node's incidents")
     listing.add_argument("--json", action="store_true", help="print them as JSON")
     sub = listing.add_subparsers(dest="incidents_command")
-    show = sub.add_parser("show", help="an incident's findings and every action, its attempts and why")
+    show = sub.add_parser(
+        "show", help="an incident's findings and every action, its attempts and why", parents=parents
+    )
+    show.set_defaults(func=run)
     show.add_argument("txn", help="the incident's transaction id")
     show.add_argument("--json", action="store_true", help="print it as JSON")
     ack = sub.add_parser(
-        "ack", help="a person took the incident: its retries and alerts wait until it escalates or unack"
+        "ack",
+        help="a person took the incident: its retries and alerts wait until it escalates or unack",
+        parents=parents,
     )
+    ack.set_defaults(func=run)
     ack.add_argument("txn", help="the incident's transaction id")
     ack.add_argument("--note", default="", help="free text")
     ack.add_argument("--by", help="who (default: the user running the command)")
-    unack = sub.add_parser("unack", help="withdraw the acknowledgement: retries and alerts go on")
+    unack = sub.add_parser(
+        "unack", help="withdraw the acknowledgement: retries and alerts go on", parents=parents
+    )
+    unack.set_defaults(func=run)
     unack.add_argument("txn", help="the incident's transaction id")
     unack.add_argument("--by", help="who (default: the user running the command)")
+    repaired = sub.add_parser(
+        "repaired",
+        help="the node was repaired: the executor's next cycle verifies it and resumes it if green",
+        parents=parents,
+    )
+    repaired.set_defaults(func=run)
+    repaired.add_argument("txn", help="the incident's transaction id")
+    repaired.add_argument("--note", default="", help="free text (what was replaced)")
+    repaired.add_argument("--by", help="who (default: the user running the command)")
 
-    actions = commands.add_parser("actions", help="what was done, refused, failed or skipped, and why")
+    actions = commands.add_parser(
+        "actions", help="what was done, refused, failed or skipped, and why", parents=parents
+    )
+    actions.set_defaults(func=run)
     actions.add_argument("--txn", help="only this transaction's actions")
     actions.add_argument("--status", choices=STATUSES, help="only actions whose latest status is this")
     actions.add_argument(
@@ -60,50 +84,90 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "actions" and args.since:
         since = _since(args.since)
         if since is None:
-            return _usage(f"actions: --since {args.since!r}: neither ISO-8601, epoch seconds nor a duration")
+            return usage(f"actions: --since {args.since!r}: neither ISO-8601, epoch seconds nor a duration")
     if args.command == "incidents" and args.incidents_command is not None and not args.txn.strip():
         # a dry run's findings have no txn: an empty id would take them all for one incident
-        return _usage(f"incidents {args.incidents_command}: an empty transaction id (TXN of `incidents`)")
+        return usage(f"incidents {args.incidents_command}: an empty transaction id (TXN of `incidents`)")
     with Store(args.dsn, args.database) as store:
         if not initialised(store):
-            return _usage(
-                f"{args.command}: no schema in {redact(store.dsn)}: run `stethoscope db init` first"
-            )
+            return usage(f"{args.command}: no schema in {redact(store.dsn)}: run `stethoscope db init` first")
         if args.command == "actions":
             return _actions(
                 Ledger(store).action_states([args.txn] if args.txn else None, args.status, since), args
             )
         if args.incidents_command is None:
             dry = recorded_findings(store, args.all, args.node)  # a dry run's findings: no txn, nothing acted
-            return _list(incidents(store, args.all, args.node) + dry, args.json, args.all)
+            code = _list(incidents(store, args.all, args.node) + dry, args.json, args.all)
+            if not args.json:
+                _list_rebaselines(Ledger(store), args.all, args.node)
+            return code
         found = incident(store, args.txn)
+        rebaselines = Ledger(store).action_states([args.txn], actions=[REBASELINE]) if found is None else []
+        if rebaselines and args.incidents_command == "show":
+            return _show_rebaseline(rebaselines, args.json)
         if found is None:
-            return _usage(
+            return usage(
                 f"incidents {args.incidents_command}: no incident {args.txn!r} "
                 "(`stethoscope incidents --all` lists them)"
             )
         if args.incidents_command == "show":
             return _show(found, args.json)
-        by = args.by or _user()
+        by = args.by or user()
+        if args.incidents_command == "repaired":
+            return _repaired(store, found, by, args.note)
         if args.incidents_command == "unack":
             if found.ack is None:
-                return _usage(f"incidents unack: incident {found.txn_id} is not acknowledged")
+                return usage(f"incidents unack: incident {found.txn_id} is not acknowledged")
             unacknowledge(store, found, by)
-            _say(f"incident {found.txn_id} ({found.node_id} {found.device or '-'}) no longer acknowledged")
+            tell(f"incident {found.txn_id} ({found.node_id} {found.device or '-'}) no longer acknowledged")
             return EXIT_OK
         acknowledge(store, found, by, args.note)
-    _say(f"incident {found.txn_id} ({found.node_id} {found.device or '-'}) acknowledged by {by}")
+    tell(f"incident {found.txn_id} ({found.node_id} {found.device or '-'}) acknowledged by {by}")
     return EXIT_OK
 
 
-def _say(line: str) -> None:
-    """A line for a person: the nodes' text in it (names, devices, messages, reasons) made safe."""
-    print(terminal_safe(line))
+def _repaired(store: Store, found: Incident, by: str, note: str) -> int:
+    """A `repaired` row: the executor's next cycle runs verify for the incident (remediation.rebaseline)."""
+    ledger = Ledger(store)
+    if not any(d.txn_id == found.txn_id and d.node == found.node_id for d in ledger.drains()):
+        return usage(
+            f"incidents repaired: incident {found.txn_id} holds no drain of {found.node_id}: "
+            "nothing for verify to resume"
+        )
+    row = repaired_row(found.txn_id, found.node_id, by, note)
+    ledger.write_action(row, row["finished_at"])
+    tell(
+        f"incident {found.txn_id} ({found.node_id}) marked repaired by {by}: the executor's next cycle "
+        f"verifies it (`stethoscope actions --txn {found.txn_id}` shows it)"
+    )
+    return EXIT_OK
 
 
-def _usage(message: str) -> int:
-    print(f"stethoscope: {message}", file=sys.stderr)
-    return EXIT_USAGE
+def _show_rebaseline(states: list[ActionState], as_json: bool) -> int:
+    """A re-baseline (its rb- txn, as `incidents` lists it): its row, as `actions --txn` shows it."""
+    entries = [_action(s) for s in states]
+    if as_json:
+        print(json.dumps({"txn_id": states[0].txn_id, "actions": entries}, indent=1))
+        return EXIT_OK
+    for s, e in zip(states, entries, strict=True):
+        why = s.detail.get("why", "")
+        tell(f"re-baseline {e['txn_id']}: {e['target']} {e['status']}, {why}; since {e['started_at']}")
+        tell(f"  {_line(e)}")
+    return EXIT_OK
+
+
+def _list_rebaselines(ledger: Ledger, every: bool, node: str | None) -> None:
+    """The re-baselines not done (all of them with --all): waiting for their window, running."""
+    shown = [
+        s
+        for s in ledger.action_states(actions=[REBASELINE])
+        if (every or s.status not in FINISHED) and (node is None or s.target == node)
+    ]
+    if shown:
+        print("re-baselines:")
+    for s in shown:
+        why, reason = s.detail.get("why", ""), s.detail.get("reason", "")
+        tell(f"{s.txn_id:<20} {s.target:<14} {s.status:<8} {why}: {reason}")
 
 
 def _since(text: str) -> int | None:
@@ -111,13 +175,6 @@ def _since(text: str) -> int | None:
         return moment_ms(text, now_ms())
     except (ValueError, OverflowError):
         return None
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # no login name in this environment (a container without a passwd entry)
-        return "unknown"
 
 
 def _list(found: list[Incident], as_json: bool, every: bool = False) -> int:
@@ -130,7 +187,7 @@ def _list(found: list[Incident], as_json: bool, every: bool = False) -> int:
     head = f"{'TXN':<13} {'NODE':<14} {'DEVICE':<10} {'SEVERITY':<9} {'STATUS':<15}"
     print(f"{head} FIRST SEEN / LAST SEEN  RULES")
     for i in found:
-        _say(
+        tell(
             f"{i.txn_id or '-':<13} {i.node_id:<14} {i.device or '-':<10} {i.severity:<9} {i.status:<15} "
             f"{iso(i.first_seen_ms)} / {iso(i.last_seen_ms)}  {', '.join(i.rules)}" + _acked(i)
         )
@@ -180,12 +237,11 @@ def _actions(states: list[ActionState], args: argparse.Namespace) -> int:
         print(json.dumps(entries, indent=1))
         return EXIT_OK
     if not entries and args.txn:  # as `incidents show`: a transaction not on record is the user's error
-        print(f"stethoscope: actions: no actions of transaction {args.txn!r} on record", file=sys.stderr)
-        return EXIT_USAGE
+        return usage(f"actions: no actions of transaction {args.txn!r} on record")
     if not entries:
         print("no actions recorded" + (" matching" if args.status or args.since else ""))
     for e in entries:
-        _say(f"{e['started_at']}  {e['txn_id']:<13} {e['target']:<14} {_line(e)}")
+        tell(f"{e['started_at']}  {e['txn_id']:<13} {e['target']:<14} {_line(e)}")
     return EXIT_OK
 
 
@@ -208,23 +264,23 @@ def _show(found: Incident, as_json: bool) -> int:
         ]
         print(json.dumps({**found.as_dict(), "findings": members, "actions": entries}, indent=1))
         return EXIT_OK
-    _say(
+    tell(
         f"incident {found.txn_id}: {found.node_id} {found.device or '-'}, {found.severity}, {found.status}; "
         f"first seen {iso(found.first_seen_ms)}, last seen {iso(found.last_seen_ms)}"
     )
     ack = found.ack
     if ack is not None:
         what = "its retries and alerts wait" if ack.pausing else "its retries and alerts go on"
-        _say(f"{ack.describe()} at {iso(ack.at_ms)}{': ' + ack.note if ack.note else ''} ({what})")
+        tell(f"{ack.describe()} at {iso(ack.at_ms)}{': ' + ack.note if ack.note else ''} ({what})")
     print("findings:")
     for f in found.findings:
-        _say(f"  {f.severity:<9} {f.rule_id:<32} {f.device or '-':<10} {f.status:<9} {f.message}")
+        tell(f"  {f.severity:<9} {f.rule_id:<32} {f.device or '-':<10} {f.status:<9} {f.message}")
     print("actions:")
     for e in entries:
         for earlier in e["history"]:
-            _say(
+            tell(
                 f"  {earlier.get('at', ''):<29} {e['action']:<30} {earlier.get('status', ''):<9} "
                 f"attempt {earlier.get('attempt')}  {earlier.get('why', '')}".rstrip()
             )
-        _say(f"  {e['started_at']:<29} {_line(e)}  ({e['rule_id'] or found.node_id})")
+        tell(f"  {e['started_at']:<29} {_line(e)}  ({e['rule_id'] or found.node_id})")
     return EXIT_OK

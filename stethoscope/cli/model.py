@@ -1,7 +1,7 @@
 """`stethoscope model train|evaluate|finetune|info`: the learned diagnosis's model files
 (docs/design.md "Learned diagnosis (ONNX)"). train, evaluate and finetune import the training
-package (`stethoscope_training`) lazily, and training needs the `train` extra (torch); info needs
-the runtime alone."""
+package (`stethoscope_training`, the aicluster-stethoscope-training distribution, which brings torch)
+lazily; info needs the runtime alone."""
 
 from __future__ import annotations
 
@@ -12,25 +12,32 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from stethoscope.cli.common import Subcommands
 from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
 from stethoscope.model.metadata import DEFAULT_NAME, ModelError, ModelMeta, load, metadata_path, models_dir
 from stethoscope.paths import own_models_dir
 
-COMMANDS = ("model",)
 
-
-def register(commands: argparse._SubParsersAction) -> None:
-    model = commands.add_parser("model", help="the learned diagnosis: train, evaluate, finetune, info")
+def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
+    model = commands.add_parser(
+        "model", help="the learned diagnosis: train, evaluate, finetune, info", parents=parents
+    )
     sub = model.add_subparsers(dest="model_command", required=True)
 
-    train = sub.add_parser("train", help="train on episodes, export both ONNX graphs and the metadata")
+    train = sub.add_parser(
+        "train", help="train on episodes, export both ONNX graphs and the metadata", parents=parents
+    )
+    train.set_defaults(func=run)
     train.add_argument("--episodes", type=Path, help="episode folder (default: generate with the defaults)")
     train.add_argument("--seed", type=int, default=7, help="training and generation seed (default 7)")
     train.add_argument("--name", default=DEFAULT_NAME, help=f"model name (default {DEFAULT_NAME})")
     train.add_argument("--out", type=Path, help="folder for the model (default rules/models)")
     train.add_argument("--per-family", type=int, help="episodes per family when generating")
 
-    evaluate = sub.add_parser("evaluate", help="per-class scores on held-out episodes, beside the rules")
+    evaluate = sub.add_parser(
+        "evaluate", help="per-class scores on held-out episodes, beside the rules", parents=parents
+    )
+    evaluate.set_defaults(func=run)
     _model_option(evaluate)
     evaluate.add_argument(
         "--episodes", type=Path, help="episode folder (default: regenerated from the model's seed)"
@@ -49,7 +56,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     finetune = sub.add_parser(
         "finetune",
         help="adapt the last two dense layers to a new hardware class, or to the store's own faults",
+        parents=parents,
     )
+    finetune.set_defaults(func=run)
     _model_option(finetune)
     finetune.add_argument("--class", dest="hw_class", help="the new hardware class (with --episodes)")
     finetune.add_argument("--episodes", type=Path, help="its episodes (tools/lab.py episodes)")
@@ -73,7 +82,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         "and serve read before the shipped model)",
     )
 
-    info = sub.add_parser("info", help="features, classes, thresholds, scores, data and history")
+    info = sub.add_parser(
+        "info", help="features, classes, thresholds, scores, data and history", parents=parents
+    )
+    info.set_defaults(func=run)
     _model_option(info)
     info.add_argument("--json", action="store_true", help="print the metadata as JSON")
 
@@ -97,8 +109,8 @@ def training(module: str) -> Any:
         if not (exc.name or "").startswith("stethoscope_training"):
             raise
         raise ModelError(
-            "the training package (stethoscope_training) is not installed: install aicluster-stethoscope "
-            "from a checkout with its `train` extra (pip install '.[train]')"
+            "the training package (stethoscope_training) is not installed: "
+            "pip install aicluster-stethoscope-training (from a checkout: pip install ./training)"
         ) from None
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
+from stethoscope.cli.common import Subcommands, usage
+from stethoscope.cli.exit_codes import EXIT_OK
 from stethoscope.report.outcomes import outcomes
 from stethoscope.report.outcomes_table import render
 from stethoscope.report.summary import initialised
@@ -16,12 +16,12 @@ from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
 from stethoscope.timeutil import moment_ms, now_ms, to_ms
 
-COMMANDS = ("outcomes",)
 
-
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
-        "outcomes", help="per week and layer: time to detect, isolate and ticket; repairs and escalations"
+        "outcomes",
+        help="per week and layer: time to detect, isolate and ticket; repairs and escalations",
+        parents=parents,
     )
     parser.add_argument(
         "--since",
@@ -33,12 +33,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--rules", type=Path, help="rule file or folder (default rules/): the layers, windows"
     )
-    parser.add_argument("--inventory", type=Path, help="use its report intervals (the rules' windows)")
-
-
-def _usage(message: str) -> int:
-    print(f"stethoscope: outcomes: {message}", file=sys.stderr)
-    return EXIT_USAGE
+    parser.add_argument(
+        "--inventory",
+        type=Path,
+        help="use its report intervals, the rules' windows (or $STETHOSCOPE_INVENTORY)",
+    )
+    parser.set_defaults(func=outcomes_command)
 
 
 def _moment(text: str, until_ms: int) -> int | None:
@@ -49,7 +49,7 @@ def _moment(text: str, until_ms: int) -> int | None:
         return None
 
 
-def run(args: argparse.Namespace) -> int:
+def outcomes_command(args: argparse.Namespace) -> int:
     from stethoscope.cli.diagnose import catalog_for, checked_rules, inventory_of
 
     until_ms = now_ms()
@@ -57,17 +57,19 @@ def run(args: argparse.Namespace) -> int:
         try:
             until_ms = to_ms(args.until)
         except (ValueError, OverflowError):
-            return _usage(f"--until {args.until!r}: neither ISO-8601 nor epoch seconds")
+            return usage(f"outcomes: --until {args.until!r}: neither ISO-8601 nor epoch seconds")
     since_ms = _moment(args.since, until_ms)
     if since_ms is None:
-        return _usage(f"--since {args.since!r}: neither a duration (30d), ISO-8601 nor epoch seconds")
+        return usage(
+            f"outcomes: --since {args.since!r}: neither a duration (30d), ISO-8601 nor epoch seconds"
+        )
     if since_ms > until_ms:
-        return _usage(f"--since {args.since!r} is after --until")
+        return usage(f"outcomes: --since {args.since!r} is after --until")
     catalog = catalog_for(inventory_of(args))
     rules = checked_rules(args.rules, catalog, "outcomes").rules
     with Store(args.dsn, args.database) as store:
         if not initialised(store):
-            return _usage(f"no schema in {redact(store.dsn)}: run `stethoscope db init` first")
+            return usage(f"outcomes: no schema in {redact(store.dsn)}: run `stethoscope db init` first")
         result = outcomes(store, rules, catalog, since_ms, until_ms)
     print(json.dumps(result.as_dict(), indent=1) if args.json else render(result))
     return EXIT_OK

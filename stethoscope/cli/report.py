@@ -8,16 +8,17 @@ import sys
 from pathlib import Path
 
 from stethoscope.catalog import Catalog
-from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
+from stethoscope.cli.common import Subcommands, usage
+from stethoscope.cli.exit_codes import EXIT_OK
 from stethoscope.store.client import Store
 from stethoscope.terminal import colour_wanted
 from stethoscope.timeutil import now_ms
 
-COMMANDS = ("top", "report")
 
-
-def register(commands: argparse._SubParsersAction) -> None:
-    top = commands.add_parser("top", help="fleet-wide top-K nodes of a metric over the last days")
+def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
+    top = commands.add_parser(
+        "top", help="fleet-wide top-K nodes of a metric over the last days", parents=parents
+    )
     top.add_argument("metric", help="a catalog metric name, e.g. nvlink_error_rate_percent")
     top.add_argument("--days", type=float, default=7.0, help="window in days, ending now (default 7)")
     top.add_argument("--limit", type=int, default=10, help="how many nodes (default 10)")
@@ -26,8 +27,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--label", action="append", default=[], metavar="K=V", help="only series with this label (repeatable)"
     )
     top.add_argument("--json", action="store_true", help="print the entries as JSON")
+    top.set_defaults(func=top_command)
 
-    report = commands.add_parser("report", help="the health board: nodes x days x layer")
+    report = commands.add_parser("report", help="the health board: nodes x days x layer", parents=parents)
     report.add_argument("--out", type=Path, help="write DIR/index.html (default: a terminal table)")
     report.add_argument("--days", type=int, default=7, help="days shown, ending today (default 7)")
     report.add_argument(
@@ -39,29 +41,21 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     report.add_argument("--no-model", action="store_true", help="today's column from the rules alone")
     report.add_argument("--json", action="store_true", help="print the board as JSON (with --out too)")
+    report.set_defaults(func=report_command)
 
 
-def run(args: argparse.Namespace) -> int:
-    return _top(args) if args.command == "top" else _report(args)
-
-
-def _usage(message: str) -> int:
-    print(f"stethoscope: {message}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def _top(args: argparse.Namespace) -> int:
+def top_command(args: argparse.Namespace) -> int:
     from stethoscope.report import top
 
     catalog = Catalog.load()
     if args.metric not in catalog:
-        return _usage(f"top: {args.metric!r} is not in the metric catalog (rules/metrics.yml)")
+        return usage(f"top: {args.metric!r} is not in the metric catalog (rules/metrics.yml)")
     if args.days <= 0 or args.limit <= 0:
-        return _usage("top: --days and --limit must be positive")
+        return usage("top: --days and --limit must be positive")
     try:
         labels = top.parse_labels(args.label)
     except ValueError as exc:
-        return _usage(f"top: {exc}")
+        return usage(f"top: {exc}")
     with Store(args.dsn, args.database) as store:
         entries = top.top(
             store, catalog, args.metric, top.window_of(args.days, now_ms()), args.limit, args.device, labels
@@ -73,12 +67,12 @@ def _top(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _report(args: argparse.Namespace) -> int:
+def report_command(args: argparse.Namespace) -> int:
     from stethoscope.cli.diagnose import model_of
     from stethoscope.report.board import board_record, collect, render_terminal, write
 
     if args.days <= 0:
-        return _usage("report: --days must be positive")
+        return usage("report: --days must be positive")
     model = model_of(args, None, "report")
     with Store(args.dsn, args.database) as store:
         data = collect(store, Catalog.load(), args.days, now_ms(), model=model)

@@ -4,11 +4,10 @@ them. `add` prints the new silence's id alone (as amtool does), for scripts."""
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
-import sys
 
-from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
+from stethoscope.cli.common import Subcommands, usage, user
+from stethoscope.cli.exit_codes import EXIT_OK
 from stethoscope.diagnosis.rules import parse_duration
 from stethoscope.remediation.silence_table import add_silence, expire_silence, has_table, read_silences
 from stethoscope.remediation.silences import Matcher, Silence, parse_matcher
@@ -18,15 +17,14 @@ from stethoscope.store.dsn import redact
 from stethoscope.terminal import terminal_safe
 from stethoscope.timeutil import iso, now_ms
 
-COMMANDS = ("silence",)
 
-
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
     silence = commands.add_parser(
-        "silence", help="silence findings for a while: no action, recorded as silenced"
+        "silence", help="silence findings for a while: no action, recorded as silenced", parents=parents
     )
     sub = silence.add_subparsers(dest="silence_command", required=True)
-    add = sub.add_parser("add", help="a new silence; prints its id")
+    add = sub.add_parser("add", help="a new silence; prints its id", parents=parents)
+    add.set_defaults(func=run)
     add.add_argument(
         "--node",
         action="append",
@@ -48,33 +46,39 @@ def register(commands: argparse._SubParsersAction) -> None:
     add.add_argument("--for", dest="duration", required=True, help="how long: 30m, 4h, 2d")
     add.add_argument("--reason", required=True, help="why (shown in every silenced finding's outcome)")
     add.add_argument("--by", help="who (default: the user running the command)")
-    listing = sub.add_parser("list", help="the active silences")
+    listing = sub.add_parser("list", help="the active silences", parents=parents)
+    listing.set_defaults(func=run)
     listing.add_argument("--all", action="store_true", help="expired ones too")
     listing.add_argument("--json", action="store_true", help="print them as JSON")
-    expire = sub.add_parser("expire", help="end a silence now")
+    expire = sub.add_parser("expire", help="end a silence now", parents=parents)
+    expire.set_defaults(func=run)
     expire.add_argument("silence_id", help="the silence's id (`silence list` shows it)")
 
 
 def run(args: argparse.Namespace) -> int:
     made = _request(args) if args.silence_command == "add" else None
     if isinstance(made, str):
-        return _usage(f"silence add: {made}")
+        return usage(terminal_safe(f"silence add: {made}"))
     with Store(args.dsn, args.database) as store:
         if not initialised(store):
-            return _usage(f"silence: no schema in {redact(store.dsn)}: run `stethoscope db init` first")
+            return usage(
+                terminal_safe(f"silence: no schema in {redact(store.dsn)}: run `stethoscope db init` first")
+            )
         if made is not None:
             if not has_table(store):
                 store.ensure_schema()  # a database from before silences: the table is added
             matchers, seconds, reason = made
-            print(add_silence(store, matchers, seconds, args.by or _user(), reason).silence_id)
+            print(add_silence(store, matchers, seconds, args.by or user(), reason).silence_id)
             return EXIT_OK
         if args.silence_command == "list":
             return _list(read_silences(store, None if args.all else now_ms()), args.json)
         known = {s.silence_id: s for s in read_silences(store)}
         found = known.get(args.silence_id)
         if found is None:
-            return _usage(
-                f"silence expire: no silence {args.silence_id!r} (`stethoscope silence list --all`)"
+            return usage(
+                terminal_safe(
+                    f"silence expire: no silence {args.silence_id!r} (`stethoscope silence list --all`)"
+                )
             )
         if not found.active(now_ms()):
             print(terminal_safe(f"silence {found.silence_id} had already ended at {iso(found.ends_ms)}"))
@@ -127,15 +131,3 @@ def _list(silences: list[Silence], as_json: bool) -> int:
             )
         )
     return EXIT_OK
-
-
-def _usage(message: str) -> int:
-    print(terminal_safe(f"stethoscope: {message}"), file=sys.stderr)
-    return EXIT_USAGE
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # no login name in this environment (a container without a passwd entry)
-        return "unknown"

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+from pathlib import Path
 from typing import Any
 
 from stethoscope.catalog import Catalog
+from stethoscope.cli.common import Subcommands, say
 from stethoscope.cli.diagnose import catalog_for, checked_rules, inventory_of
 from stethoscope.cli.exit_codes import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from stethoscope.inventory import Inventory
@@ -23,8 +24,38 @@ from stethoscope.store.client import Store
 from stethoscope.timeutil import moment_ms, now_ms
 
 
-def _say(message: str) -> None:
-    print(f"stethoscope: {message}", file=sys.stderr)
+def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
+    verify = commands.add_parser(
+        "verify",
+        help="after a repair: is the node's drain ours, and is its new benchmark green?",
+        parents=parents,
+    )
+    verify.add_argument("--node", required=True, help="inventory hostname")
+    verify.add_argument("--txn", required=True, help="the transaction id of the drain")
+    verify.add_argument(
+        "--inventory",
+        type=Path,
+        help="inventory the node must be a host of (or $STETHOSCOPE_INVENTORY; required)",
+    )
+    verify.add_argument(
+        "--since", help="only benchmark results from this time on (ISO-8601, epoch seconds or a duration ago)"
+    )
+    verify.add_argument(
+        "--resumed",
+        action="store_true",
+        help="record that the node was resumed under this txn (verify.yml does): its findings resolve",
+    )
+    verify.add_argument(
+        "--check-drain",
+        action="store_true",
+        help="only check the drain is stethoscope's under this txn (verify.yml does, before benchmarking)",
+    )
+    verify.add_argument(
+        "--rules",
+        type=Path,
+        help="rules evaluated on the node now: a match keeps it drained (default rules/)",
+    )
+    verify.set_defaults(func=verify_command)
 
 
 def _slurm_environment(inventory: Inventory) -> dict[str, str]:
@@ -36,13 +67,13 @@ def verify_command(args: argparse.Namespace) -> int:
     try:
         since_override = moment_ms(args.since, now_ms()) if args.since else None
     except ValueError:
-        _say(f"verify: --since {args.since!r} is neither ISO-8601, epoch seconds nor a duration ago")
+        say(f"verify: --since {args.since!r} is neither ISO-8601, epoch seconds nor a duration ago")
         return EXIT_USAGE
     inventory = inventory_of(args, required=True)
     host = inventory.host(args.node) if inventory is not None else None
     if inventory is None or host is None:
         where = inventory.path if inventory else "the inventory"
-        _say(f"verify: {args.node!r} is not a valid host of {where}")
+        say(f"verify: {args.node!r} is not a valid host of {where}")
         return EXIT_USAGE
     if args.resumed:
         return _record_resume(args)
@@ -89,9 +120,9 @@ def verify_command(args: argparse.Namespace) -> int:
     }
     print(json.dumps(verdict, sort_keys=True))
     if not verdict["resume"]:
-        _say(f"verify: {args.node} stays drained: {'; '.join(verdict['reasons']) or 'not green'}")
+        say(f"verify: {args.node} stays drained: {'; '.join(verdict['reasons']) or 'not green'}")
         if matching:
-            _say(f"verify: repair {args.node} until these stop matching, then run verify again")
+            say(f"verify: repair {args.node} until these stop matching, then run verify again")
     return EXIT_OK if verdict["resume"] else EXIT_FINDINGS
 
 
@@ -118,7 +149,7 @@ def _say_ownership(args: argparse.Namespace, owner: Ownership) -> int:
     print(json.dumps({**_ownership_verdict(args, owner), "reasons": owner.reasons}, sort_keys=True))
     if owner.owned:
         return EXIT_OK
-    _say(f"verify: not benchmarking {args.node}: {'; '.join(owner.reasons)}; {owner.todo}")
+    say(f"verify: not benchmarking {args.node}: {'; '.join(owner.reasons)}; {owner.todo}")
     return EXIT_FINDINGS
 
 
@@ -139,7 +170,7 @@ def _record_resume(args: argparse.Namespace) -> int:
     with Store(args.dsn, args.database) as store:
         ledger = Ledger(store)
         if ledger.drain_of(args.node, args.txn) is None:
-            _say(f"verify: no drain of {args.node} under txn {args.txn} on record; nothing resumed")
+            say(f"verify: no drain of {args.node} under txn {args.txn} on record; nothing resumed")
             return EXIT_FINDINGS
         row = note_row(args.txn, RESUME, args.node, {"by": "verify"})
         ledger.write_action(row, row["finished_at"])

@@ -1,8 +1,8 @@
 """`stethoscope --version`: the four versions that name what this install runs, one line each.
 
-    aicluster-stethoscope 0.1.0                      the package (stethoscope.__version__, which
+    aicluster-stethoscope 1.0.0                      the package (stethoscope.__version__, which
                                                      pyproject.toml reads too)
-    collection aicluster.stethoscope 0.1.0 (DIR)     galaxy.yml of the collection the package runs
+    collection aicluster.stethoscope 1.0.0 (DIR)     galaxy.yml of the collection the package runs
     rules 101 rules, sha256:0123456789ab (DIR)       the rules the package loads: how many are valid,
                                                      and a digest of every YAML file under rules/
                                                      (metrics.yml and telemetry.yml included, models/

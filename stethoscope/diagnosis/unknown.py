@@ -45,6 +45,7 @@ from stethoscope.catalog import STREAM_INTERVAL, SWEEP_INTERVAL, Catalog
 from stethoscope.diagnosis.cadence import SKIPPED, SPACING_SQL, hour_params, hours_sql
 from stethoscope.inventory import Host, Inventory
 from stethoscope.store.client import Store, StoreError
+from stethoscope.timeutil import DurationError, positive_seconds
 
 LOOKBACK_SECONDS = 24 * 3600
 MISSED_INTERVALS = 3
@@ -87,14 +88,11 @@ class Fleet:
     @classmethod
     def of(cls, inventory: Inventory) -> Fleet:
         def seconds(name: str, default: int) -> int:
-            value = inventory.settings.get(name)  # YAML may give 30, 30.0 or "30"
-            if value is None or isinstance(value, bool):
-                return default
+            value = inventory.settings.get(name)  # YAML may give 30, 30.0, "30" or "5m"
             try:
-                number = float(value)
-            except (TypeError, ValueError):
+                return math.ceil(positive_seconds(value))  # above 0: at least 1
+            except DurationError:  # none set, or none the catalog's check let through
                 return default
-            return max(1, math.ceil(number)) if number > 0 else default
 
         return cls(
             tuple(inventory.hosts.values()),

@@ -3,7 +3,7 @@ diagnosis"): the classifier's probabilities, and the detector's distance of each
 onnxruntime and numpy only: torch is for training. The one loader and the one peer-window
 construction: evaluation (stethoscope_training) scores with these, not copies of them.
 
-Peers (issue 10's spec): the nodes of the same hardware class running the same job at the same time
+Peers: the nodes of the same hardware class running the same job at the same time
 (nodes without a job: the same class, no job). A group under 3 nodes gets no outlier score: with one
 or two others there is no "usual" to stand out from."""
 

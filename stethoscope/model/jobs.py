@@ -1,4 +1,4 @@
-"""The job-relative detector (docs/design.md "Learned diagnosis", issue 21): in a synchronous job
+"""The job-relative detector (docs/design.md "Learned diagnosis"): in a synchronous job
 every rank's step takes as long as the slowest rank's, so a fault on one rank shows on all of them.
 What tells the culprit from its peers is how each rank spends the shared step:
 

@@ -1,5 +1,5 @@
-"""The fleet-relative layer over the graphs' node findings (docs/design.md "Learned diagnosis",
-issue 21): the job-relative detector's culprits (jobs.py) and the congested switches (switches.py)
+"""The fleet-relative layer over the graphs' node findings (docs/design.md "Learned diagnosis"):
+the job-relative detector's culprits (jobs.py) and the congested switches (switches.py)
 become findings of their own, and the graphs' findings on nodes that only wait for them are folded
 into them: an SRE is told which rank holds a job back, not sent to its waiting peers. A job's
 culprit ranks on one node are one finding naming them (a node runs several ranks of a job: its disk

@@ -1,4 +1,4 @@
-"""Congestion behind one switch (docs/design.md "Learned diagnosis", issue 21): it raises the
+"""Congestion behind one switch (docs/design.md "Learned diagnosis"): it raises the
 collective time of every rank of every job crossing the switch, while only the nodes behind it wait
 to transmit. So the switch is judged by its nodes' transmit waits, not by any job's times.
 

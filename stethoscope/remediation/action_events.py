@@ -24,7 +24,7 @@ LOGGER = logging.getLogger("stethoscope.actions")
 OUTCOMES = ("ok", "failed", "refused", "skipped", "expired", "needs_person")
 # the short names of the shipped actions (diagnosis.levels.action_label, remediate/*.yml shortened);
 # another playbook is counted as `playbook`
-ACTIONS = ("log", "alert", "api_call", "drain", "evidence", "ticket", "verify", "playbook")
+ACTIONS = ("log", "alert", "api_call", "drain", "evidence", "ticket", "verify", "rebaseline", "playbook")
 _SHIPPED = re.compile(r"playbook:remediate/(\w+)\.yml")
 # the ticket role says which issue holds the finding: "opened KEY" or "already filed as KEY"
 _TICKET_KEY = re.compile(r"(?:opened|already filed as) ([A-Za-z][A-Za-z0-9_]*-\d+)")

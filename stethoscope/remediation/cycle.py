@@ -34,8 +34,9 @@ from stethoscope.diagnosis.rules import Rule
 from stethoscope.diagnosis.unknown import Fleet, record_new_hosts
 from stethoscope.remediation.action_pool import ActionPool
 from stethoscope.remediation.ledger import Ledger
-from stethoscope.remediation.lock import ExecutorLock, Heartbeat, lock_path
+from stethoscope.remediation.lock import Beating, ExecutorLock, Heartbeat, lock_path
 from stethoscope.remediation.record import DRY_RUN, EXECUTE, record_dry_run, record_evaluation
+from stethoscope.remediation.settings import Settings
 from stethoscope.remediation.silence_table import apply_silences
 from stethoscope.remediation.stream_cap import cap_stream_only, stream_only_metrics
 from stethoscope.store.client import Store
@@ -78,7 +79,6 @@ class Cycles:
     fleet: Fleet | None = None
     model: ModelUse | None = None
     long_running: bool = False
-    beat_seconds: float | None = None  # heartbeat period (default the inventory's, else 60)
     stream_names: set[str] | None = None
     background: bool = False  # serve: actions run on a pool beside the cycles (remediation.action_pool)
     # called once, before the first executing cycle acts: (context, findings, rules, at_ms, model
@@ -92,6 +92,7 @@ class Cycles:
     _pool: ActionPool | None = field(default=None, repr=False)
     _breaker: Any = field(default=None, repr=False)  # one for all cycles: the pool's work outlives one
     _heartbeat: Heartbeat | None = field(default=None, repr=False)
+    _beating: Beating | None = field(default=None, repr=False)  # a long-running one's beats between cycles
     _seen: dict[str, Previous] = field(default_factory=dict, repr=False)  # a dry-run's open findings
 
     def run(self, rules: list[Rule], at_ms: int, store: Store | None = None) -> CycleResult:
@@ -169,8 +170,9 @@ class Cycles:
     def _beat(self, store: Store, context: Any) -> str:
         """This executor's heartbeat: '' when it acts, else why it stands by."""
         if self._heartbeat is None:
-            beat = self.beat_seconds or float(context.setting("stethoscope_executor_beat", 60))
-            self._heartbeat = Heartbeat(beat)
+            self._heartbeat = Heartbeat(Settings.of(context).beat_seconds)  # the database's, not --interval
+            if self.long_running:
+                self._beating = Beating(self._heartbeat, store.dsn, store.database).start()
         return self._heartbeat.beat(store)
 
     def mode(self, store: Store) -> str:
@@ -196,6 +198,9 @@ class Cycles:
             self._pool.close()
             self._pool = None
         try:
+            if self._beating is not None:
+                self._beating.stop()
+                self._beating = None
             if self._heartbeat is not None:
                 with Store(self.dsn, self.database) as store:
                     self._heartbeat.retire(store)

@@ -37,6 +37,8 @@ from stethoscope.remediation.ledger import (
     DRAIN,
     ESCALATE,
     NEEDS_PERSON,
+    REBASELINE,
+    VERIFY,
     ActionState,
     Drain,
     KnownFinding,
@@ -45,6 +47,7 @@ from stethoscope.remediation.ledger import (
     note_row,
 )
 from stethoscope.remediation.life import PER_FINDING, UPDATES, Decision, Plan, Retry, decide, new_txn_id
+from stethoscope.remediation.rebaseline import Due, Upkeep
 from stethoscope.remediation.reconcile import OWNER, PLANNED, RECONCILED, Orphans, owner, reconcile
 from stethoscope.remediation.retries import (
     ATTEMPTED,
@@ -177,6 +180,7 @@ class Executor:
         self.breaker = breaker or settings.breaker(len(context.inventory.hosts))
         self.http_timeout, self.http_retries = settings.http_timeout, settings.http_retries
         self.playbook_timeout = settings.playbook_timeout
+        self.rebaseline_timeout = settings.rebaseline_timeout
         self.parallel = settings.parallel
         self.log_path = Path(context.setting("stethoscope_diagnose_log", context.state_dir / "findings.log"))
         self.backoff = settings.backoff
@@ -236,6 +240,21 @@ class Executor:
             held = drains_held(self.ctx)
             if held:
                 self.breaker.hold(plan.drains(), held)
+            upkeep = Upkeep(
+                self.ctx,
+                self.breaker,
+                self._record,
+                self.playbook_timeout,
+                self._orphans(live, busy),
+                self.rebaseline_timeout,
+            )
+            # a cycle that drains for a fault (or holds its drains) starts no re-baseline: the
+            # breaker's room is the fault's first
+            try:
+                due = upkeep.plan(store, findings, at_ms, batches=not plan.drains() and not held)
+            except StoreError as exc:  # the incidents' own work goes on; the next cycle plans again
+                print(f"stethoscope: re-baselines and verifies not planned: {exc}", file=sys.stderr)
+                due = Due([], [])
         if pool is None:
             works = _work(plan)
             self._plan_rows(works)
@@ -249,9 +268,19 @@ class Executor:
                 pool.submit(
                     work.txn_id, labels, functools.partial(self._incident, work), first=DRAIN in labels
                 )
+        for key, label, job in upkeep.work(due):  # after the incidents' own work: theirs is the urgent one
+            if pool is None:
+                job()
+            else:
+                pool.submit(key, {label}, job)
         findings = [*findings, *(held_finding(held, rules) for held in plan.held)]
         self._tell(findings, plan.open_txns)
         return findings
+
+    def _orphans(
+        self, live: Collection[tuple[str, int, int]] | None, busy: dict[str, frozenset[str]]
+    ) -> Orphans:
+        return Orphans(live, self._timeout_ms, busy)
 
     def _plan_rows(self, works: list[_Work]) -> None:
         """A `planned` row per new action, naming this executor, before any runs: an executor that
@@ -301,6 +330,8 @@ class Executor:
 
     def _timeout_ms(self, action: str) -> int:
         """How long an action may be in flight before it is taken for dead (no executor named)."""
+        if action in (REBASELINE, VERIFY):  # baseline.yml's suites, verify.yml's too
+            return self.rebaseline_timeout * 1000
         if action.startswith("playbook:"):
             return self.playbook_timeout * 1000
         return max(600_000, int(self.http_timeout * (self.http_retries + 1) * 2000))

@@ -26,7 +26,12 @@ ESCALATE = "escalate"  # a more severe finding joined the incident
 # the circuit breaker refused a drain: kept as a row of its own, since the drain's row changes when
 # the drain is tried again (`stethoscope breaker` and `actions --status refused` list these)
 BREAKER_REFUSAL = "breaker_refusal"
-BOOKKEEPING = (RESUME, NEEDS_PERSON, ACK, ESCALATE, BREAKER_REFUSAL)
+# re-baselines and verifies the executor runs by itself (remediation.rebaseline): a person marked
+# the incident repaired (`stethoscope incidents repaired`), then verify.yml ran for it
+REPAIRED = "repaired"
+VERIFY = "playbook:remediate/verify.yml"
+REBASELINE = "rebaseline"  # under its own transaction (rb-…), one per node and fingerprint
+BOOKKEEPING = (RESUME, NEEDS_PERSON, ACK, ESCALATE, BREAKER_REFUSAL, REPAIRED, VERIFY, REBASELINE)
 HELD = ("ok", "in_flight")  # a drain in place, or one that may be
 STATUSES = ("open", "stale", "resolved", "silenced")  # silenced: remediation.silences
 
@@ -178,14 +183,19 @@ class Ledger:
         txn_ids: Collection[str] | None = None,
         status: str | None = None,
         since_ms: int | None = None,
+        actions: Collection[str] | None = None,
     ) -> list[ActionState]:
-        """The latest row of every action (of these transactions, in this status, started since),
-        oldest first."""
+        """The latest row of every action (of these transactions, in this status, started since, of
+        these actions), oldest first."""
         having = ["1"]
         params: dict[str, Any] = {}
-        where = "1"
+        where = ["1"]
         if txn_ids is not None:
-            where, params["txns"] = "txn_id IN {txns:Array(String)}", sorted(set(txn_ids))
+            where.append("txn_id IN {txns:Array(String)}")
+            params["txns"] = sorted(set(txn_ids))
+        if actions is not None:
+            where.append("action IN {actions:Array(String)}")
+            params["actions"] = sorted(set(actions))
         if status is not None:
             having.append("status = {status:String}")
             params["status"] = status
@@ -196,7 +206,7 @@ class Ledger:
             "SELECT txn_id, finding_id, action, target, argMax(status, version) AS status, "
             "argMax(detail, version), toUnixTimestamp64Milli(argMax(started_at, version) AS started), "
             "toUnixTimestamp64Milli(tupleElement(argMax(tuple(finished_at), version), 1)), max(version) "
-            f"FROM {self.db}.actions WHERE {where} GROUP BY txn_id, finding_id, action, target "
+            f"FROM {self.db}.actions WHERE {' AND '.join(where)} GROUP BY txn_id, finding_id, action, target "
             f"HAVING {' AND '.join(having)} ORDER BY started, txn_id, action",
             params,
         )

@@ -6,11 +6,13 @@ system's temp folder, mode 0700 and checked to be the user's own: not beside a s
 which two runs may set apart), is held across a whole evaluate -> act -> record cycle (a long-running
 executor: its whole life). The file says who holds it: pid and program (`stethoscope serve`), never
 arguments, which may carry a DSN's password. Across users of one host and across hosts (a server
-DSN) each executor writes a heartbeat row into `executors` every cycle; only the oldest live one
-(started_at, then host name) acts, and a holder that missed 3 beats is no longer live. On its own
-host a holder whose process is gone is not live at once: a serve killed with SIGKILL leaves a fresh
-beat, but the kernel freed its flock, and its successor acts in its first cycle rather than wait for
-3 beats."""
+DSN) each executor writes a heartbeat row into `executors` every beat (`stethoscope_executor_beat`, a
+long-running one on a thread of its own, whatever its cycles' interval); only the oldest live one
+(started_at, then host name) acts, and a holder that missed 3 beats is no longer live. Each executor
+judges the others by its own beat: the beat is one setting of all the executors of a database
+(docs/remediation.md). On its own host a holder whose process is gone is not live at once: a serve
+killed with SIGKILL leaves a fresh beat, but the kernel freed its flock, and its successor acts in
+its first cycle rather than wait for 3 beats."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import os
 import socket
 import stat
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,6 +118,7 @@ class Heartbeat:
     pid: int = field(default_factory=os.getpid)
     started_ms: int = PROCESS_STARTED_MS
     _version: int = 0
+    _writing: threading.Lock = field(default_factory=threading.Lock, repr=False)  # cycles and Beating
 
     def beat(self, store: Store) -> str:
         """'' when this executor acts; else who does."""
@@ -153,8 +157,14 @@ class Heartbeat:
         """A last row with no live beat: another host may take over at once."""
         self._write(store, 0)
 
+    def keep_alive(self, store: Store) -> None:
+        """A beat that only says this executor is live (Beating's, between cycles)."""
+        self._write(store, now_ms())
+
     def _write(self, store: Store, beat_ms: int) -> None:
-        self._version = max(now_ms(), self._version + 1)
+        with self._writing:
+            self._version = max(now_ms(), self._version + 1)
+            version = self._version
         store.insert_rows(
             "executors",
             [
@@ -163,7 +173,36 @@ class Heartbeat:
                     "pid": self.pid,
                     "started_at": self.started_ms,
                     "beat_at": beat_ms,
-                    "version": self._version,
+                    "version": version,
                 }
             ],
         )
+
+
+class Beating:
+    """Beats a long-running executor's heartbeat every beat on a thread of its own: a cycle an hour
+    apart (serve or watch on a long --interval), or one that runs long, must not let a standby count
+    it dead and act beside it."""
+
+    def __init__(self, heartbeat: Heartbeat, dsn: str, database: str):
+        self.heartbeat, self.dsn, self.database = heartbeat, dsn, database
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="stethoscope-beat", daemon=True)
+
+    def start(self) -> Beating:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """No beat after this returns: the retiring row that follows stays the last."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat.beat_seconds):
+            try:
+                with Store(self.dsn, self.database) as store:
+                    self.heartbeat.keep_alive(store)
+            except Exception:  # the store down: the cycles report it; a missed beat is what it means
+                continue

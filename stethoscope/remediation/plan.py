@@ -1,7 +1,8 @@
 """The plan before acting (`diagnose --plan`, serve's first executing cycle): per incident, what
 `--execute` would do now — drain, ticket, evidence, alert, log, api_call; a drain the circuit breaker
 would refuse, and why; a finding silenced; one whose incident already did its actions; a retry due;
-an incident past its last retry that needs a person. Built from the finding's life
+an incident past its last retry that needs a person; the re-baselines planned or waiting for their
+window and the verifies a repair mark makes due (remediation.rebaseline). Built from the finding's life
 (remediation.life `decide`) and the breaker armed read-only: it writes nothing, runs nothing and
 holds no executor lock (a drain's permit is reserved in memory only, so that the plan's later
 drains count the earlier ones)."""
@@ -17,6 +18,7 @@ from stethoscope.remediation.action_events import short_action
 from stethoscope.remediation.breaker_state import armed
 from stethoscope.remediation.ledger import DRAIN, NEEDS_PERSON
 from stethoscope.remediation.life import decide
+from stethoscope.remediation.rebaseline import preview_entries as upkeep_preview
 from stethoscope.remediation.retries import REFUSED, next_attempt
 from stethoscope.remediation.settings import Settings
 from stethoscope.remediation.silence_table import drains_held, silencer
@@ -121,7 +123,13 @@ def preview(
     for entry in incidents.values():
         if entry["new"]:  # its txn is drawn when it acts
             entry["txn_id"] = ""
-    return sorted(incidents.values(), key=lambda e: (e["node"], e["rule_id"], e["txn_id"]))
+    ordered = sorted(incidents.values(), key=lambda e: (e["node"], e["rule_id"], e["txn_id"]))
+    # re-baselines and verifies; a cycle that drains for a fault (or holds its drains) starts no re-baseline
+    blocked = "waiting: this cycle drains for a fault (the breaker's room is the fault's first)"
+    if held:
+        blocked = f"waiting: drains are held ({held})"
+    upkeep = upkeep_preview(store, context, matched, at_ms, breaker, blocked if held or plan.drains() else "")
+    return ordered + upkeep
 
 
 def _note(will: str, why: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What a cycle records whether or not it acts (issue 27): `serve` and `watch` keep the history of what
+"""What a cycle records whether or not it acts: `serve` and `watch` keep the history of what
 they found, and every cycle that recorded leaves a row in `evaluations`, so the board can tell a
 healthy day from one nobody looked at. One-shot `diagnose` without --execute records nothing.
 

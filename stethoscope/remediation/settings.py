@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stethoscope.remediation.breaker import CircuitBreaker
-from stethoscope.remediation.retries import Backoff, duration_setting
+from stethoscope.remediation.retries import Backoff
+from stethoscope.remediation.window import WINDOW_SETTING, Window
 from stethoscope.store.dsn import ConfigError
+from stethoscope.timeutil import TIMER_FLOOR_SECONDS, DurationError, positive_seconds
 
 
 class Configured(Protocol):
@@ -34,7 +36,10 @@ class Settings:
     parallel: int
     http_timeout: float
     http_retries: int
-    beat_seconds: float  # stethoscope_executor_beat
+    beat_seconds: float  # stethoscope_executor_beat: one for all the executors of a database
+    rebaseline_window: Window | None  # stethoscope_rebaseline_window; None: re-baselines never run
+    # stethoscope_rebaseline_timeout: an automatic re-baseline's or verify's run (baseline.yml's suites)
+    rebaseline_timeout: int = 4 * 3600
 
     @classmethod
     def of(cls, context: Configured) -> Settings:
@@ -46,6 +51,7 @@ class Settings:
             raise ConfigError(
                 f"stethoscope_breaker_min_isolations: {floor} is more than the inventory's {len(hosts)} nodes"
             )
+        window = Window.parse(context.setting(WINDOW_SETTING))  # ConfigError when unreadable
         return cls(
             backoff,
             duration(context, "stethoscope_incident_window", "1h") * 1000,
@@ -53,11 +59,13 @@ class Settings:
             fraction_setting(context, "stethoscope_breaker_window_fraction", fraction),
             duration(context, "stethoscope_breaker_window", "1h"),
             floor,
-            whole(context, "stethoscope_playbook_timeout", 1800, least=1),
+            duration(context, "stethoscope_playbook_timeout", "30m"),
             whole(context, "stethoscope_executor_parallel", 4, least=1),
-            positive(context, "stethoscope_http_timeout", 10.0),
+            seconds(context, "stethoscope_http_timeout", 10.0),
             whole(context, "stethoscope_http_retries", 3, least=0),
-            positive(context, "stethoscope_executor_beat", 60.0),
+            seconds(context, "stethoscope_executor_beat", 60.0, least=TIMER_FLOOR_SECONDS),
+            window,
+            duration(context, "stethoscope_rebaseline_timeout", "4h"),
         )
 
     def breaker(self, fleet_size: int) -> CircuitBreaker:
@@ -72,12 +80,18 @@ class Settings:
 
 
 def duration(context: Configured, name: str, default: str) -> int:
-    """Seconds of a duration setting (5m, 1h, or whole seconds above 0)."""
-    value = context.setting(name, default)
-    seconds = duration_setting(value)
-    if seconds is None or seconds <= 0:
-        raise ConfigError(f"{name}: {value!r} is not a duration such as 30m or 1h")
-    return seconds
+    """Whole seconds of a duration setting (5m, 1.5h, or whole seconds above 0)."""
+    return int(seconds(context, name, default, whole=True))
+
+
+def seconds(
+    context: Configured, name: str, default: float | str, whole: bool = False, least: float = 0
+) -> float:
+    """Seconds of a duration setting (2.5s, 1m, or seconds above 0 and at least `least`)."""
+    try:
+        return positive_seconds(context.setting(name, default), whole=whole, least=least)
+    except DurationError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
 
 
 def fraction_setting(context: Configured, name: str, default: float) -> float:
@@ -95,13 +109,6 @@ def whole(context: Configured, name: str, default: int, least: int) -> int:
     if isinstance(value, bool) or not text.lstrip("-").isdigit() or int(text) < least:
         raise ConfigError(f"{name}: {value!r} is not a whole number of at least {least}")
     return int(text)
-
-
-def positive(context: Configured, name: str, default: float) -> float:
-    value = _float(context, name, default)
-    if value <= 0:
-        raise ConfigError(f"{name}: {context.setting(name, default)!r} is not a number above 0")
-    return value
 
 
 def _float(context: Configured, name: str, default: float) -> float:

@@ -44,7 +44,7 @@ from stethoscope.remediation.repair import RESUMED_WITHOUT_REPAIR
 from stethoscope.store.client import Store
 from stethoscope.timeutil import iso
 
-# the seed's figures (issue 27): minutes from first evidence to a finding, and an L4 incident's
+# the seed's figures: minutes from first evidence to a finding, and an L4 incident's
 # handling from the finding to its ticket
 REFERENCE = {"mttd_minutes": 47.0, "l4_handling_minutes": 19.0}
 FAULT_REACH_MS = 6 * 3_600_000  # as far back as `fault confirm` keeps a node's raw rows

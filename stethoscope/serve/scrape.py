@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily
 from stethoscope.store.batch import Batch, MetricColumns
 from stethoscope.store.dsn import redact
 from stethoscope.telemetry.exporters import EXPORTERS, ExporterParseError, ExporterTable
-from stethoscope.timeutil import positive_seconds
+from stethoscope.timeutil import TIMER_FLOOR_SECONDS, positive_seconds
 
 log = logging.getLogger(__name__)
 SETTING = "stethoscope_scrape"
@@ -226,7 +226,7 @@ def scraper_of(inventory: Any, default_interval: float) -> Scraper | None:
         return None
     interval = inventory.settings.get("stethoscope_scrape_interval") or default_interval
     try:
-        seconds = positive_seconds(interval)
+        seconds = positive_seconds(interval, least=TIMER_FLOOR_SECONDS)
     except ValueError as exc:
-        raise ConfigError(f"stethoscope_scrape_interval {exc}") from None
+        raise ConfigError(f"stethoscope_scrape_interval: {exc}") from None
     return Scraper(targets, table, seconds)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -59,6 +60,8 @@ def batches(hosts: list[str], batch: str) -> list[list[str]]:
 def _yield_cpu() -> None:
     """Lower the calling thread's CPU priority to SWEEP_NICENESS (never raise it). On Linux a niceness
     belongs to a thread, and the ansible-playbook it starts inherits it."""
+    if sys.platform != "linux":  # elsewhere a niceness is the whole process's: serve's own would drop too
+        return
     thread = threading.get_native_id()
     try:
         os.setpriority(os.PRIO_PROCESS, thread, max(SWEEP_NICENESS, os.getpriority(os.PRIO_PROCESS, thread)))

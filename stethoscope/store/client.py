@@ -178,6 +178,13 @@ def open_wait_seconds(default: float = 30.0) -> float:
     return seconds
 
 
+# Every session, clustered or not (both change nothing without a Distributed table): on a cluster every
+# contract name is a Distributed table, so the IN/JOIN subqueries of the rules, the ledger and the reports
+# are distributed twice, which the server's default ('deny') refuses; and an insert returns only once its
+# shard holds it, for the ledger, the heartbeat and the breaker read right after they write.
+CLUSTER_READ_WRITE = {"distributed_product_mode": "global", "distributed_foreground_insert": 1}
+
+
 class Store:
     def __init__(
         self,
@@ -290,6 +297,7 @@ class Store:
         kwargs: dict[str, Any] = {
             "dsn": self.dsn,
             "database": "default" if is_embedded(self.dsn) else self.database,
+            "settings": dict(CLUSTER_READ_WRITE),
         }
         if not is_embedded(self.dsn):
             kwargs.update(connect_timeout=self.timeout, send_receive_timeout=self.timeout)

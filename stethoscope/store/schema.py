@@ -323,6 +323,16 @@ def _table_ddl(db: str, table: Table, name: str, engine: str, on_cluster: str) -
     return "\n".join(parts)
 
 
+def shard_key(table: Table) -> str:
+    """The Distributed table's sharding key. A replacing or aggregating table collapses the versions of
+    one row only where they meet, on one shard: its key hashes sorting-key columns only, node_id where
+    the sorting key holds it (a node's series and their rollups on one shard, its rules' reads local)."""
+    if table.engine == "MergeTree":
+        return "rand()"
+    sorting = [column.strip() for column in table.order_by.strip("()").split(",")]
+    return "cityHash64(node_id)" if "node_id" in sorting else f"cityHash64({', '.join(sorting)})"
+
+
 def single_node_ddl(db: str, raw_ttl_days: int = DEFAULT_RAW_TTL_DAYS) -> list[str]:
     statements = [f"CREATE DATABASE IF NOT EXISTS {db}"]
     for table in tables(raw_ttl_days):
@@ -342,10 +352,9 @@ def cluster_ddl(db: str, cluster: str = "{cluster}", raw_ttl_days: int = DEFAULT
             args += f", {table.engine_args}"
         local = f"{table.name}_local"
         statements.append(_table_ddl(db, table, local, f"Replicated{table.engine}({args})", on_cluster))
-        shard_key = "cityHash64(node_id)" if "node_id" in " ".join(table.columns) else "rand()"
         statements.append(
             f"CREATE TABLE IF NOT EXISTS {db}.{table.name}{on_cluster} AS {db}.{local}\n"
-            f"ENGINE = Distributed('{cluster}', '{db}', '{local}', {shard_key})"
+            f"ENGINE = Distributed('{cluster}', '{db}', '{local}', {shard_key(table)})"
         )
     statements.append(
         DAILY_VIEW.format(db=db, on_cluster=on_cluster, target="metrics_daily_local", source="metrics_local")

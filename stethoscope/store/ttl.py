@@ -41,11 +41,13 @@ def raw_ttl_seconds(store: Store) -> int:
     return (raw_ttl_days(store) or DEFAULT_RAW_TTL_DAYS) * 86400
 
 
-def change_raw_ttl(store: Store, days: int) -> list[str]:
-    """ALTER every raw table to `days`; returns the tables changed."""
+def change_raw_ttl(store: Store, days: int, cluster: str | None = None) -> list[str]:
+    """ALTER every raw table to `days` (on a cluster: its local tables, on every host); returns the
+    tables changed."""
     changed = []
     for name, expression in raw_tables(days).items():
-        store.command(f"ALTER TABLE {store.database}.{name} MODIFY TTL {expression}")
+        table = f"{name}_local ON CLUSTER '{cluster}'" if cluster else name
+        store.command(f"ALTER TABLE {store.database}.{table} MODIFY TTL {expression}")
         changed.append(name)
     return changed
 

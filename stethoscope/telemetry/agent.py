@@ -1,5 +1,6 @@
 """The node's push agent (docs/design.md "Telemetry"): every period, read, send the new sample of each part
-and re-send the previous REDUNDANCY, over UDP to the collector.
+and re-send the previous REDUNDANCY, over UDP to each collector it is given (two: the stream goes on
+while one restarts; the store keeps each sample once).
 
 Standard library only (NVML through nvidia-ml-py where installed) and Python 3.8-compatible: the
 push_agent role copies this file, wire.py, sysfs_devices.py (the modules' own NVMe discovery,
@@ -309,8 +310,13 @@ class Agent:
         self.sysfs.discover()  # tick() counts the period before it samples: the first has devices too
         self.gpu_source = gpu_source if gpu_source is not None else _gpu_source(config, self.counters)
         self.gpu_parts = bool(config.get("gpu_parts", True))
+        self._given_sock = sock is not None  # a test's: it takes every family's datagrams
         self.sock = sock or socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.address = _address(config["collector"])
+        self._sockets: dict[int, Any] = {}  # other families' (IPv6), made at their first send
+        self.addresses = collector_addresses(config["collector"])
+        # host names are looked up here, not by each sendto; a name that does not resolve is a setting
+        # to fix (exit 2, systemd restarts the agent)
+        self._targets: list[Any] = [resolve(address) for address in self.addresses]
         self.boot_epoch = int(config.get("boot_epoch") or self._next_boot_epoch(config.get("state_dir")))
         self.rates = Rates()
         self._history: dict[int, collections.deque[bytes]] = collections.defaultdict(
@@ -392,11 +398,22 @@ class Agent:
             history.append(datagram)
 
     def send(self, datagram: bytes) -> None:
-        try:
-            self.sock.sendto(datagram, self.address)
-            self.counters.sent += 1
-        except OSError:  # a full buffer, no route, the collector's port closed: the resends cover it
-            self.counters.send_errors += 1
+        for index, address in enumerate(self.addresses):
+            try:
+                family, sockaddr = self._targets[index] or resolve(address)
+                self._targets[index] = (family, sockaddr)
+                self._socket(family).sendto(datagram, sockaddr)
+                self.counters.sent += 1
+            except (OSError, ValueError):  # a full buffer, no route, a port closed: the resends cover it
+                self.counters.send_errors += 1
+                self._targets[index] = None  # the collector may have moved: looked up at the next send
+
+    def _socket(self, family: int) -> Any:
+        if family == socket.AF_INET or self._given_sock:
+            return self.sock
+        if family not in self._sockets:
+            self._sockets[family] = socket.socket(family, socket.SOCK_DGRAM)
+        return self._sockets[family]
 
     def run(self, duration: float | None = None) -> Counters:
         """Tick on a fixed schedule (no drift); one sequence number per sample made, so the collector's
@@ -478,8 +495,30 @@ def _gpu_source(config: dict[str, Any], counters: Counters) -> Any:
         return None
 
 
+def collector_addresses(value: Any) -> list[tuple[str, int]]:
+    """The collectors of the configuration's `collector`: one HOST:PORT, or a list of them."""
+    texts = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not texts:
+        raise ValueError("collector: no HOST:PORT given")
+    return [_address(text) for text in texts]
+
+
+def resolve(address: tuple[str, int]) -> tuple[int, tuple]:
+    """(family, socket address) of a collector's HOST, PORT: its first address (IPv4 or IPv6), or
+    ValueError naming it."""
+    host, port = address
+    try:
+        infos = socket.getaddrinfo(host, port, 0, socket.SOCK_DGRAM)
+    except OSError as exc:
+        raise ValueError("collector %s:%d: cannot look it up: %s" % (host, port, exc)) from None
+    family, _type, _proto, _name, sockaddr = infos[0]
+    return family, sockaddr
+
+
 def _address(text: str) -> tuple[str, int]:
     host, _colon, port = str(text).rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("collector %r: expected HOST:PORT" % (text,))
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
@@ -503,11 +542,18 @@ def main(argv: list[str] | None = None) -> int:
         help="agent.json (collector, node_key, key_file, set_file, root, state_dir)",
     )
     parser.add_argument(
+        "--collector",
+        action="append",
+        help="HOST:PORT to send to, repeatable: each datagram goes to each (default: the config's collector)",
+    )
+    parser.add_argument(
         "--duration", type=float, help="stop after this many seconds (default: run until stopped)"
     )
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
+        if args.collector:
+            config["collector"] = args.collector
         agent = Agent(config)
     except (OSError, ValueError, KeyError) as exc:
         print("stethoscope-agent: %s: %s" % (args.config, exc), file=sys.stderr)

@@ -451,11 +451,13 @@ class Collector:
         with self._lock:
             received = dict(self.stats.received)
             lost = {self.keyring.node_of(key): n for key, n in self.guard.lost.items()}
+        # a node sending to two collectors has one series per collector: each counts what it received
+        mine = {"collector": self.collector_id}
         for node in sorted(set(received) | set(lost)):
             rows.append(
-                node, "telemetry_packets_received_total", "node", {}, float(received.get(node, 0)), ts_ms
+                node, "telemetry_packets_received_total", "node", mine, float(received.get(node, 0)), ts_ms
             )
-            rows.append(node, "telemetry_packets_lost_total", "node", {}, float(lost.get(node, 0)), ts_ms)
+            rows.append(node, "telemetry_packets_lost_total", "node", mine, float(lost.get(node, 0)), ts_ms)
         for reason in wire.REASONS:
             rows.append(
                 self.collector_id,

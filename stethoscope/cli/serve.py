@@ -13,6 +13,7 @@ from typing import Any
 
 from stethoscope.bounded_yaml import is_stdin
 from stethoscope.catalog import SWEEP_INTERVAL
+from stethoscope.cli.common import Subcommands, say
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from stethoscope.inventory import NO_INVENTORY, Inventory, default_inventory
 from stethoscope.paths import default_spool_dir, rules_dir, state_dir
@@ -21,17 +22,18 @@ from stethoscope.store.dsn import ConfigError, redact
 from stethoscope.store.writer import Writer
 from stethoscope.telemetry.keyring import Keyring, default_secret_path, keys_from_inventory, read_secret
 from stethoscope.telemetry.metric_set import MetricSet, MetricSetError, load_sets
-from stethoscope.timeutil import duration_option, positive_seconds
-
-COMMANDS = ("agent", "collector", "serve")
+from stethoscope.timeutil import TIMER_FLOOR_SECONDS, duration_option, positive_seconds
 
 DEFAULT_LISTEN = "127.0.0.1:9975"
 DEFAULT_HTTP = "127.0.0.1:9976"
 LOG_FORMATS = ("text", "json")  # serve's line per cycle
 
 
-def add_commands(commands: Any) -> None:
-    agent = commands.add_parser("agent", help="run the lab's push agents (nodes run the copied agent.py)")
+def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
+    agent = commands.add_parser(
+        "agent", help="run the lab's push agents (nodes run the copied agent.py)", parents=parents
+    )
+    agent.set_defaults(func=run)
     _stream_options(agent)
     agent.add_argument("--collector", default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN})")
     agent.add_argument(
@@ -44,7 +46,8 @@ def add_commands(commands: Any) -> None:
     agent.add_argument("--lab-dir", type=Path, help="the lab (default .lab or $STETHOSCOPE_LAB_DIR)")
     agent.add_argument("--print-config", metavar="NODE", help="print the agent.json for NODE and exit")
 
-    collector = commands.add_parser("collector", help="receive the stream and store it")
+    collector = commands.add_parser("collector", help="receive the stream and store it", parents=parents)
+    collector.set_defaults(func=run)
     _stream_options(collector)
     _listen_options(collector)
     collector.add_argument(
@@ -52,8 +55,11 @@ def add_commands(commands: Any) -> None:
     )
 
     serve = commands.add_parser(
-        "serve", help="the long-running controller: collector, sweeps, diagnosis every interval, HTTP"
+        "serve",
+        help="the long-running controller: collector, sweeps, diagnosis every interval, HTTP",
+        parents=parents,
     )
+    serve.set_defaults(func=run)
     _stream_options(serve)
     _listen_options(serve)
     serve.add_argument(
@@ -175,10 +181,10 @@ def run(args: argparse.Namespace) -> int:
             return _collector(args, keyring, sets)
         return _serve(args, keyring, sets)
     except ConfigError as exc:
-        print(f"stethoscope: {args.command}: {redact(str(exc))}", file=sys.stderr)
+        say(f"{args.command}: {redact(str(exc))}")
         return EXIT_USAGE
     except StoreError as exc:
-        print(f"stethoscope: {args.command}: {redact(str(exc))}", file=sys.stderr)
+        say(f"{args.command}: {redact(str(exc))}")
         return EXIT_FAILED
 
 
@@ -280,26 +286,26 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
     rules = RuleSet(Path(args.rules or rules_dir()), catalog)
     if not rules.rules:
         for message in rules.refresh():
-            print(f"stethoscope: serve: {message}", file=sys.stderr)
+            say(f"serve: {message}")
     if not rules.rules:
-        print("stethoscope: serve: no rule loads: refusing to start", file=sys.stderr)
+        say("serve: no rule loads: refusing to start")
         return EXIT_USAGE
 
     model = model_of(args, inventory, "serve")
 
     def current_rules() -> list:
         for message in rules.refresh():
-            print(f"stethoscope: serve: {message}", file=sys.stderr)
+            say(f"serve: {message}")
         return rules.rules
 
     store = Store(args.dsn, args.database)
     spool_dir = args.spool_dir or default_spool_dir()
-    cycles = cycles_of(args, inventory, catalog, model, long_running=True, beat_seconds=args.interval)
+    cycles = cycles_of(args, inventory, catalog, model, long_running=True)
     judged = executor_judgement(cycles, store)
     try:
         cycles.claim()  # --execute: the one executor of this database while serve runs
     except LockHeld as exc:
-        print(f"stethoscope: serve: {exc}; not started", file=sys.stderr)
+        say(f"serve: {exc}; not started")
         return EXIT_FAILED
     server = Server(
         store=store,
@@ -369,9 +375,10 @@ def _sweeper(args: argparse.Namespace, inventory: Inventory, store: Store, spool
 
     given = args.sweep_interval or inventory.settings.get("stethoscope_sweep_interval") or SWEEP_INTERVAL
     try:
-        interval = positive_seconds(given)
+        interval = positive_seconds(given, least=TIMER_FLOOR_SECONDS)
     except ValueError as exc:
-        raise ConfigError(f"sweep interval {exc}") from None
+        named = "--sweep-interval" if args.sweep_interval else "stethoscope_sweep_interval"
+        raise ConfigError(f"{named}: {exc}") from None
     envvars = playbook_environment(store.dsn, store.database, spool_dir)
     batch = str(inventory.settings.get("stethoscope_sweep_batch") or "100%")
     return Sweeper(inventory.path, interval, envvars, hosts=sorted(inventory.hosts), batch=batch)
