@@ -53,9 +53,9 @@ test: setup lint
 	$(BIN)/python -m pytest --durations=25
 
 # what a change usually needs answered in minutes: no playbook, lab, training, lint, clock, CLI
-# process or external service (the tiers: tests/tiers.py)
+# process, external service or end-to-end run (the tiers: tests/helpers/tiers.py)
 test-fast: setup
-	$(BIN)/python -m pytest -m "not (ansible or lab or training or lint or realtime or cli or external)"
+	$(BIN)/python -m pytest -m "not (ansible or lab or training or lint or realtime or cli or external or e2e)"
 
 lint: setup
 	$(BIN)/ruff check .

@@ -126,7 +126,7 @@ def choose_outlier_threshold(scores: np.ndarray, healthy: np.ndarray, false_rate
     sees). 1 %, not 0.5 %: of the ~800 healthy validation episodes the detector can judge, 0.5 % is
     the 4 highest scores, and two trainings on nearly the same episodes (generator versions 12 and
     13) moved it from 5.627 to 5.963, past a rank whose port waits were 1000 times its lockstep
-    peers' (5.905, tests/test_model_findings.py)."""
+    peers' (5.905, tests/model/test_model_findings.py)."""
     valid = scores[healthy & np.isfinite(scores)]
     if not len(valid):
         return 1.0

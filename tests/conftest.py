@@ -35,7 +35,17 @@ if not (COLLECTIONS / "ansible_collections/aicluster/stethoscope/galaxy.yml").ex
 os.environ.setdefault("STETHOSCOPE_LOCK_DIR", tempfile.mkdtemp(prefix="stethoscope-test-locks-"))
 sys.path.insert(0, str(COLLECTIONS))
 sys.path.insert(0, str(TOP / "tools"))  # slurm_lab: the real slurmctld the tests start
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tiers: the markers of what a test uses
+
+
+def _test_folders(tests: Path) -> list[Path]:
+    modules = (p for p in tests.rglob("test_*.py") if "fixtures" not in p.relative_to(tests).parts)
+    return sorted({module.parent for module in modules})
+
+
+# tests/helpers (tiers, http_standin, model_graphs) and every folder of tests/ importable by name: a test
+# module imports another's helpers (`from test_execute import db`) wherever the two live; names are unique
+for folder in [*_test_folders(Path(__file__).resolve().parent), Path(__file__).resolve().parent / "helpers"]:
+    sys.path.insert(0, str(folder))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -43,7 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     for tier in TIERS:
         config.addinivalue_line(
-            "markers", f"{tier}: a test tier (tests/tiers.py); `make test-fast` leaves it out"
+            "markers", f"{tier}: a test tier (tests/helpers/tiers.py); `make test-fast` leaves it out"
         )
 
 

@@ -3,7 +3,7 @@ rule first fires: how far ahead an early warning comes of its hard limit.
 
 Each step advances the lab (tools/lab.py), runs the node's recorded `smartctl -j -a` for every disk
 and turns its output into metric rows with the collector's own parser (plugins/module_utils/smartctl),
-stamped one sweep apart, as the callback would store them. Used by tests/test_lab.py and
+stamped one sweep apart, as the callback would store them. Used by tests/e2e/test_lab.py and
 benchmarks/early_warning_lead.py.
 """
 

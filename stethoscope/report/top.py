@@ -286,7 +286,7 @@ def increase(steps: list[tuple[int, float, float, float]]) -> float:
     """Reset-aware increase over time-ordered (time, min, max, last) steps: raw samples and hourly
     summaries without a reset (a counter rises through them from min to last). The definition is the
     diagnosis engine's (`QueryBuilder.folded`: each step's rise, a drop counting its new value); this is it
-    in Python over the same samples, and tests/test_counter_increase.py holds the two equal."""
+    in Python over the same samples, and tests/diagnosis/test_counter_increase.py holds the two equal."""
     total, previous = 0.0, None
     for _, low, _, last in steps:
         if previous is None:

@@ -1,5 +1,6 @@
 """The collection's unit tests, as `ansible-test units` runs them: the parser tests of the project's
-suite (tests/test_parse_*.py and the capture tests, linked beside this file) on the same real captures,
+suite (tests/plugins/module_utils/test_parse_*.py and the capture tests, linked beside this file) on
+the same real captures,
 read from the tests/fixtures of the checkout, or of the folder that tools/ansible_sanity.sh assembles
 the collection in (beside its ansible_collections/, where ansible-test's sanity checks do not look:
 sysfs captures have names like 0000:00:06.0)."""

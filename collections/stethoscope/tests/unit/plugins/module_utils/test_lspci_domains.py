@@ -1,1 +1,1 @@
-../../../../../../tests/test_lspci_domains.py
+../../../../../../tests/plugins/module_utils/test_lspci_domains.py

@@ -1,1 +1,1 @@
-../../../../../../tests/test_nccl_tests_captures.py
+../../../../../../tests/plugins/module_utils/test_nccl_tests_captures.py

@@ -1,1 +1,1 @@
-../../../../../../tests/test_parse_kernel_nvlink.py
+../../../../../../tests/plugins/module_utils/test_parse_kernel_nvlink.py

@@ -1,1 +1,1 @@
-../../../../../../tests/test_parse_pcie_ib.py
+../../../../../../tests/plugins/module_utils/test_parse_pcie_ib.py

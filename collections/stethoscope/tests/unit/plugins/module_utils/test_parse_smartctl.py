@@ -1,1 +1,1 @@
-../../../../../../tests/test_parse_smartctl.py
+../../../../../../tests/plugins/module_utils/test_parse_smartctl.py

@@ -1,1 +1,1 @@
-../../../../../../tests/test_pcie_aer_status_bits.py
+../../../../../../tests/plugins/module_utils/test_pcie_aer_status_bits.py

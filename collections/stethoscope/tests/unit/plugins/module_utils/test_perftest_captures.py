@@ -1,1 +1,1 @@
-../../../../../../tests/test_perftest_captures.py
+../../../../../../tests/plugins/module_utils/test_perftest_captures.py
