@@ -3,7 +3,7 @@ the command line. Every figure in a results file is from that one run.
 
 Every benchmark writes its results file through `write_results`: the whole file at once (a temp file
 renamed over it), the run's stamp at the top level beside its figures, nothing kept from an earlier
-file. tests/bench/test_results_files.py checks that each script does and that each file carries the stamp
+file. tests/packaging/test_results_files.py checks that each script does and that each file carries the stamp
 (or is listed in benchmarks/results/UNSTAMPED.md with the reason and the command that rewrites it).
 """
 

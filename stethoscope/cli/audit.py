@@ -10,7 +10,16 @@ import sys
 from pathlib import Path
 
 from stethoscope.bounded_yaml import is_stdin
-from stethoscope.cli.common import Subcommands, say, usage
+from stethoscope.cli.common import (
+    Subcommands,
+    catalog_for,
+    checked_rules,
+    inventory_of,
+    model_of,
+    model_options,
+    say,
+    usage,
+)
 from stethoscope.cli.exit_codes import EXIT_FINDINGS, EXIT_OK
 from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
@@ -35,19 +44,11 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     audit.add_argument("--json", action="store_true", help="print the audit as JSON")
     audit.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
     audit.add_argument("--inventory", type=Path, help="use its report intervals (or $STETHOSCOPE_INVENTORY)")
-    audit.add_argument(
-        "--model",
-        type=Path,
-        metavar="JSON",
-        help="the model's metadata (default core12.json: the state folder's models/, else the shipped "
-        "rules/models/)",
-    )
-    audit.add_argument("--no-model", action="store_true", help="audit the rules alone")
+    model_options(audit, no_model_help="audit the rules alone")
     audit.set_defaults(func=audit_command)
 
 
 def audit_command(args: argparse.Namespace) -> int:
-    from stethoscope.cli.diagnose import catalog_for, checked_rules, inventory_of, model_of
     from stethoscope.diagnosis.audit import render, run_audit
     from stethoscope.store import fault_file
     from stethoscope.store.faults import known_nodes, latest_sample_ms, list_faults, record

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stethoscope.cli.common import Subcommands, usage
+from stethoscope.cli.common import Subcommands, inventory_of, usage
 from stethoscope.cli.exit_codes import EXIT_OK
 from stethoscope.diagnosis.rules import parse_duration
 from stethoscope.remediation.breaker_state import breaker_state
@@ -29,7 +29,12 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
         help="the inventory the executor acts on (or $STETHOSCOPE_INVENTORY; required)",
     )
     parser.add_argument(
-        "-e", "--extra-var", action="append", default=[], metavar="KEY=VALUE", help="a setting (repeatable)"
+        "-e",
+        "--extra-var",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting, over the inventory's (repeatable)",
     )
     parser.add_argument("--since", default="24h", help="refusals within this duration (default 24h)")
     parser.add_argument("--json", action="store_true", help="print the state as JSON")
@@ -37,7 +42,7 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
 
 
 def breaker_command(args: argparse.Namespace) -> int:
-    from stethoscope.cli.diagnose import execution_context, inventory_of
+    from stethoscope.cli.diagnose import execution_context
 
     seconds = parse_duration(args.since)
     if seconds is None:

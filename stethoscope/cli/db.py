@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from stethoscope.cli.common import Subcommands, print_json, usage
+from stethoscope.cli.common import Subcommands, print_json, spool_dir_of, usage
 from stethoscope.cli.exit_codes import EXIT_OK
-from stethoscope.cli.spool import print_replay, replay_record, say_spool_problems, spool_dir_of
+from stethoscope.cli.spool import print_replay, replay_record, say_spool_problems
 from stethoscope.store.client import Store
 from stethoscope.store.cluster import cluster_name
-from stethoscope.store.dsn import redact
+from stethoscope.store.dsn import database_name, redact
 from stethoscope.store.spool import Spool
 
 
@@ -47,7 +47,7 @@ def _cluster(value: str) -> str:
 def db_ddl(args: argparse.Namespace) -> int:
     from stethoscope.store.schema import cluster_ddl, single_node_ddl
 
-    database = args.database or "stethoscope"
+    database = database_name(args.database)
     statements = cluster_ddl(database, args.cluster) if args.cluster else single_node_ddl(database)
     print(";\n\n".join(statements) + ";")
     return EXIT_OK

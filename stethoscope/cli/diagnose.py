@@ -4,24 +4,33 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
-import os
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from stethoscope.catalog import Catalog, CatalogError
-from stethoscope.cli.common import FRESH_HELP, Subcommands, execution_options, model_options, say
+from stethoscope.catalog import Catalog
+from stethoscope.cli.common import (
+    FRESH_HELP,
+    Subcommands,
+    catalog_for,
+    checked_rules,
+    execution_options,
+    fleet_of,
+    hosts_of,
+    inventory_of,
+    model_of,
+    model_options,
+    say,
+    spool_dir_of,
+)
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from stethoscope.diagnosis.findings import RULE_FAILED
 from stethoscope.diagnosis.job_watch import JobSettingError, JobWatch
 from stethoscope.diagnosis.levels import SEVERITY_ORDER
-from stethoscope.diagnosis.model_findings import ModelUse, level_of
-from stethoscope.diagnosis.rules import LoadResult, load_rules
+from stethoscope.diagnosis.model_findings import ModelUse
 from stethoscope.diagnosis.ruleset import RuleSet
-from stethoscope.diagnosis.unknown import Fleet
-from stethoscope.inventory import NO_INVENTORY, Inventory, load_inventory
+from stethoscope.inventory import Inventory
 from stethoscope.paths import rules_dir
 from stethoscope.remediation.cycle import CycleResult, Cycles, render_result, worst
 from stethoscope.remediation.lock import LockHeld
@@ -79,49 +88,6 @@ def _overrides(pairs: list[str]) -> dict[str, Any] | None:
     return overrides
 
 
-def inventory_of(args: argparse.Namespace, required: bool = False, command: str = "") -> Inventory | None:
-    """The inventory named by --inventory or $STETHOSCOPE_INVENTORY; None for a dry-run given none.
-    Acting (--execute) or `required` without one is a usage error (exit 2): no command acts on the
-    lab's nodes unless it is told to. Errors exit 2."""
-    named = args.inventory or os.environ.get("STETHOSCOPE_INVENTORY") or None
-    if named is None:
-        if required or getattr(args, "execute", False):
-            what = "--execute" if getattr(args, "execute", False) else "this command"
-            say(f"{command or args.command}: {what} {NO_INVENTORY}")
-            raise SystemExit(EXIT_USAGE)
-        return None
-    try:
-        return load_inventory(named)
-    except Exception as exc:  # InventoryError, and ansible's own parse errors, which have many types
-        say(f"inventory: {exc}")
-        raise SystemExit(EXIT_USAGE) from None
-
-
-def catalog_for(inventory: Inventory | None) -> Catalog:
-    """The catalog, with the inventory's report intervals where it sets them."""
-    catalog = Catalog.load()
-    if inventory is None:
-        return catalog
-    period = inventory.settings.get("push_agent_period")
-    if isinstance(period, float | str) and not isinstance(period, bool):  # YAML: 5, 5.0 or "5"
-        with contextlib.suppress(ValueError):
-            period = math.ceil(float(period))
-    try:
-        return catalog.with_intervals(
-            inventory.settings.get("stethoscope_sweep_interval"),
-            inventory.settings.get("stethoscope_metric_intervals") or {},
-            period,
-        )
-    except CatalogError as exc:
-        say(f"inventory {inventory.path}: {exc}")
-        raise SystemExit(EXIT_USAGE) from None
-
-
-def fleet_of(inventory: Inventory | None) -> Fleet | None:
-    """The hosts UNKNOWN answers for: those of the inventory named, if any."""
-    return Fleet.of(inventory) if inventory is not None else None
-
-
 def jobs_of(inventory: Inventory | None, command: str, extra_vars: list[str] | None = None) -> JobWatch:
     """The job settings (the job-level rules' warm-up) of the inventory, `-e KEY=VALUE` winning; one out
     of range exits 2 naming it."""
@@ -147,7 +113,6 @@ def executor_factory(args: argparse.Namespace, inventory: Inventory | None):
 def execution_context(args: argparse.Namespace, inventory: Inventory):
     """A function (dsn, database) -> execution Context, its settings checked (exit 2 naming a bad
     one); each action's line is printed to stderr from now on."""
-    from stethoscope.paths import default_spool_dir
     from stethoscope.remediation.action_events import print_actions
     from stethoscope.remediation.executor import Context, Settings
     from stethoscope.store.dsn import ConfigError
@@ -155,7 +120,7 @@ def execution_context(args: argparse.Namespace, inventory: Inventory):
     overrides = _overrides(args.extra_var)
     if overrides is None:
         raise SystemExit(EXIT_USAGE)
-    spool_dir = args.spool_dir or default_spool_dir()
+    spool_dir = spool_dir_of(args)
     try:  # a bad setting stops the command now, not every cycle of a long-running one
         Settings.of(Context(args.dsn or "", args.database, inventory, overrides, spool_dir=spool_dir))
     except ConfigError as exc:
@@ -163,54 +128,6 @@ def execution_context(args: argparse.Namespace, inventory: Inventory):
         raise SystemExit(EXIT_USAGE) from None
     print_actions(getattr(args, "log_format", None) or "text")  # one line per action, to stderr
     return lambda dsn, database: Context(dsn, database, inventory, overrides, spool_dir=spool_dir)
-
-
-def hosts_of(inventory: Inventory | None) -> list[str] | None:
-    """The only nodes a command given `inventory` evaluates and acts on (None: every stored node)."""
-    return None if inventory is None else sorted(inventory.hosts)
-
-
-def model_of(args: argparse.Namespace, inventory: Inventory | None, command: str) -> ModelUse | None:
-    """The learned model a command runs beside the rules: None under --no-model. Its files missing
-    or damaged is a configuration error (exit 2) naming the file: a diagnosis must not pass as
-    healthy because the model never ran."""
-    if getattr(args, "no_model", False):
-        return None
-    from stethoscope.model.inference import graphs_for
-    from stethoscope.model.metadata import ModelError, load, metadata_path
-
-    path = getattr(args, "model", None) or metadata_path()
-    try:
-        level = level_of(inventory.settings.get("stethoscope_model_level") if inventory else None)
-    except ValueError as exc:
-        say(f"{command}: inventory {inventory.path if inventory else ''}: {exc}")
-        raise SystemExit(EXIT_USAGE) from None
-    try:
-        meta = load(Path(path))
-        graphs_for(meta)  # a graph onnxruntime cannot load fails here, not in the first cycle
-    except ModelError as exc:
-        say(f"{command}: {exc}; --no-model diagnoses by the rules alone")
-        raise SystemExit(EXIT_USAGE) from None
-    return ModelUse(meta, level)
-
-
-def checked_rules(path: Path | None, catalog: Catalog, command: str) -> LoadResult:
-    """The rules under `path` (default rules/); a missing path, a rule that does not load, or no rule
-    at all exits 2: a gate must not pass because its rules were never evaluated."""
-    path = Path(path or rules_dir())
-    if not path.exists():
-        say(f"{command}: {path}: no such file or folder")
-        raise SystemExit(EXIT_USAGE)
-    loaded = load_rules(path, catalog)
-    for error in loaded.errors:
-        say(f"{command}: {error}")
-    if loaded.errors:
-        say(f"{command}: {len(loaded.errors)} problems in the rules under {path}; nothing evaluated")
-        raise SystemExit(EXIT_USAGE)
-    if not loaded.rules:
-        say(f"{command}: no rules under {path} ({loaded.files} rule files)")
-        raise SystemExit(EXIT_USAGE)
-    return loaded
 
 
 def diagnose_command(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from stethoscope.catalog import LAYERS, Catalog
-from stethoscope.cli.common import Subcommands, usage
+from stethoscope.cli.common import Subcommands, checked_rules, usage
 from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
 from stethoscope.diagnosis.layers import rule_layer
 from stethoscope.store.client import Store
@@ -86,7 +86,6 @@ def fault_add(args: argparse.Namespace) -> int:
 
 
 def _rule_layer(rule_id: str, rules_path: Path | None) -> str | None:
-    from stethoscope.cli.diagnose import checked_rules
     from stethoscope.diagnosis.audit import MODEL_LAYERS
 
     if rule_id in MODEL_LAYERS:

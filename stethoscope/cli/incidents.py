@@ -7,10 +7,12 @@ node repaired: the executor's next cycle verifies it (remediate/verify.yml) by i
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
-from stethoscope.cli.common import Subcommands, tell, usage, user
+from stethoscope.cli.common import Command, Subcommands, tell, usage, user
 from stethoscope.cli.exit_codes import EXIT_OK
 from stethoscope.remediation.incident_view import Incident, acknowledge, incident, incidents, unacknowledge
 from stethoscope.remediation.ledger import REBASELINE, ActionState, Ledger
@@ -31,7 +33,7 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
         help="the incidents --execute opened: one transaction, ticket and drain each",
         parents=parents,
     )
-    listing.set_defaults(func=run)
+    listing.set_defaults(func=run_incidents)
     listing.add_argument("--all", action="store_true", help="resolved incidents too")
     listing.add_argument("--node", help="only this node's incidents")
     listing.add_argument("--json", action="store_true", help="print them as JSON")
@@ -39,22 +41,23 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     show = sub.add_parser(
         "show", help="an incident's findings and every action, its attempts and why", parents=parents
     )
-    show.set_defaults(func=run)
+    show.set_defaults(func=run_show)
     show.add_argument("txn", help="the incident's transaction id")
-    show.add_argument("--json", action="store_true", help="print it as JSON")
+    # SUPPRESS: `incidents --json show T` keeps the group's --json
+    show.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print it as JSON")
     ack = sub.add_parser(
         "ack",
         help="a person took the incident: its retries and alerts wait until it escalates or unack",
         parents=parents,
     )
-    ack.set_defaults(func=run)
+    ack.set_defaults(func=run_ack)
     ack.add_argument("txn", help="the incident's transaction id")
     ack.add_argument("--note", default="", help="free text")
     ack.add_argument("--by", help="who (default: the user running the command)")
     unack = sub.add_parser(
         "unack", help="withdraw the acknowledgement: retries and alerts go on", parents=parents
     )
-    unack.set_defaults(func=run)
+    unack.set_defaults(func=run_unack)
     unack.add_argument("txn", help="the incident's transaction id")
     unack.add_argument("--by", help="who (default: the user running the command)")
     repaired = sub.add_parser(
@@ -62,7 +65,7 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
         help="the node was repaired: the executor's next cycle verifies it and resumes it if green",
         parents=parents,
     )
-    repaired.set_defaults(func=run)
+    repaired.set_defaults(func=run_repaired)
     repaired.add_argument("txn", help="the incident's transaction id")
     repaired.add_argument("--note", default="", help="free text (what was replaced)")
     repaired.add_argument("--by", help="who (default: the user running the command)")
@@ -70,7 +73,7 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     actions = commands.add_parser(
         "actions", help="what was done, refused, failed or skipped, and why", parents=parents
     )
-    actions.set_defaults(func=run)
+    actions.set_defaults(func=run_actions)
     actions.add_argument("--txn", help="only this transaction's actions")
     actions.add_argument("--status", choices=STATUSES, help="only actions whose latest status is this")
     actions.add_argument(
@@ -79,51 +82,86 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     actions.add_argument("--json", action="store_true", help="print them as JSON")
 
 
-def run(args: argparse.Namespace) -> int:
+def run_incidents(args: argparse.Namespace) -> int:
+    with Store(args.dsn, args.database) as store:
+        if not initialised(store):
+            return _no_schema("incidents", store)
+        dry = recorded_findings(store, args.all, args.node)  # a dry run's findings: no txn, nothing acted
+        code = _list(incidents(store, args.all, args.node) + dry, args.json, args.all)
+        if not args.json:
+            _list_rebaselines(Ledger(store), args.all, args.node)
+        return code
+
+
+def run_actions(args: argparse.Namespace) -> int:
     since = None
-    if args.command == "actions" and args.since:
+    if args.since:
         since = _since(args.since)
         if since is None:
             return usage(f"actions: --since {args.since!r}: neither ISO-8601, epoch seconds nor a duration")
-    if args.command == "incidents" and args.incidents_command is not None and not args.txn.strip():
-        # a dry run's findings have no txn: an empty id would take them all for one incident
-        return usage(f"incidents {args.incidents_command}: an empty transaction id (TXN of `incidents`)")
     with Store(args.dsn, args.database) as store:
         if not initialised(store):
-            return usage(f"{args.command}: no schema in {redact(store.dsn)}: run `stethoscope db init` first")
-        if args.command == "actions":
-            return _actions(
-                Ledger(store).action_states([args.txn] if args.txn else None, args.status, since), args
+            return _no_schema("actions", store)
+        return _actions(
+            Ledger(store).action_states([args.txn] if args.txn else None, args.status, since), args
+        )
+
+
+def _on_one_incident(act: Callable[[Store, Incident, argparse.Namespace], int]) -> Command:
+    """`incidents show|ack|unack|repaired TXN`: the incident TXN names, found, given to `act`."""
+
+    @functools.wraps(act)
+    def run(args: argparse.Namespace) -> int:
+        name = f"incidents {args.incidents_command}"
+        if args.all or args.node is not None:
+            return usage(f"{name}: --node and --all only filter the list of incidents (`incidents`)")
+        if not args.txn.strip():  # a dry run's findings have no txn: an empty id would take them all
+            return usage(f"{name}: an empty transaction id (TXN of `incidents`)")
+        with Store(args.dsn, args.database) as store:
+            if not initialised(store):
+                return _no_schema(name, store)
+            found = incident(store, args.txn)
+            rebaselines = (
+                Ledger(store).action_states([args.txn], actions=[REBASELINE]) if found is None else []
             )
-        if args.incidents_command is None:
-            dry = recorded_findings(store, args.all, args.node)  # a dry run's findings: no txn, nothing acted
-            code = _list(incidents(store, args.all, args.node) + dry, args.json, args.all)
-            if not args.json:
-                _list_rebaselines(Ledger(store), args.all, args.node)
-            return code
-        found = incident(store, args.txn)
-        rebaselines = Ledger(store).action_states([args.txn], actions=[REBASELINE]) if found is None else []
-        if rebaselines and args.incidents_command == "show":
-            return _show_rebaseline(rebaselines, args.json)
-        if found is None:
-            return usage(
-                f"incidents {args.incidents_command}: no incident {args.txn!r} "
-                "(`stethoscope incidents --all` lists them)"
-            )
-        if args.incidents_command == "show":
-            return _show(found, args.json)
-        by = args.by or user()
-        if args.incidents_command == "repaired":
-            return _repaired(store, found, by, args.note)
-        if args.incidents_command == "unack":
-            if found.ack is None:
-                return usage(f"incidents unack: incident {found.txn_id} is not acknowledged")
-            unacknowledge(store, found, by)
-            tell(f"incident {found.txn_id} ({found.node_id} {found.device or '-'}) no longer acknowledged")
-            return EXIT_OK
-        acknowledge(store, found, by, args.note)
+            if rebaselines and args.incidents_command == "show":
+                return _show_rebaseline(rebaselines, args.json)
+            if found is None:
+                return usage(f"{name}: no incident {args.txn!r} (`stethoscope incidents --all` lists them)")
+            return act(store, found, args)
+
+    return run
+
+
+@_on_one_incident
+def run_show(_store: Store, found: Incident, args: argparse.Namespace) -> int:
+    return _show(found, args.json)
+
+
+@_on_one_incident
+def run_ack(store: Store, found: Incident, args: argparse.Namespace) -> int:
+    by = args.by or user()
+    acknowledge(store, found, by, args.note)
     tell(f"incident {found.txn_id} ({found.node_id} {found.device or '-'}) acknowledged by {by}")
     return EXIT_OK
+
+
+@_on_one_incident
+def run_unack(store: Store, found: Incident, args: argparse.Namespace) -> int:
+    if found.ack is None:
+        return usage(f"incidents unack: incident {found.txn_id} is not acknowledged")
+    unacknowledge(store, found, args.by or user())
+    tell(f"incident {found.txn_id} ({found.node_id} {found.device or '-'}) no longer acknowledged")
+    return EXIT_OK
+
+
+@_on_one_incident
+def run_repaired(store: Store, found: Incident, args: argparse.Namespace) -> int:
+    return _repaired(store, found, args.by or user(), args.note)
+
+
+def _no_schema(name: str, store: Store) -> int:
+    return usage(f"{name}: no schema in {redact(store.dsn)}: run `stethoscope db init` first")
 
 
 def _repaired(store: Store, found: Incident, by: str, note: str) -> int:

@@ -6,9 +6,8 @@ import argparse
 from pathlib import Path
 
 from stethoscope.catalog import Catalog
-from stethoscope.cli.common import Subcommands, say, usage
+from stethoscope.cli.common import Subcommands, say, spool_dir_of, usage
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from stethoscope.cli.spool import spool_dir_of
 from stethoscope.store.ingest import parse_ndjson
 from stethoscope.store.writer import Writer
 

@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stethoscope.cli.common import Subcommands
-from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
+from stethoscope.cli.common import Subcommands, checked_rules, said_as
+from stethoscope.cli.exit_codes import EXIT_OK
 from stethoscope.model.metadata import DEFAULT_NAME, ModelError, ModelMeta, load, metadata_path, models_dir
 from stethoscope.paths import own_models_dir
 
@@ -27,7 +27,7 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     train = sub.add_parser(
         "train", help="train on episodes, export both ONNX graphs and the metadata", parents=parents
     )
-    train.set_defaults(func=run)
+    train.set_defaults(func=run_train)
     train.add_argument("--episodes", type=Path, help="episode folder (default: generate with the defaults)")
     train.add_argument("--seed", type=int, default=7, help="training and generation seed (default 7)")
     train.add_argument("--name", default=DEFAULT_NAME, help=f"model name (default {DEFAULT_NAME})")
@@ -37,7 +37,7 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     evaluate = sub.add_parser(
         "evaluate", help="per-class scores on held-out episodes, beside the rules", parents=parents
     )
-    evaluate.set_defaults(func=run)
+    evaluate.set_defaults(func=run_evaluate)
     _model_option(evaluate)
     evaluate.add_argument(
         "--episodes", type=Path, help="episode folder (default: regenerated from the model's seed)"
@@ -58,7 +58,7 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
         help="adapt the last two dense layers to a new hardware class, or to the store's own faults",
         parents=parents,
     )
-    finetune.set_defaults(func=run)
+    finetune.set_defaults(func=run_finetune)
     _model_option(finetune)
     finetune.add_argument("--class", dest="hw_class", help="the new hardware class (with --episodes)")
     finetune.add_argument("--episodes", type=Path, help="its episodes (tools/lab.py episodes)")
@@ -85,7 +85,7 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     info = sub.add_parser(
         "info", help="features, classes, thresholds, scores, data and history", parents=parents
     )
-    info.set_defaults(func=run)
+    info.set_defaults(func=run_info)
     _model_option(info)
     info.add_argument("--json", action="store_true", help="print the metadata as JSON")
 
@@ -119,20 +119,6 @@ def model_meta(named: str) -> ModelMeta:
     return load(path if path.suffix == ".json" else metadata_path(named))
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        if args.model_command == "train":
-            return _train(args)
-        if args.model_command == "evaluate":
-            return _evaluate(args)
-        if args.model_command == "finetune":
-            return _finetune(args)
-        return _info(args)
-    except ModelError as exc:
-        print(f"stethoscope: model {args.model_command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-
-
 def _episodes(directory: Path | None, scratch: str, seed: int, per_family: int | None = None) -> Any:
     dataset = training("dataset")
     if directory is not None:
@@ -143,7 +129,8 @@ def _episodes(directory: Path | None, scratch: str, seed: int, per_family: int |
     return dataset.generate_dir(Path(scratch), seed, per_family)
 
 
-def _train(args: argparse.Namespace) -> int:
+@said_as("model train", (ModelError,))
+def run_train(args: argparse.Namespace) -> int:
     evaluate = training("evaluate")
     trainer = training("train")
     trainer.require_torch()  # before minutes of generation
@@ -168,7 +155,8 @@ def _train(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _evaluate(args: argparse.Namespace) -> int:
+@said_as("model evaluate", (ModelError,))
+def run_evaluate(args: argparse.Namespace) -> int:
     import numpy as np
 
     evaluate = training("evaluate")
@@ -218,7 +206,6 @@ def _job_scenes(meta: ModelMeta, per_family: int) -> dict[str, Any]:
 
 def _rules_alone(episodes: Any, index: Any, limit: int) -> dict[str, Any]:
     from stethoscope.catalog import Catalog
-    from stethoscope.cli.diagnose import checked_rules
 
     alone = training("rules_alone")
     catalog = Catalog.load()
@@ -226,7 +213,8 @@ def _rules_alone(episodes: Any, index: Any, limit: int) -> dict[str, Any]:
     return alone.rules_scores(episodes, alone.sample(index, limit), rules, catalog)
 
 
-def _finetune(args: argparse.Namespace) -> int:
+@said_as("model finetune", (ModelError,))
+def run_finetune(args: argparse.Namespace) -> int:
     if args.from_faults:
         return _finetune_from_faults(args)
     if not args.hw_class or args.episodes is None:
@@ -267,7 +255,8 @@ def _finetune_from_faults(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _info(args: argparse.Namespace) -> int:
+@said_as("model info", (ModelError,))
+def run_info(args: argparse.Namespace) -> int:
     meta = model_meta(args.model)
     if args.json:
         print(meta.to_json(), end="")

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from stethoscope.cli.common import Subcommands, usage
+from stethoscope.cli.common import Subcommands, catalog_for, checked_rules, inventory_of, usage
 from stethoscope.cli.exit_codes import EXIT_OK
 from stethoscope.report.outcomes import outcomes
 from stethoscope.report.outcomes_table import render
@@ -50,7 +50,6 @@ def _moment(text: str, until_ms: int) -> int | None:
 
 
 def outcomes_command(args: argparse.Namespace) -> int:
-    from stethoscope.cli.diagnose import catalog_for, checked_rules, inventory_of
 
     until_ms = now_ms()
     if args.until:

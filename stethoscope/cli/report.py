@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from stethoscope.catalog import Catalog
-from stethoscope.cli.common import Subcommands, usage
+from stethoscope.cli.common import Subcommands, model_of, model_options, usage
 from stethoscope.cli.exit_codes import EXIT_OK
 from stethoscope.store.client import Store
 from stethoscope.terminal import colour_wanted
@@ -32,14 +32,7 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     report = commands.add_parser("report", help="the health board: nodes x days x layer", parents=parents)
     report.add_argument("--out", type=Path, help="write DIR/index.html (default: a terminal table)")
     report.add_argument("--days", type=int, default=7, help="days shown, ending today (default 7)")
-    report.add_argument(
-        "--model",
-        type=Path,
-        metavar="JSON",
-        help="the model's metadata (default core12.json: the state folder's models/, else the shipped "
-        "rules/models/)",
-    )
-    report.add_argument("--no-model", action="store_true", help="today's column from the rules alone")
+    model_options(report, no_model_help="today's column from the rules alone")
     report.add_argument("--json", action="store_true", help="print the board as JSON (with --out too)")
     report.set_defaults(func=report_command)
 
@@ -68,7 +61,6 @@ def top_command(args: argparse.Namespace) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from stethoscope.cli.diagnose import model_of
     from stethoscope.report.board import board_record, collect, render_terminal, write
 
     if args.days <= 0:

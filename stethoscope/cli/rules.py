@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from stethoscope.bounded_yaml import is_stdin
-from stethoscope.cli.common import Subcommands, print_json, say, usage
+from stethoscope.cli.common import (
+    Subcommands,
+    catalog_for,
+    checked_rules,
+    hosts_of,
+    inventory_of,
+    print_json,
+    say,
+    usage,
+)
 from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
 from stethoscope.store.client import Store, StoreError
 from stethoscope.store.dsn import embedded_path, is_embedded, redact
@@ -48,7 +57,7 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     sql = rules_commands.add_parser(
         "sql", help="print the SQL a rule compiles to, formatted, with its parameters", parents=parents
     )
-    sql.add_argument("rule_id", help="the rule's id (rules check lists the files)")
+    sql.add_argument("rule_id", help="the rule's id (its rule_id, as findings name it)")
     sql.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
     sql.add_argument("--at", help="evaluation time, ISO-8601 or epoch seconds (default now)")
     sql.add_argument(
@@ -68,7 +77,6 @@ def rules_schema(args: argparse.Namespace) -> int:
 
 
 def rules_check(args: argparse.Namespace) -> int:
-    from stethoscope.cli.diagnose import catalog_for, inventory_of
     from stethoscope.diagnosis.rules import load_rules
 
     path = args.path
@@ -99,7 +107,6 @@ def rules_check(args: argparse.Namespace) -> int:
 
 
 def rules_sql(args: argparse.Namespace) -> int:
-    from stethoscope.cli.diagnose import catalog_for, checked_rules, hosts_of, inventory_of
     from stethoscope.diagnosis.cadence import Cadence
     from stethoscope.diagnosis.engine import rule_query
     from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS

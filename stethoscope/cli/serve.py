@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import time
@@ -13,10 +12,22 @@ from typing import Any
 
 from stethoscope.bounded_yaml import is_stdin
 from stethoscope.catalog import SWEEP_INTERVAL
-from stethoscope.cli.common import Subcommands, say
+from stethoscope.cli.common import (
+    Subcommands,
+    catalog_for,
+    execute_options,
+    hosts_of,
+    inventory_named,
+    inventory_of,
+    model_of,
+    model_options,
+    said_as,
+    say,
+    spool_dir_of,
+)
 from stethoscope.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from stethoscope.inventory import NO_INVENTORY, Inventory, default_inventory
-from stethoscope.paths import default_spool_dir, rules_dir, state_dir
+from stethoscope.paths import rules_dir, state_dir
 from stethoscope.store.client import Store, StoreError
 from stethoscope.store.dsn import ConfigError, redact
 from stethoscope.store.writer import Writer
@@ -33,7 +44,7 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     agent = commands.add_parser(
         "agent", help="run the lab's push agents (nodes run the copied agent.py)", parents=parents
     )
-    agent.set_defaults(func=run)
+    agent.set_defaults(func=run_agent)
     _stream_options(agent)
     agent.add_argument("--collector", default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN})")
     agent.add_argument(
@@ -47,7 +58,7 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     agent.add_argument("--print-config", metavar="NODE", help="print the agent.json for NODE and exit")
 
     collector = commands.add_parser("collector", help="receive the stream and store it", parents=parents)
-    collector.set_defaults(func=run)
+    collector.set_defaults(func=run_collector)
     _stream_options(collector)
     _listen_options(collector)
     collector.add_argument(
@@ -59,7 +70,7 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
         help="the long-running controller: collector, sweeps, diagnosis every interval, HTTP",
         parents=parents,
     )
-    serve.set_defaults(func=run)
+    serve.set_defaults(func=run_serve)
     _stream_options(serve)
     _listen_options(serve)
     serve.add_argument(
@@ -75,16 +86,8 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     )
     serve.add_argument("--rules", type=Path, help="rule file or folder (default rules/)")
     serve.add_argument("--cycles", type=int, default=0, help="stop after N cycles (default: until stopped)")
-    serve.add_argument(
-        "--model",
-        type=Path,
-        metavar="JSON",
-        help="the model's metadata (default core12.json: the state folder's models/, else the shipped "
-        "rules/models/)",
-    )
-    serve.add_argument("--no-model", action="store_true", help="rules only: without the learned model")
-    serve.add_argument("--execute", action="store_true", help="carry out the actions (default: dry-run)")
-    serve.add_argument("-e", "--extra-var", action="append", default=[], metavar="KEY=VALUE")
+    model_options(serve)
+    execute_options(serve)
     serve.add_argument(
         "--sweep-interval",
         type=duration_option,
@@ -108,7 +111,7 @@ def _stream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--secret-file",
         type=Path,
-        help="the cluster secret, - for standard input (default .stethoscope/telemetry)",
+        help="the cluster secret, - for standard input (default the state folder's telemetry/cluster.secret)",
     )
     parser.add_argument(
         "--previous-secret-file", type=Path, help="the secret before a rotation, still accepted"
@@ -130,9 +133,9 @@ def _address(text: str, flag: str) -> tuple[str, int]:
 def _inventory_path(args: argparse.Namespace) -> Path:
     """The inventory of the hosts and keys: --inventory or $STETHOSCOPE_INVENTORY; the lab's only for
     `agent`, which runs the lab's agents. `collector` and `serve` have no default: exit 2."""
-    named = args.inventory or os.environ.get("STETHOSCOPE_INVENTORY")
-    if named:
-        return Path(named)
+    named = inventory_named(args)
+    if named is not None:
+        return named
     if args.command == "agent":
         return default_inventory()
     raise ConfigError(NO_INVENTORY)
@@ -172,20 +175,19 @@ def _sets(args: argparse.Namespace) -> dict[str, MetricSet]:
         raise ConfigError(str(exc)) from None
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        keyring, sets = _stream(args)
-        if args.command == "agent":
-            return _agent(args, keyring, sets)
-        if args.command == "collector":
-            return _collector(args, keyring, sets)
-        return _serve(args, keyring, sets)
-    except ConfigError as exc:
-        say(f"{args.command}: {redact(str(exc))}")
-        return EXIT_USAGE
-    except StoreError as exc:
-        say(f"{args.command}: {redact(str(exc))}")
-        return EXIT_FAILED
+@said_as("agent", (ConfigError,), (StoreError,))
+def run_agent(args: argparse.Namespace) -> int:
+    return _agent(args, *_stream(args))
+
+
+@said_as("collector", (ConfigError,), (StoreError,))
+def run_collector(args: argparse.Namespace) -> int:
+    return _collector(args, *_stream(args))
+
+
+@said_as("serve", (ConfigError,), (StoreError,))
+def run_serve(args: argparse.Namespace) -> int:
+    return _serve(args, *_stream(args))
 
 
 def _agent(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet]) -> int:
@@ -234,7 +236,7 @@ def _collector(args: argparse.Namespace, keyring: Keyring, sets: dict[int, Metri
     from stethoscope.telemetry.udp_collector import WRITE_TIMEOUT, Collector
 
     listen = _address(args.listen, "--listen")
-    spool_dir = args.spool_dir or default_spool_dir()
+    spool_dir = spool_dir_of(args)
     holder = Store(args.dsn, args.database)
     writer = Writer(holder.dsn, spool_dir, timeout=WRITE_TIMEOUT)
     # bound first: a busy address refuses the start before the database is held
@@ -272,7 +274,7 @@ def executor_judgement(cycles: Any, store: Store) -> dict[str, bool]:
 
 
 def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet]) -> int:
-    from stethoscope.cli.diagnose import catalog_for, cycles_of, hosts_of, inventory_of, model_of
+    from stethoscope.cli.diagnose import cycles_of
     from stethoscope.diagnosis.ruleset import RuleSet
     from stethoscope.remediation.alertmanager import sink_of
     from stethoscope.remediation.lock import LockHeld
@@ -299,7 +301,7 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
         return rules.rules
 
     store = Store(args.dsn, args.database)
-    spool_dir = args.spool_dir or default_spool_dir()
+    spool_dir = spool_dir_of(args)
     cycles = cycles_of(args, inventory, catalog, model, long_running=True)
     judged = executor_judgement(cycles, store)
     try:

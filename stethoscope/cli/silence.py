@@ -24,7 +24,7 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     )
     sub = silence.add_subparsers(dest="silence_command", required=True)
     add = sub.add_parser("add", help="a new silence; prints its id", parents=parents)
-    add.set_defaults(func=run)
+    add.set_defaults(func=run_add)
     add.add_argument(
         "--node",
         action="append",
@@ -47,31 +47,39 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     add.add_argument("--reason", required=True, help="why (shown in every silenced finding's outcome)")
     add.add_argument("--by", help="who (default: the user running the command)")
     listing = sub.add_parser("list", help="the active silences", parents=parents)
-    listing.set_defaults(func=run)
+    listing.set_defaults(func=run_list)
     listing.add_argument("--all", action="store_true", help="expired ones too")
     listing.add_argument("--json", action="store_true", help="print them as JSON")
     expire = sub.add_parser("expire", help="end a silence now", parents=parents)
-    expire.set_defaults(func=run)
+    expire.set_defaults(func=run_expire)
     expire.add_argument("silence_id", help="the silence's id (`silence list` shows it)")
 
 
-def run(args: argparse.Namespace) -> int:
-    made = _request(args) if args.silence_command == "add" else None
+def run_add(args: argparse.Namespace) -> int:
+    made = _request(args)
     if isinstance(made, str):
         return usage(terminal_safe(f"silence add: {made}"))
     with Store(args.dsn, args.database) as store:
         if not initialised(store):
-            return usage(
-                terminal_safe(f"silence: no schema in {redact(store.dsn)}: run `stethoscope db init` first")
-            )
-        if made is not None:
-            if not has_table(store):
-                store.ensure_schema()  # a database from before silences: the table is added
-            matchers, seconds, reason = made
-            print(add_silence(store, matchers, seconds, args.by or user(), reason).silence_id)
-            return EXIT_OK
-        if args.silence_command == "list":
-            return _list(read_silences(store, None if args.all else now_ms()), args.json)
+            return _no_schema(store)
+        if not has_table(store):
+            store.ensure_schema()  # a database from before silences: the table is added
+        matchers, seconds, reason = made
+        print(add_silence(store, matchers, seconds, args.by or user(), reason).silence_id)
+    return EXIT_OK
+
+
+def run_list(args: argparse.Namespace) -> int:
+    with Store(args.dsn, args.database) as store:
+        if not initialised(store):
+            return _no_schema(store)
+        return _list(read_silences(store, None if args.all else now_ms()), args.json)
+
+
+def run_expire(args: argparse.Namespace) -> int:
+    with Store(args.dsn, args.database) as store:
+        if not initialised(store):
+            return _no_schema(store)
         known = {s.silence_id: s for s in read_silences(store)}
         found = known.get(args.silence_id)
         if found is None:
@@ -86,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
         ended = expire_silence(store, found)
     print(terminal_safe(f"silence {ended.silence_id} expired at {iso(ended.ends_ms)}"))
     return EXIT_OK
+
+
+def _no_schema(store: Store) -> int:
+    return usage(terminal_safe(f"silence: no schema in {redact(store.dsn)}: run `stethoscope db init` first"))
 
 
 def _request(args: argparse.Namespace) -> tuple[tuple[Matcher, ...], int, str] | str:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from stethoscope.cli.common import Subcommands, print_json, say
+from stethoscope.cli.common import Subcommands, print_json, say, spool_dir_of
 from stethoscope.cli.exit_codes import EXIT_OK
-from stethoscope.paths import default_spool_dir
 from stethoscope.store.client import Store
 from stethoscope.store.spool import FileStatus, ReplayReport, Spool
 
@@ -28,11 +26,6 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     )
     replay.add_argument("--json", action="store_true", help="print the rows and files replayed as JSON")
     replay.set_defaults(func=spool_replay)
-
-
-def spool_dir_of(args: argparse.Namespace) -> Path:
-    """--spool-dir, else the default spool folder."""
-    return args.spool_dir or default_spool_dir()
 
 
 def replay_record(report: ReplayReport) -> dict[str, int]:

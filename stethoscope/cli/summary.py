@@ -6,7 +6,19 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
-from stethoscope.cli.common import FRESH_HELP, Subcommands, model_options, print_json, usage
+from stethoscope.cli.common import (
+    FRESH_HELP,
+    Subcommands,
+    catalog_for,
+    checked_rules,
+    fleet_of,
+    hosts_of,
+    inventory_of,
+    model_of,
+    model_options,
+    print_json,
+    usage,
+)
 from stethoscope.cli.exit_codes import EXIT_OK
 from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
@@ -29,15 +41,7 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
 
 
 def summary_command(args: argparse.Namespace) -> int:
-    from stethoscope.cli.diagnose import (
-        catalog_for,
-        checked_rules,
-        fleet_of,
-        hosts_of,
-        inventory_of,
-        model_of,
-        serves_evaluation,
-    )
+    from stethoscope.cli.diagnose import serves_evaluation
     from stethoscope.report.summary import initialised, render, summarize
     from stethoscope.timeutil import iso, now_ms, to_ms
 

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stethoscope.catalog import Catalog
-from stethoscope.cli.common import Subcommands, say
-from stethoscope.cli.diagnose import catalog_for, checked_rules, inventory_of
+from stethoscope.cli.common import Subcommands, catalog_for, checked_rules, inventory_of, say
 from stethoscope.cli.exit_codes import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from stethoscope.inventory import Inventory
 from stethoscope.remediation.repair import Ownership, ownership, stale_metrics, still_matching

@@ -29,7 +29,7 @@ def resolve_dsn(dsn: str | None = None, database: str | None = None) -> str:
     so a relative embedded path is made absolute here.
     """
     dsn = dsn or os.environ.get("STETHOSCOPE_DSN") or f"chdb://{default_db_path()}"
-    database = database or os.environ.get("STETHOSCOPE_DATABASE") or DEFAULT_DATABASE
+    database = database_name(database)
     parts = urlsplit(dsn)
     if parts.scheme not in ("chdb", "http", "https", "clickhouse", "clickhouses"):
         raise ConfigError(f"unsupported DSN scheme {parts.scheme!r} in {redact(dsn)}")
@@ -100,6 +100,11 @@ _KEY_SECRET = re.compile(
     r"((?:^|[?&;,\s\"'])(?:password|passwd|pass|pwd|secret|access_token|token)\s*[=:]\s*)([^&\s\"',;]+)",
     re.IGNORECASE,
 )
+
+
+def database_name(database: str | None = None) -> str:
+    """The database to use: the argument, $STETHOSCOPE_DATABASE, else stethoscope."""
+    return database or os.environ.get("STETHOSCOPE_DATABASE") or DEFAULT_DATABASE
 
 
 def redact(text: object) -> str:

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from stethoscope.cli.main import main
+
 from conftest import LAB_INVENTORY, TOP, hot_gpu
 
 
@@ -395,3 +397,11 @@ def test_a_file_as_embedded_database_is_exit_2_saying_not_a_database(tmp_path):
     result = cli("--dsn", f"chdb://{tmp_path / 'db'}", "summary")
     assert result.returncode == 2 and "not a database: it is a file" in result.stderr
     assert "in use" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_db_ddl_names_the_database_of_stethoscope_database_like_every_other_command(monkeypatch, capsys):
+    monkeypatch.setenv("STETHOSCOPE_DATABASE", "fromenv")
+    assert main(["db", "ddl"]) == 0
+    assert "CREATE DATABASE IF NOT EXISTS fromenv" in capsys.readouterr().out
+    assert main(["db", "ddl", "--database", "given"]) == 0
+    assert "CREATE DATABASE IF NOT EXISTS given" in capsys.readouterr().out

@@ -4,11 +4,25 @@
 from __future__ import annotations
 
 import os
+import tomllib
+from pathlib import Path
 
 import pytest
 from cli_reference import PAGE, build_parser, commands, python_version, recorded_python, render
 
 TOP_LEVEL = ("db", "ingest", "summary", "baseline", "diagnose", "serve", "rules", "model", "incidents")
+
+
+def _projects_python() -> str:
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    return pyproject["tool"]["mypy"]["python_version"]
+
+
+def test_docs_cli_md_is_rendered_under_the_projects_python():
+    """A page regenerated under another Python would switch the comparison below off in CI: refused."""
+    assert recorded_python(PAGE.read_text(encoding="utf-8")) == _projects_python(), (
+        f"docs/cli.md must be rendered under Python {_projects_python()} (pyproject [tool.mypy])"
+    )
 
 
 def test_docs_cli_md_is_what_the_tool_generates():

@@ -58,6 +58,24 @@ def test_every_leaf_command_says_what_runs_it():
     assert optional_groups == []
 
 
+def test_each_command_runs_a_function_of_its_own_not_an_if_chain_on_its_name():
+    """Two commands of one group (or a group and its subcommand) sharing a `func` means that function
+    dispatches on the command's name again: argparse already chose."""
+    commands = list(_commands(build_parser()))
+    runs: dict[tuple[str, ...], list[str]] = {}
+    shared = []
+    for path, parser, _ in commands:
+        func = parser.get_default("func")
+        if func is None:
+            continue
+        name = f"{func.__module__}.{func.__qualname__}"
+        for other_path, other in runs.items():
+            if name in other and other_path[:-1] in (path[:-1], path[:-2]):
+                shared.append((" ".join(other_path), " ".join(path), name))
+        runs[path] = [name]
+    assert shared == []
+
+
 def _required_subcommand(parser: argparse.ArgumentParser) -> bool:
     return any(isinstance(a, argparse._SubParsersAction) and a.required for a in parser._actions)
 
@@ -123,3 +141,57 @@ def test_every_inventory_option_says_the_environment_variable_it_falls_back_to()
     assert len(helps) > 10
     assert {path: h for path, h in helps.items() if "$STETHOSCOPE_INVENTORY" not in h} == {}
     assert not [h for h in helps.values() if "inventories/lab" in h]
+
+
+@pytest.mark.parametrize("argv", [["incidents", "--json", "show", "T"], ["incidents", "show", "T", "--json"]])
+def test_incidents_json_before_or_after_show_is_kept(argv):
+    assert build_parser().parse_args(argv).json is True
+    assert build_parser().parse_args(["incidents", "show", "T"]).json is False
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["incidents", "--node", "n1", "ack", "T"],
+        ["incidents", "--all", "unack", "T"],
+        ["incidents", "--node", "n1", "repaired", "T"],
+    ],
+)
+def test_incidents_list_options_given_to_a_subcommand_are_refused_not_ignored(argv, tmp_path, capsys):
+    from stethoscope.cli.main import main
+
+    assert main([*argv, "--dsn", f"chdb://{tmp_path / 'db'}"]) == 2
+    said = capsys.readouterr().err
+    assert "--node and --all" in said and argv[-2] in said
+    assert not (tmp_path / "db").exists()
+
+
+def _helps(option: str) -> dict[str, str]:
+    return {
+        " ".join(path): action.help or ""
+        for path, parser, _ in _commands(build_parser())
+        for action in parser._actions
+        if option in action.option_strings
+    }
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        ("--database", ("$STETHOSCOPE_DATABASE", "stethoscope")),
+        ("--spool-dir", ("$STETHOSCOPE_SPOOL_DIR", "state folder")),
+        ("--secret-file", ("telemetry/cluster.secret", "state folder")),
+        ("--extra-var", ("over the inventory's",)),
+    ],
+)
+def test_an_options_help_says_its_real_default(option, says):
+    helps = _helps(option)
+    assert helps
+    assert {path: h for path, h in helps.items() if not all(s in h for s in says)} == {}
+    assert not [h for h in helps.values() if "default .stethoscope" in h]
+
+
+def test_rules_sql_says_where_a_rules_id_is_listed():
+    sql = _children(_children(build_parser())["rules"])["sql"]
+    rule_id = next(a for a in sql._actions if a.dest == "rule_id")
+    assert "rules check lists the files" not in (rule_id.help or "")

@@ -18,7 +18,6 @@ import stethoscope
 from conftest import TOP
 
 BIN = Path(sys.executable).parent
-pytestmark = pytest.mark.cli
 
 
 def _version_lines() -> dict[str, str]:

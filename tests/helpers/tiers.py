@@ -15,9 +15,10 @@ A test's tiers come from three places, in this order of authority:
 - its folder (FOLDER_TIERS): every test of tests/e2e/ is e2e;
 - the fixtures it requests, directly or through other fixtures (FIXTURE_TIERS): `slurm` starts the
   real slurmctld, `lab_sweeps` sweeps the lab with collect.yml;
-- what its code calls, names or runs (NAMES, CALLED, WORDS, IN_STRINGS: read from its syntax tree,
-  not its text), followed through the test-module functions and helpers it reaches and
-  the test modules it imports them from: calling conftest's `swept_lab` marks it lab, ansible and cli.
+- what its code calls, names or runs (NAMES, CALLED, WORDS, IN_STRINGS, the scripts, argv[0]s and
+  console scripts it runs: read from its syntax tree, not its text), followed through the test-module
+  functions, helpers and module-level strings it reaches and the test modules it imports them from
+  (under whatever name): calling conftest's `swept_lab` marks it lab, ansible and cli.
 
 `make test-fast` runs the tests with none of them; `make test` (CI) runs them all. A new test needs
 no marker by hand.
@@ -61,6 +62,9 @@ CALLED: dict[str, set[str]] = {  # called, by name or dotted name
     "realtime": {"Popen", "time.sleep"},
     "cli": {"cli"},
 }
+SCRIPTS_IMPORTING = {"stethoscope.cli": "cli"}  # `python -c "import stethoscope.cli.main ..."`
+SHELL_STARTS = {"sleep ": "realtime"}  # sh -c "sleep 30"
+ARGV0 = {"timeout": "realtime", "mount": "external", "umount": "external"}  # ["timeout", "5", ...]
 WORDS: dict[str, set[str]] = {
     "ansible": {"--execute"},
     "lab": {"lab.py"},
@@ -77,6 +81,8 @@ IN_STRINGS: dict[str, tuple[str, ...]] = {
     "external": ("chromium", "netns"),
 }
 PROGRAMS_LOOKED_UP = {"fio": "external"}  # shutil.which("fio"): the real program runs
+CONSOLE_SCRIPTS = {"stethoscope": "cli"}  # BIN / "stethoscope", python.parent / "stethoscope": it runs
+BIN_FOLDERS = {"BIN", "parent"}  # the console scripts' folder: the interpreter's (not TOP / "stethoscope")
 
 
 @cache
@@ -89,22 +95,38 @@ def _test_modules() -> dict[str, Path]:
     }
 
 
+def _uses(node: ast.AST) -> set[str]:
+    used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return used | {a.arg for n in ast.walk(node) if isinstance(n, ast.FunctionDef) for a in n.args.args}
+
+
+def _is_script(value: ast.AST | None) -> bool:
+    """A module-level string: a script a test may run (a list of names is not followed: it names
+    every case's command, like a parametrize list)."""
+    return isinstance(value, ast.Constant | ast.JoinedStr) and not isinstance(
+        getattr(value, "value", ""), bytes
+    )
+
+
 @cache
-def _module(path: Path) -> tuple[dict[str, tuple[ast.AST, set[str]]], dict[str, Path]]:
-    """A test module's top-level functions (name -> (node, names it uses)) and the names it imports
-    from other test modules (name -> that module's path)."""
+def _module(path: Path) -> tuple[dict[str, tuple[ast.AST, set[str]]], dict[str, tuple[Path, str]]]:
+    """A test module's top-level functions and constants (name -> (node, names it uses)) and the names
+    it imports from other test modules (name here -> (that module's path, the name there))."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     functions: dict[str, tuple[ast.AST, set[str]]] = {}
-    imported: dict[str, Path] = {}
+    imported: dict[str, tuple[Path, str]] = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-            used |= {a.arg for n in ast.walk(node) if isinstance(n, ast.FunctionDef) for a in n.args.args}
-            functions[node.name] = (node, used)
+            functions[node.name] = (node, _uses(node))
+        elif isinstance(node, ast.Assign | ast.AnnAssign) and _is_script(node.value):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name):  # a constant the reached code uses: its strings count
+                    functions[target.id] = (node.value, _uses(node.value))
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             other = _test_modules().get(node.module)
             if other is not None:
-                imported.update({alias.asname or alias.name: other for alias in node.names})
+                imported.update({alias.asname or alias.name: (other, alias.name) for alias in node.names})
     return functions, imported
 
 
@@ -124,7 +146,7 @@ def _reached(path: Path, names: set[str]) -> list[ast.AST]:
             parts.append(node)
             pending += [(where, n) for n in used]
         elif name in imported:
-            pending.append((imported[name], name))
+            pending.append(imported[name])
     return parts
 
 
@@ -165,6 +187,10 @@ def called_tiers(code: list[ast.AST]) -> set[str]:
             strings.add(node.value)
         if isinstance(node, ast.Call):
             called |= {_dotted(node.func), _dotted(node.func).rpartition(".")[2]}
+        if isinstance(node, ast.List) and node.elts and isinstance(node.elts[0], ast.Constant):
+            names.add(f"argv0:{node.elts[0].value}")
+        if isinstance(node, ast.BinOp) and isinstance(node.right, ast.Constant):  # BIN / "stethoscope"
+            names.add(f"{_dotted(node.left).rpartition('.')[2]}/{node.right.value}")
         if isinstance(node, ast.Call) and _dotted(node.func) == "shutil.which" and node.args:
             looked_up = node.args[0]
             if isinstance(looked_up, ast.Constant) and looked_up.value in PROGRAMS_LOOKED_UP:
@@ -174,6 +200,16 @@ def called_tiers(code: list[ast.AST]) -> set[str]:
     tiers |= {tier for tier, words in WORDS.items() if strings & words}
     tiers |= {tier for tier, parts in IN_STRINGS.items() if any(p in s for s in strings for p in parts)}
     tiers |= {tier for program, tier in PROGRAMS_LOOKED_UP.items() if f"shutil.which:{program}" in names}
+    tiers |= {
+        tier
+        for script, tier in CONSOLE_SCRIPTS.items()
+        for folder in BIN_FOLDERS
+        if f"{folder}/{script}" in names
+    }
+    scripts = [s for s in strings if "import " in s]
+    tiers |= {tier for module, tier in SCRIPTS_IMPORTING.items() if any(module in s for s in scripts)}
+    tiers |= {tier for program, tier in ARGV0.items() if f"argv0:{program}" in names}
+    tiers |= {tier for start, tier in SHELL_STARTS.items() if any(s.startswith(start) for s in strings)}
     return tiers
 
 
@@ -206,5 +242,5 @@ def mark(items) -> None:
         if function is None:
             continue
         name = item.cls.__name__ if item.cls is not None else function.__name__
-        for tier in sorted(tiers_of(Path(str(item.fspath)), name, list(item.fixturenames))):
+        for tier in sorted(tiers_of(Path(item.path), name, list(item.fixturenames))):
             item.add_marker(getattr(pytest.mark, tier))

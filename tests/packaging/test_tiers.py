@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
+import pytest
 from tiers import FAST_EXCLUDES, FOLDER_TIERS, TESTS, TIERS, tiers_of
 
 MODULE = textwrap.dedent("""
@@ -128,3 +129,117 @@ def test_make_test_fast_leaves_out_every_tier():
     """The Makefile's marker expression is the tiers' own: a new tier is left out of test-fast too."""
     makefile = (TESTS.parent / "Makefile").read_text(encoding="utf-8")
     assert f'-m "not ({FAST_EXCLUDES})"' in makefile
+
+
+def test_a_helper_imported_under_another_name_is_followed(tmp_path):
+    """`from helpers_x import sweep as first_sweep`: the helper is looked up by its own name there."""
+    (tmp_path / "helper_example.py").write_text(
+        textwrap.dedent("""
+        import subprocess
+
+        def sweep():
+            subprocess.run(["ansible-playbook", "playbooks/collect.yml"])
+    """)
+    )
+    module = tmp_path / "test_example.py"
+    module.write_text(
+        textwrap.dedent("""
+        from helper_example import sweep as first_sweep
+
+        def test_sweeps():
+            first_sweep()
+    """)
+    )
+    from tiers import _test_modules
+
+    _test_modules.cache_clear()
+    _test_modules()["helper_example"] = tmp_path / "helper_example.py"
+    try:
+        assert tiers_of(module, "test_sweeps", []) == {"ansible"}
+    finally:
+        _test_modules.cache_clear()
+
+
+def test_a_module_level_constant_a_test_runs_is_read_too(tmp_path):
+    """A program in a module-level string the test passes to a process marks the test."""
+    module = tmp_path / "test_example.py"
+    module.write_text(
+        textwrap.dedent('''
+        import subprocess, sys
+
+        SCRIPT = """
+        from stethoscope.cli.main import main
+        main(["model", "info"])
+        """
+
+        def test_runs_the_script():
+            subprocess.run([sys.executable, "-c", SCRIPT])
+    ''')
+    )
+    assert tiers_of(module, "test_runs_the_script", []) == {"cli"}
+
+
+def test_programs_run_by_path_by_timeout_or_by_mount_mark_the_test(tmp_path):
+    module = tmp_path / "test_example.py"
+    module.write_text(
+        textwrap.dedent("""
+        import subprocess, sys
+        from pathlib import Path
+
+        BIN = Path(sys.executable).parent
+
+        def test_console_script():
+            subprocess.run([str(BIN / "stethoscope"), "--version"])
+
+        def test_hung_program():
+            subprocess.run(["timeout", "5", "sh", "-c", "sleep 30"])
+
+        def test_small_disk(tmp_path):
+            subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(tmp_path)])
+    """)
+    )
+    assert tiers_of(module, "test_console_script", []) == {"cli"}
+    assert tiers_of(module, "test_hung_program", []) == {"realtime"}
+    assert tiers_of(module, "test_small_disk", ["tmp_path"]) == {"external"}
+
+
+@pytest.mark.parametrize(
+    ("path", "test", "tier"),
+    [
+        ("cli/test_cli.py", "test_an_internal_error_is_exit_3_in_one_line", "cli"),
+        (
+            "plugins/module_utils/test_compute_devices.py",
+            "test_hung_nvidia_smi_is_a_timed_out_sample_not_a_hung_benchmark",
+            "realtime",
+        ),
+        ("model/test_training_apart.py", "test_without_the_training_package_the_cli_says_so_exit_2", "cli"),
+        (
+            "packaging/test_install.py",
+            "test_db_init_from_elsewhere_lands_in_the_xdg_state_folder_not_the_checkout",
+            "cli",
+        ),
+        ("cli/test_version.py", "test_version_prints_package_collection_rules_and_model_versions", "cli"),
+    ],
+)
+def test_the_suites_slow_tests_are_out_of_test_fast(path, test, tier):
+    module = TESTS / path
+    node = next(
+        n for n in ast.parse(module.read_text(encoding="utf-8")).body if getattr(n, "name", "") == test
+    )
+    assert tier in tiers_of(module, test, [a.arg for a in node.args.args])
+
+
+def test_the_tmpfs_tests_are_external():
+    module = next(TESTS.rglob("test_writers_survive.py"))
+    tree = ast.parse(module.read_text(encoding="utf-8"))
+    mounts = ("tmpfs(", "read_only(")
+    tests = [
+        n
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef)
+        and n.name.startswith("test_")
+        and any(m in ast.unparse(n) for m in mounts)
+    ]
+    assert tests
+    for node in tests:
+        assert "external" in tiers_of(module, node.name, [a.arg for a in node.args.args]), node.name
