@@ -28,7 +28,8 @@ def test_galaxy_tarball_installs_and_resolves_a_module(tmp_path):
         check=False,
     )
     assert build.returncode == 0, build.stderr
-    (tarball,) = (TOP / "build").glob("aicluster-stethoscope-*.tar.gz")
+    version = yaml.safe_load((TOP / "collections/stethoscope/galaxy.yml").read_text())["version"]
+    tarball = TOP / "build" / f"aicluster-stethoscope-{version}.tar.gz"  # a checkout may hold older ones
     target = tmp_path / "collections"
     # neither the project's ansible.cfg nor its link farm: only what the tarball installs
     (tmp_path / "empty.cfg").write_text("[defaults]\n")
