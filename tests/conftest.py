@@ -200,6 +200,24 @@ def run_module(tmp_path: Path, module: str, args: dict, bindir: Path, check: boo
     return result
 
 
+@contextlib.contextmanager
+def slurm_with_slurmd(folder: Path, slurmd: str, others: str):
+    """slurmctld with the nodes `others` never responding and `slurmd` a real slurmd (IDLE); skips
+    where Slurm is missing. Jobs left behind are cancelled before it stops."""
+    from slurm_lab import WITH_SLURMD, SlurmCluster, missing_tools
+
+    missing = missing_tools() + missing_tools(WITH_SLURMD)
+    if missing:
+        pytest.skip(f"Slurm with slurmd is not installed here ({', '.join(missing)}): .ci/run installs it")
+    cluster = SlurmCluster(folder, nodes=others, with_slurmd=slurmd).start()
+    try:
+        cluster.start_slurmd(slurmd)
+        yield cluster
+    finally:
+        subprocess.run(["scancel", "--user", "root"], env={"SLURM_CONF": str(cluster.conf)}, check=False)
+        cluster.stop()
+
+
 @pytest.fixture(scope="session")
 def slurm_controller(tmp_path_factory):
     """A real slurmctld + munged (Debian packages; .ci/run installs them) with the lab's 8 nodes."""

@@ -18,7 +18,7 @@ from ansible_collections.aicluster.stethoscope.plugins.module_utils.slurm import
 )
 from stethoscope.store.client import Store
 
-from conftest import TOP, ansible_env, fixture_text
+from conftest import TOP, ansible_env, fixture_text, slurm_with_slurmd
 
 TXN = "bltest1"
 OURS = f"stethoscope: baseline {TXN}"
@@ -65,21 +65,9 @@ def test_baseline_drains_are_not_counted_as_out_of_service():
 
 
 @pytest.fixture(scope="module")
-def slurm_with_slurmd(tmp_path_factory):
-    from slurm_lab import WITH_SLURMD, SlurmCluster, missing_tools
-
-    missing = missing_tools() + missing_tools(WITH_SLURMD)
-    if missing:
-        pytest.skip(f"Slurm with slurmd is not installed here ({', '.join(missing)}): .ci/run installs it")
-    cluster = SlurmCluster(
-        tmp_path_factory.mktemp("slurmd"), nodes="node[02-03]", with_slurmd="node01"
-    ).start()
-    try:
-        cluster.start_slurmd("node01")
+def slurm_node01(tmp_path_factory):
+    with slurm_with_slurmd(tmp_path_factory.mktemp("slurmd"), "node01", "node[02-03]") as cluster:
         yield cluster
-    finally:
-        subprocess.run(["scancel", "--user", "root"], env={"SLURM_CONF": str(cluster.conf)}, check=False)
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +127,9 @@ def actions(dsn: str) -> set[tuple[str, str]]:
 
 
 def test_idle_node_is_drained_for_the_run_and_resumed_after_a_failed_suite(
-    lab, tmp_path, tmp_dsn, slurm_with_slurmd
+    lab, tmp_path, tmp_dsn, slurm_node01
 ):
-    cluster = slurm_with_slurmd
+    cluster = slurm_node01
     cluster.undrain_all()
     proc = baseline(
         lab,
@@ -166,8 +154,8 @@ def test_idle_node_is_drained_for_the_run_and_resumed_after_a_failed_suite(
     }
 
 
-def test_a_node_with_a_running_job_is_resumed_at_once_and_skipped(lab, tmp_path, tmp_dsn, slurm_with_slurmd):
-    cluster = slurm_with_slurmd
+def test_a_node_with_a_running_job_is_resumed_at_once_and_skipped(lab, tmp_path, tmp_dsn, slurm_node01):
+    cluster = slurm_node01
     cluster.undrain_all()
     job = cluster.sbatch("node01", "sleep 300")
     try:
@@ -185,8 +173,8 @@ def test_a_node_with_a_running_job_is_resumed_at_once_and_skipped(lab, tmp_path,
         cluster.wait_state("node01", "IDLE")
 
 
-def test_a_remediation_drain_is_measured_and_left_for_verify(lab, tmp_path, tmp_dsn, slurm_with_slurmd):
-    cluster = slurm_with_slurmd
+def test_a_remediation_drain_is_measured_and_left_for_verify(lab, tmp_path, tmp_dsn, slurm_node01):
+    cluster = slurm_node01
     cluster.undrain_all()
     remediation = "stethoscope: gpu_silent_data_corruption 9f8e7d6c"
     cluster.scontrol("update", "NodeName=node01", "State=DRAIN", f"Reason={remediation}")

@@ -53,7 +53,7 @@ FIXTURE_TIERS: dict[str, set[str]] = {
 NAMES: dict[str, set[str]] = {  # named at all: imported, called, passed on
     "ansible": {"ansible_runner"},
     "training": {"torch", "model_graphs", "train_graphs", "regenerated", "job_fresh"},
-    "external": {"SlurmCluster"},
+    "external": {"SlurmCluster", "slurm_with_slurmd"},  # the latter: conftest's slurmctld with a slurmd
 }
 CALLED: dict[str, set[str]] = {  # called, by name or dotted name
     "ansible": {"run_playbook", "run_module", "Sweeper", "Executor"},

@@ -102,7 +102,7 @@ def test_words_in_comments_docstrings_and_other_cases_mark_nothing(tmp_path):
         def test_prose():
             'Unlike the serve tests, this one never runs `time.sleep(` or slurm.'
             # ansible-playbook would be slow here
-            assert True
+            pass
 
         def test_passes_popen_on():
             assert callable(subprocess.Popen)

@@ -22,7 +22,7 @@ from stethoscope.store.client import Store
 from stethoscope.store.dsn import ConfigError
 from stethoscope.timeutil import now_ms
 
-from conftest import TOP, ansible_env
+from conftest import TOP, ansible_env, slurm_with_slurmd
 
 BIN = Path(sys.executable).parent
 SATURDAY_3AM = int(datetime(2026, 12, 5, 3, 0, tzinfo=UTC).timestamp() * 1000)
@@ -97,19 +97,8 @@ def test_a_node_first_seen_after_the_fleet_joins_it_and_the_fleet_itself_does_no
 @pytest.fixture(scope="module")
 def slurm_node02(tmp_path_factory):
     """slurmctld with node01 and node03 never responding and node02 a real slurmd (IDLE)."""
-    from slurm_lab import WITH_SLURMD, SlurmCluster, missing_tools
-
-    missing = missing_tools() + missing_tools(WITH_SLURMD)
-    if missing:
-        pytest.skip(f"Slurm with slurmd is not installed here ({', '.join(missing)}): .ci/run installs it")
-    cluster = SlurmCluster(
-        tmp_path_factory.mktemp("slurmd"), nodes="node[01,03]", with_slurmd="node02"
-    ).start()
-    try:
-        cluster.start_slurmd("node02")
+    with slurm_with_slurmd(tmp_path_factory.mktemp("slurmd"), "node02", "node[01,03]") as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def lab(tmp_path: Path, dsn: str, cluster, faults: str) -> tuple[dict[str, str], Path]:
