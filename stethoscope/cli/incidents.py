@@ -45,30 +45,25 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     show.add_argument("txn", help="the incident's transaction id")
     # SUPPRESS: `incidents --json show T` keeps the group's --json
     show.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print it as JSON")
-    ack = sub.add_parser(
+    _txn_command(
+        sub,
+        parents,
         "ack",
+        run_ack,
+        "free text",
         help="a person took the incident: its retries and alerts wait until it escalates or unack",
-        parents=parents,
     )
-    ack.set_defaults(func=run_ack)
-    ack.add_argument("txn", help="the incident's transaction id")
-    ack.add_argument("--note", default="", help="free text")
-    ack.add_argument("--by", help="who (default: the user running the command)")
-    unack = sub.add_parser(
-        "unack", help="withdraw the acknowledgement: retries and alerts go on", parents=parents
+    _txn_command(
+        sub, parents, "unack", run_unack, None, help="withdraw the acknowledgement: retries and alerts go on"
     )
-    unack.set_defaults(func=run_unack)
-    unack.add_argument("txn", help="the incident's transaction id")
-    unack.add_argument("--by", help="who (default: the user running the command)")
-    repaired = sub.add_parser(
+    _txn_command(
+        sub,
+        parents,
         "repaired",
+        run_repaired,
+        "free text (what was replaced)",
         help="the node was repaired: the executor's next cycle verifies it and resumes it if green",
-        parents=parents,
     )
-    repaired.set_defaults(func=run_repaired)
-    repaired.add_argument("txn", help="the incident's transaction id")
-    repaired.add_argument("--note", default="", help="free text (what was replaced)")
-    repaired.add_argument("--by", help="who (default: the user running the command)")
 
     actions = commands.add_parser(
         "actions", help="what was done, refused, failed or skipped, and why", parents=parents
@@ -131,6 +126,23 @@ def _on_one_incident(act: Callable[[Store, Incident, argparse.Namespace], int]) 
             return act(store, found, args)
 
     return run
+
+
+def _txn_command(
+    sub: Subcommands,
+    parents: list[argparse.ArgumentParser],
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    note: str | None,
+    help: str,
+) -> None:
+    """A subcommand on one incident, named by its txn, said by a person (--by, and --note where given)."""
+    parser = sub.add_parser(name, help=help, parents=parents)
+    parser.set_defaults(func=func)
+    parser.add_argument("txn", help="the incident's transaction id")
+    if note is not None:
+        parser.add_argument("--note", default="", help=note)
+    parser.add_argument("--by", help="who (default: the user running the command)")
 
 
 @_on_one_incident
