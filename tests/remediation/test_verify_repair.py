@@ -14,16 +14,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_baseline_preflight import slurm_with_slurmd
 from test_execute import AT, NODES, db, diagnose, execute_args, others_report, table, worn
 
 from stethoscope.store.batch import MetricColumns
 from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
-from conftest import TOP, ansible_env
+from conftest import TOP, ansible_env, slurm_with_slurmd
 
-__all__ = ["db", "slurm_with_slurmd"]  # the fixtures, shared with test_execute and test_baseline_preflight
+__all__ = ["db"]  # the fixture, shared with test_execute
 
 BIN = Path(sys.executable).parent
 DRAIN = {"type": "playbook", "playbook": "remediate/drain.yml"}
@@ -169,10 +168,16 @@ def test_a_node_resumed_without_repair_is_drained_again_as_a_critical_escalation
 # verify.yml on a Slurm inventory (stethoscope_scheduler: slurm), node01 the one node with a slurmd
 
 
+@pytest.fixture(scope="module")
+def slurm_node01(tmp_path_factory):
+    with slurm_with_slurmd(tmp_path_factory.mktemp("slurmd"), "node01", "node[02-03]") as cluster:
+        yield cluster
+
+
 @pytest.fixture
-def slurm_lab(tmp_path, tmp_dsn, slurm_with_slurmd):
+def slurm_lab(tmp_path, tmp_dsn, slurm_node01):
     """A 3-node lab whose inventory names Slurm as its scheduler; its environment for the playbooks."""
-    cluster = slurm_with_slurmd
+    cluster = slurm_node01
     cluster.undrain_all()
     env = ansible_env(tmp_path, tmp_dsn, STETHOSCOPE_LAB_DIR=str(tmp_path / "lab"), **cluster.env)
     where = tmp_path / "inv" / "hosts.yml"
