@@ -1,4 +1,5 @@
-"""Rule evaluation in ClickHouse: one query per rule over all nodes (docs/design.md "Rules").
+"""Rule evaluation in ClickHouse: one query per rule over all nodes (docs/design.md "Rules"); a cycle
+(`evaluate_all`) reads a family of rules that share their read in one (families.py).
 
 A condition becomes a subquery that aggregates a metric per node, device and label set over its
 window and keeps the rows past the threshold; `all` joins its members on the node (and on the
@@ -28,6 +29,7 @@ store answers costs that rule only (a RuleFailure beside the others' matches).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import queue
@@ -39,6 +41,7 @@ from typing import Any
 
 from stethoscope.aggregates import INCREASES, REGISTRY
 from stethoscope.catalog import Catalog, default_catalog
+from stethoscope.diagnosis.families import family_sql, sole_condition, units, worst
 from stethoscope.diagnosis.rules import Condition, Group, Rule
 from stethoscope.diagnosis.spans import spans
 from stethoscope.store.client import SchemaMissing, Store, StoreError
@@ -46,6 +49,7 @@ from stethoscope.store.dsn import ConfigError
 from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS
 from stethoscope.store.ttl import raw_ttl_seconds as stored_raw_ttl_seconds
 
+log = logging.getLogger(__name__)
 _OPERATORS = {">": ">", ">=": ">=", "<": "<", "<=": "<=", "==": "=", "!=": "!="}
 # How far back the raw rows are searched for the sample an increase starts from (first the last hour,
 # then for the series without one up to 2 days); the daily rollup after.
@@ -106,8 +110,11 @@ class QueryBuilder:
         raw_ttl_seconds: int,
         nodes: Sequence[str] | None = None,
         rollup: bool = True,
+        any_labels: Sequence[tuple[tuple[str, str], ...]] = (),
     ):
         self.database = database
+        # a family's read (families.py): the series of any of these label sets, where each has some
+        self.any_labels = any_labels if all(any_labels) else ()
         self.raw_ttl_seconds = raw_ttl_seconds
         self.rollup = rollup  # whether metrics_hourly may stand in for whole hours of raw rows
         self.params: dict[str, Any] = {"at": at_ms}
@@ -132,11 +139,18 @@ class QueryBuilder:
         where = [f"metric_name = {self.param(condition.metric, 'String')}"]
         if self.nodes:  # only the inventory's hosts: their peers too, for a fleet baseline
             where.append("has({nodes:Array(String)}, node_id)")
-        for key, value in condition.labels:
-            where.append(f"labels[{self.param(key, 'String')}] = {self.param(value, 'String')}")
+        if condition.labels:
+            where.append(self.labelled(condition.labels))
+        if self.any_labels:
+            where.append("(" + " OR ".join(f"({self.labelled(labels)})" for labels in self.any_labels) + ")")
         if condition.device:
             where.append(f"match(device, {self.param(_regex(condition.device), 'String')})")
         return where
+
+    def labelled(self, labels: tuple[tuple[str, str], ...], column: str = "labels") -> str:
+        """Whether the map `column` holds every (key, value) of `labels`."""
+        pairs = ((self.param(key, "String"), self.param(value, "String")) for key, value in labels)
+        return " AND ".join(f"{column}[{key}] = {value}" for key, value in pairs)
 
     def daily(self, condition: Condition) -> bool:
         """Whether the condition reaches past the raw TTL, so reads the daily rollup."""
@@ -415,7 +429,8 @@ class QueryBuilder:
         else:  # the part of the device name the enclosing kind's pattern matches, else the whole name
             pattern = self.param(f"^({enclosing})", "String")
             key = f"if(extract(device, {pattern}) = '', device, extract(device, {pattern}))"
-        # the worst series of the node (or enclosing device) speaks for it, as the operator reads worst
+        # the worst series of the node (or enclosing device) speaks for it, as the operator reads worst;
+        # of several as bad, the last device by name (the same each time, and in families.py)
         worst = "min" if condition.operator in ("<", "<=") else "max"
         of_worst = "argMin" if worst == "min" else "argMax"
         values = [self.param(condition.metric, "String"), f"{worst}(x)"]
@@ -424,12 +439,12 @@ class QueryBuilder:
             for suffix, column in ((MATCHES, "m"), (SAMPLES, "n")):
                 values += [
                     self.param(condition.metric + suffix, "String"),
-                    f"toFloat64({of_worst}({column}, x))",
+                    f"toFloat64({of_worst}({column}, (x, device)))",
                 ]
         else:
             passes = self.comparison(condition)
         return (
-            f"SELECT node_id, {key} AS key, {of_worst}(device, x) AS dev, "
+            f"SELECT node_id, {key} AS key, {of_worst}(device, (x, device)) AS dev, "
             f"map({', '.join(values)}) AS values, {worst}(x) AS v "
             f"FROM ({self.measured(condition)}) "
             f"WHERE n >= {self.param(condition.min_samples, 'UInt32')} AND {passes} "
@@ -596,6 +611,45 @@ def rule_matches(
     return matches
 
 
+def family_matches(
+    store: Store,
+    rules: Sequence[Rule],
+    at_ms: int,
+    raw_ttl_seconds: int,
+    catalog: Catalog,
+    nodes: Sequence[str] | None,
+    via: str,
+) -> list[list[Match]] | None:
+    """The matches of each rule of one family (families.py), read in one query: those `rule_matches`
+    gives each, in the same order; None where the family is not read together (its window reaches
+    past the raw TTL, or a series' labels were not found), so that each rule is read on its own."""
+    members = [sole_condition(rule) for rule in rules]
+    assert all(members), "a family's rules have one condition each"
+    conditions = [member for member in members if member is not None]
+    builder = QueryBuilder(
+        store.database,
+        at_ms,
+        raw_ttl_seconds,
+        nodes,
+        rollup=via == "rollup",
+        any_labels=[condition.labels for condition in conditions],
+    )
+    if builder.daily(conditions[0]):
+        return None
+    kind = catalog.enclosing(conditions[0].metric)
+    sql = family_sql(builder, conditions, kind.pattern if kind else None)
+    found: list[list[Match]] = [[] for _ in rules]
+    for place, node, _key, dev_high, high, dev_low, low in store.query(sql, builder.params):
+        if place == 0:
+            return None
+        condition = conditions[place - 1]
+        device, value = worst(condition, (dev_high, float(high)), (dev_low, float(low)))
+        found[place - 1].append(Match(node, device, value, {condition.metric: value}))
+    for matches in found:
+        matches.sort(key=lambda match: (match.node_id, match.device))
+    return found
+
+
 # Each reader is a connection of its own (a session on a server): a few are enough for the rule
 # queries, most of which use one core; benchmarks/diagnosis_cycle.py measures the default.
 MAX_READERS = 4
@@ -636,9 +690,10 @@ def evaluate_all(
     via: str = "rollup",
     raw_ttl_seconds: int | None = None,
 ) -> Evaluation:
-    """Every rule's matches, in the order of `rules`: the same answer as `evaluate` rule by rule,
-    read by `readers` connections at once (default `readers_wanted()`), the caller's store and
-    `readers - 1` more (`Store.reader`), the costliest rules first. On 2 cores 2 readers took about
+    """Every rule's matches, in the order of `rules`: the same answer as `evaluate` rule by rule (a
+    family of rules that share their read in one query: families.py), read by `readers` connections
+    at once (default `readers_wanted()`), the caller's store and `readers - 1` more
+    (`Store.reader`), the costliest rules first. On 2 cores 2 readers took about
     a third less time than one (benchmarks/diagnosis_cycle.py).
 
     A rule whose query fails while the store still answers is a RuleFailure and the others go on.
@@ -648,19 +703,40 @@ def evaluate_all(
     if not given."""
     if not rules:
         return Evaluation([])
+    read = _read_all(store, rules, at_ms, nodes, readers, via, raw_ttl_seconds)
+    return _gathered([read[id(rule)] for rule in rules])
+
+
+def _read_all(
+    store: Store,
+    rules: Sequence[Rule],
+    at_ms: int,
+    nodes: Sequence[str] | None,
+    readers: int | None,
+    via: str,
+    raw_ttl_seconds: int | None,
+) -> dict[int, tuple[list[Match], RuleFailure | None]]:
+    """Each rule's matches and failure, by the rule's id(): `evaluate_all` for the rules it reads,
+    a family of them (families.py) in one read."""
     via = _via(store, via)
     ttl = raw_ttl_seconds if raw_ttl_seconds is not None else stored_raw_ttl_seconds(store)
     catalog = default_catalog()  # loaded here once, not by the threads together
-    count = min(readers if readers is not None else readers_wanted(), len(rules))
+    reads = units(rules)
+    count = min(readers if readers is not None else readers_wanted(), len(reads))
+
+    def read(handle: Store, unit: list[Rule]) -> dict[int, tuple[list[Match], RuleFailure | None]]:
+        results = _guarded_unit(handle, unit, at_ms, ttl, catalog, nodes, via)
+        return dict(zip(map(id, unit), results, strict=True))
+
     if count <= 1:
-        return _gathered([_guarded(store, rule, at_ms, ttl, catalog, nodes, via) for rule in rules])
+        return {key: result for unit in reads for key, result in read(store, unit).items()}
     idle: queue.SimpleQueue[Store] = queue.SimpleQueue()
     opened: list[Store] = []
 
-    def one(rule: Rule) -> tuple[list[Match], RuleFailure | None]:
+    def one(unit: list[Rule]) -> dict[int, tuple[list[Match], RuleFailure | None]]:
         handle = idle.get()
         try:
-            return _guarded(handle, rule, at_ms, ttl, catalog, nodes, via)
+            return read(handle, unit)
         finally:
             idle.put(handle)
 
@@ -670,9 +746,9 @@ def evaluate_all(
         for handle in [store, *opened]:
             idle.put(handle)
         with ThreadPoolExecutor(max_workers=count, thread_name_prefix="rules") as pool:
-            # the costliest first, so that no long rule is left running alone at the end
-            costliest = sorted(range(len(rules)), key=lambda i: -read_reach(rules[i].when))
-            futures = {pool.submit(one, rules[i]): i for i in costliest}
+            # the costliest first, so that no long read is left running alone at the end
+            costliest = sorted(range(len(reads)), key=lambda i: -read_reach(reads[i][0].when))
+            futures = {pool.submit(one, reads[i]): i for i in costliest}
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             failed = sorted((futures[f], f) for f in done if f.exception() is not None)
             if failed:  # the queries already running end before their handles close
@@ -680,11 +756,37 @@ def evaluate_all(
                 error = failed[0][1].exception()
                 assert error is not None
                 raise error
-            results = {futures[f]: f.result() for f in done}
-            return _gathered([results[i] for i in range(len(rules))])
+            return {key: result for f in done for key, result in f.result().items()}
     finally:
         for handle in opened:
             handle.close()
+
+
+def _guarded_unit(
+    store: Store,
+    unit: list[Rule],
+    at_ms: int,
+    raw_ttl_seconds: int,
+    catalog: Catalog,
+    nodes: Sequence[str] | None,
+    via: str,
+) -> list[tuple[list[Match], RuleFailure | None]]:
+    """`_guarded` for each rule of a read: a family's in one query; where that is not read together or
+    fails while the store answers (told), each rule on its own, so that each failure names its rule."""
+    if len(unit) > 1:
+        try:
+            found = family_matches(store, unit, at_ms, raw_ttl_seconds, catalog, nodes, via)
+        except SchemaMissing:
+            raise
+        except Exception as exc:
+            if isinstance(exc, StoreError) and not store.answers():
+                raise
+            names = ", ".join(rule.rule_id for rule in unit)
+            log.warning("rules %s: their shared read failed (%s); each is read on its own", names, exc)
+            found = None
+        if found is not None:
+            return [_judged(rule, matches) for rule, matches in zip(unit, found, strict=True)]
+    return [_guarded(store, rule, at_ms, raw_ttl_seconds, catalog, nodes, via) for rule in unit]
 
 
 def _guarded(
@@ -697,8 +799,7 @@ def _guarded(
     via: str,
 ) -> tuple[list[Match], RuleFailure | None]:
     """The rule's matches, and its failure: its query's, when the store still answers (else the
-    store's error is raised), or the series whose aggregates are not finite numbers (a counter's
-    delta past any float), which are told and never matched."""
+    store's error is raised), or `_judged`'s."""
     try:
         matches = rule_matches(store, rule, at_ms, raw_ttl_seconds, catalog, nodes, via)
     except SchemaMissing:
@@ -708,6 +809,12 @@ def _guarded(
             raise
         error = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
         return [], RuleFailure(rule.rule_id, f"{rule.file}:{rule.line}", error)
+    return _judged(rule, matches)
+
+
+def _judged(rule: Rule, matches: list[Match]) -> tuple[list[Match], RuleFailure | None]:
+    """The matches whose aggregates are finite numbers, and a failure naming the series whose are not
+    (a counter's delta past any float): those are told and never matched."""
     finite = [m for m in matches if _is_finite(m)]
     if len(finite) == len(matches):
         return matches, None

@@ -28,13 +28,19 @@ def armed(store: Store, context: Any) -> CircuitBreaker:
 
 
 def breaker_state(store: Store, context: Any, since_ms: int) -> dict[str, Any]:
-    """The breaker's state now and its refusals since `since_ms` (newest first)."""
+    """The breaker's state now and its refusals since `since_ms` (newest first), of the inventory's
+    nodes only: another inventory's executor may share the store."""
     state = armed(store, context).state()
+    hosts = context.inventory.hosts
     # a refusal's own row where there is one (a drain's row changes when it is tried again); a drain
     # row still refused from before those rows were kept
     states = Ledger(store).action_states(status=REFUSED, since_ms=since_ms)
     kept = {(s.txn_id, s.target) for s in states if s.action == BREAKER_REFUSAL}
-    refused = [s for s in states if s.action == BREAKER_REFUSAL or (s.txn_id, s.target) not in kept]
+    refused = [
+        s
+        for s in states
+        if s.target in hosts and (s.action == BREAKER_REFUSAL or (s.txn_id, s.target) not in kept)
+    ]
     state["refusals"] = [
         {
             "at": iso(s.started_ms),

@@ -14,8 +14,8 @@ FROM
         SELECT
             node_id,
             if(extract(device, {p1:String}) = '', device, extract(device, {p1:String})) AS key,
-            argMax(device, x) AS dev,
-            map({p2:String}, max(x), {p4:String}, toFloat64(argMax(m, x)), {p5:String}, toFloat64(argMax(n, x))) AS `values`,
+            argMax(device, (x, device)) AS dev,
+            map({p2:String}, max(x), {p4:String}, toFloat64(argMax(m, (x, device))), {p5:String}, toFloat64(argMax(n, (x, device)))) AS `values`,
             max(x) AS v
         FROM
         (

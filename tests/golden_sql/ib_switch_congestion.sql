@@ -14,7 +14,7 @@ FROM
         SELECT
             node_id,
             if(extract(device, {p1:String}) = '', device, extract(device, {p1:String})) AS key,
-            argMax(device, x) AS dev,
+            argMax(device, (x, device)) AS dev,
             map({p2:String}, max(x)) AS `values`,
             max(x) AS v
         FROM

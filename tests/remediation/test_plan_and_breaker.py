@@ -289,3 +289,9 @@ def test_a_refusal_stays_listed_after_the_drain_is_tried_again(tmp_path, db):
     assert refusal["node"] == "node02" and "own limit" in refusal["reason"]
     listed = cli(db, "actions", "--status", "refused", check_rc=(0,)).stdout
     assert "node02" in listed and "breaker_refusal" in listed
+    # the breaker of another inventory sharing the store lists only its own nodes' refusals
+    other = tmp_path / "other" / "hosts.yml"
+    other.parent.mkdir()
+    other.write_text("all:\n  hosts:\n    gpu-a01: {slurm_name: a01}\n    gpu-a02: {slurm_name: a02}\n")
+    theirs = json.loads(cli(db, "breaker", "--json", "--inventory", str(other), check_rc=(0,)).stdout)
+    assert theirs["refusals"] == [] and theirs["fleet_size"] == 2
