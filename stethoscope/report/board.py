@@ -94,11 +94,12 @@ def collect(
     start_ms = _day_start_ms(day_list[0])
     db = store.database
     nodes: dict[str, NodeBoard] = {}
+    keys = [(lay, d) for lay in LAYERS for d in labels]
 
     def cell(node: str, layer: str, day: str) -> Cell:
         board = nodes.get(node)
         if board is None:
-            board = nodes[node] = NodeBoard(node, {(lay, d): Cell() for lay in LAYERS for d in labels})
+            board = nodes[node] = NodeBoard(node, {key: Cell() for key in keys})
         return board.cells[(layer, day)]
 
     names = [r[0] for r in store.query(f"SELECT DISTINCT metric_name FROM {db}.metrics_hourly")]
@@ -122,9 +123,7 @@ def collect(
             for node in shown_on(owner, _json(evidence).get("nodes")):
                 if event.rule_id.startswith("model."):
                     later.append((node, event, first_ms, last_ms, evidence))
-                    nodes.setdefault(
-                        node, NodeBoard(node, {(lay, d): Cell() for lay in LAYERS for d in labels})
-                    )
+                    nodes.setdefault(node, NodeBoard(node, {key: Cell() for key in keys}))
                     nodes[node].events.append(event)
                     continue
                 finding = {"rule_id": event.rule_id, "evidence": evidence}

@@ -183,6 +183,13 @@ def open_wait_seconds(default: float = 30.0) -> float:
 # are distributed twice, which the server's default ('deny') refuses; and an insert returns only once its
 # shard holds it, for the ledger, the heartbeat and the breaker read right after they write.
 CLUSTER_READ_WRITE = {"distributed_product_mode": "global", "distributed_foreground_insert": 1}
+# Metric rows are folded at merge time, not as each insert lands: the replacing key folds copies in
+# merges and reads take FINAL (two collectors' copies are in separate inserts anyway), and the rollup
+# views see the inserted rows either way. Folding every block again, and running the two rollup views
+# one after the other, slowed the stream's inserts at 2,000 eight-GPU nodes on 2 cores
+# (benchmarks/stream_scale.py --nodes 2000 --gpus 8).
+METRIC_INSERT_SETTINGS = {"optimize_on_insert": 0, "parallel_view_processing": 1}
+METRIC_TABLES = ("metrics", "fault_windows")
 
 
 class Store:
@@ -433,9 +440,13 @@ class Store:
         self.insert_columns(f"{self.database}.{table}", columns, names)
 
     def insert_columns(self, table: str, columns: Sequence[Sequence[Any]], names: Sequence[str]) -> None:
-        """Columns into `table`, named with its database (`db.table`): the relay's insert (serve/relay.py)."""
+        """Columns into `table`, named with its database (`db.table`): the relay's insert (serve/relay.py).
+        Metric tables take METRIC_INSERT_SETTINGS where the insert runs (here, or in the relay's serve)."""
+        settings = METRIC_INSERT_SETTINGS if self._relay is None and _metric_table(table) else None
         try:
-            self.client.insert(table, list(columns), column_names=list(names), column_oriented=True)
+            self.client.insert(
+                table, list(columns), column_names=list(names), column_oriented=True, **_given(settings)
+            )
         except StoreError:
             raise
         except Exception as exc:
@@ -444,7 +455,7 @@ class Store:
     # writes -----------------------------------------------------------------------------------
     def insert_metrics(self, metrics: MetricColumns, table: str = "metrics") -> int:
         """Metric rows into `metrics`, or into `fault_windows` (the same columns: a fault's kept rows)."""
-        if table not in ("metrics", "fault_windows"):
+        if table not in METRIC_TABLES:
             raise ValueError(f"{table}: not a table of metric rows")
         if len(metrics):
             self._insert(table, metrics.columns(), METRIC_COLUMNS)
@@ -464,3 +475,11 @@ class Store:
         written += self.insert_rows("fingerprints", batch.fingerprints)
         written += self.insert_rows("nodes", batch.nodes)
         return written
+
+
+def _metric_table(table: str) -> bool:
+    return table.rpartition(".")[2] in METRIC_TABLES
+
+
+def _given(settings: dict[str, Any] | None) -> dict[str, Any]:
+    return {"settings": settings} if settings else {}

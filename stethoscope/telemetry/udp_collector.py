@@ -216,12 +216,20 @@ class Collector:
                 return
 
     def _write_loop(self) -> None:
-        while not self._stop.wait(self.flush_interval):
+        """A flush every flush_interval from when the last one began: one that took longer (a slow
+        store) is followed at once, its rows waiting meanwhile written without a further idle interval."""
+        began = self.clock()
+        while not self._stop.wait(self._until_next_flush(began)):
+            began = self.clock()
             try:
                 self.flush()
             except Exception as exc:  # the thread outlives any error: what it took is held, the next try
                 self.write_errors["flush"] += 1
                 self._say(f"flush failed: {type(exc).__name__}: {redact(exc)}")
+
+    def _until_next_flush(self, began: float) -> float:
+        """Seconds to wait before the next flush: never past the interval, whatever the clock did."""
+        return min(self.flush_interval, max(0.0, began + self.flush_interval - self.clock()))
 
     # receiving --------------------------------------------------------------------------------
     def handle(self, data: bytes, now_ms: int | None = None) -> str | None:

@@ -65,6 +65,18 @@ def test_rows_differing_only_in_labels_never_collapse_but_a_resent_row_does(stor
     assert count(store) == 2
 
 
+def test_a_metric_insert_leaves_folding_to_merges_and_final_reads(store):
+    # Folding each block as it lands slowed the stream's inserts at 2,000 eight-GPU nodes
+    # (benchmarks/stream_scale.py): the replacing key folds at merge time, reads take FINAL (as they
+    # must for two collectors' copies), and the rollups see every inserted row either way.
+    row = ("n1", "gpu_temperature_celsius", "gpu0", {}, 41.0, T0)
+    store.insert_metrics(metrics(row, row))
+    assert store.query(f"SELECT count() FROM {store.database}.metrics")[0][0] == 2
+    assert count(store) == 1
+    hourly = f"SELECT sum(samples) FROM {store.database}.metrics_hourly WHERE node_id = 'n1'"
+    assert store.query(hourly)[0][0] == 2
+
+
 def test_label_order_does_not_make_a_new_series(store):
     store.insert_metrics(metrics(("n1", "net_mtu", "ib0", {"a": "1", "b": "2"}, 4096, T0)))
     store.insert_metrics(metrics(("n1", "net_mtu", "ib0", {"b": "2", "a": "1"}, 4096, T0)))

@@ -8,14 +8,16 @@ import os
 import random
 import subprocess
 import sys
+import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
+from stethoscope.store.batch import Batch
 from stethoscope.store.client import Store
-from stethoscope.store.writer import Writer
+from stethoscope.store.writer import Writer, WriteReport
 from stethoscope.telemetry import wire
 from stethoscope.telemetry.keyring import Keyring
 from stethoscope.telemetry.lab import lab_agents, run_agents
@@ -224,3 +226,32 @@ def test_forged_replayed_and_unknown_datagrams_counted_by_reason_and_never_store
         ("replayed", "mac", "key", "version", "set"), 1.0
     )
     assert claimed == [(0,)]
+
+
+def test_a_write_slower_than_the_flush_interval_is_followed_at_once_not_after_a_further_interval() -> None:
+    """Regression: the writing thread slept a whole flush interval after each write, however long the
+    write took, so a slow store added an idle second to every write cycle and the rows waiting for it
+    (2,000 eight-GPU nodes fell behind: benchmarks/stream_scale.py). Here each write takes 5 s of the
+    collector's clock."""
+    now = [1_000_000.0]
+    calls: list[float] = []
+
+    def slow_sink(batch: Batch) -> WriteReport:
+        calls.append(now[0])
+        now[0] += 5.0  # the write's duration, as the collector's clock sees it
+        return WriteReport(stored=len(batch))
+
+    metric_set = load_sets()["gpu_node"]
+    keyring = Keyring(dict(NODES), [SECRET])
+    collector = Collector(
+        keyring,
+        {metric_set.id: metric_set},
+        slow_sink,
+        flush_interval=1.0,
+        health_interval=0.0,
+        clock=lambda: now[0],
+    )
+    collector.start()
+    time.sleep(1.6)  # real time: one interval before the first write, then the writes back to back
+    collector.stop()
+    assert len(calls) >= 4, calls  # each flush writes the collector's health rows (health_interval 0)
