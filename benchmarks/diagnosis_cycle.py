@@ -3,7 +3,8 @@
 20 metrics, in embedded ClickHouse. Budget (docs/design.md "Storage"): 200 nodes (about 70 million
 rows) in <= 5 s on a 2-core machine, all parts together: rules <= 3 s, UNKNOWN <= 0.5 s, the learned
 model <= 1.5 s. Reports the cycle, then each part on its own: the rules (as the cycle reads them, one
-thread per core up to 4 on handles of their own; then one rule after another on one handle, with the
+thread per core up to 4 on handles of their own; so again with no family of rules sharing a query
+(diagnosis/families.py); then one rule after another on one handle, with the
 slowest 5; and so again with every increase read from the raw rows only, the engine before
 metrics_hourly stood in for whole hours), UNKNOWN, and the learned model (features, both graphs,
 explanation and path for every node, over the last 10 minutes of stream that the data also holds).
@@ -34,11 +35,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
 from stethoscope import stats
 from stethoscope.catalog import Catalog
+from stethoscope.diagnosis import engine
 from stethoscope.diagnosis.engine import evaluate, evaluate_all, readers_wanted
 from stethoscope.diagnosis.families import units
 from stethoscope.diagnosis.findings import diagnose
@@ -165,7 +168,7 @@ def healthy_value(readers: list[Condition]) -> float:
     is constant: no increase)."""
     if readers[0].kind in ("counter", "events"):
         return 0.0
-    candidates = [0.0, *(c.threshold + step for c in readers for step in (1, -1))]
+    candidates = [0.0, *(c.threshold + step for c in readers for step in (1, -1, 0))]
     return next((v for v in candidates if not any(matches(c, v) for c in readers)), 0.0)
 
 
@@ -252,6 +255,14 @@ def rules_part(store: Store, rules: list, end_ms: int, repeat: int) -> dict:
     readers = readers_wanted()
     timing = timed(repeat, lambda: evaluate_all(store, rules, end_ms, readers=readers))
     return {"readers": readers, **timing, **reads(rules)}
+
+
+def rules_without_families(store: Store, rules: list, end_ms: int, repeat: int) -> dict:
+    """`rules_part` with every rule read on its own (no family shares a query): what families save."""
+    readers = readers_wanted()
+    with mock.patch.object(engine, "units", lambda rules: [[rule] for rule in rules]):
+        timing = timed(repeat, lambda: evaluate_all(store, rules, end_ms, readers=readers))
+    return {"readers": readers, **timing, "queries": len(rules)}
 
 
 def reads(rules: list) -> dict:
@@ -364,6 +375,7 @@ def one_size(nodes: int, repeat: int, data: Path | None) -> dict:
         result_cycle = timed(repeat, cycle)
         parts = {
             "rules": rules_part(store, loaded.rules, end_ms, repeat),
+            "rules_without_families": rules_without_families(store, loaded.rules, end_ms, repeat),
             "rules_one_at_a_time": rules_one_at_a_time(store, loaded.rules, end_ms, repeat, "rollup"),
             "rules_raw_rows_only": rules_one_at_a_time(store, loaded.rules, end_ms, repeat, "raw"),
             "unknown": unknown_part(store, catalog, end_ms, fleet, repeat),

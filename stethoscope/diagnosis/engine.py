@@ -36,12 +36,12 @@ import queue
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stethoscope.aggregates import INCREASES, REGISTRY
 from stethoscope.catalog import Catalog, default_catalog
-from stethoscope.diagnosis.families import family_sql, sole_condition, units, worst
+from stethoscope.diagnosis.families import sole_condition, units, worst
 from stethoscope.diagnosis.rules import Condition, Group, Rule
 from stethoscope.diagnosis.spans import spans
 from stethoscope.store.client import SchemaMissing, Store, StoreError
@@ -423,14 +423,18 @@ class QueryBuilder:
             scale = f"greatest(spread, abs(base) * {_MIN_RELATIVE_SPREAD}, 1e-12)"
         return f"SELECT node_id, device, labels_key, cls, {signed} / {scale} AS x, n FROM ({joined})"
 
-    def leaf(self, condition: Condition, enclosing: str | None) -> str:
+    def enclosing_key(self, enclosing: str | None) -> str:
+        """The part of the device name the enclosing kind's pattern matches, else the whole name."""
         if enclosing is None:
-            key = "''"
-        else:  # the part of the device name the enclosing kind's pattern matches, else the whole name
-            pattern = self.param(f"^({enclosing})", "String")
-            key = f"if(extract(device, {pattern}) = '', device, extract(device, {pattern}))"
+            return "''"
+        pattern = self.param(f"^({enclosing})", "String")
+        return f"if(extract(device, {pattern}) = '', device, extract(device, {pattern}))"
+
+    def leaf(self, condition: Condition, enclosing: str | None) -> str:
+        key = self.enclosing_key(enclosing)
         # the worst series of the node (or enclosing device) speaks for it, as the operator reads worst;
-        # of several as bad, the last device by name (the same each time, and in families.py)
+        # of several as bad, the last device by name (the first for < and <=), the same each time and
+        # in families.py
         worst = "min" if condition.operator in ("<", "<=") else "max"
         of_worst = "argMin" if worst == "min" else "argMax"
         values = [self.param(condition.metric, "String"), f"{worst}(x)"]
@@ -472,6 +476,40 @@ class QueryBuilder:
         values = "mapConcat(" + ", ".join(f"t{i}.values" for i in range(len(parts))) + ")"
         columns = f"t0.node_id AS node_id, t0.key AS key, t0.dev AS dev, {values} AS values, t0.v AS v"
         return f"SELECT {columns} FROM {query}"
+
+    def family(self, members: Sequence[Condition], enclosing: str | None) -> str:
+        """A family's one query (families.py): rows (r, node_id, key, dev_high, high, dev_low, low) per
+        member r (1-based), node and enclosing device, the worst passing series each way; and a row of
+        r = 0 for a series whose labels were not found (the caller then reads each member on its own).
+        Built with the members' label sets as `any_labels`; the labels of a series come from its raw
+        rows in the window, the rows its aggregate reads (a family past the raw TTL is not read
+        together)."""
+        shared = replace(members[0], labels=())  # each member's labels apply after the shared read
+        start, end = self.window(shared)
+        key = self.enclosing_key(enclosing)
+        enough = f"n >= {self.param(shared.min_samples, 'UInt32')}"
+        labelled = any(member.labels for member in members)
+        passing = ["if(l.found = 0, [0], [])"] if labelled else []
+        for place, member in enumerate(members, start=1):
+            tests = [enough, self.comparison(member)]
+            if member.labels:
+                tests.append(self.labelled(member.labels, "l.series_labels"))
+            passing.append(f"if({' AND '.join(tests)}, [{place}], [])")
+        series = f"({self.measured(shared)}) AS m"
+        if labelled:
+            where = [*self.filters(shared), f"timestamp > {start}", f"timestamp <= {end}"]
+            labels = (
+                f"SELECT labels_key, any(labels) AS series_labels, toUInt8(1) AS found "
+                f"FROM {self.database}.metrics WHERE {' AND '.join(where)} GROUP BY labels_key"
+            )
+            series += f" LEFT JOIN ({labels}) AS l USING (labels_key)"
+        # of devices as bad, the one a rule read alone takes (QueryBuilder.leaf): last by name, first for <
+        return (
+            f"SELECT r, node_id, {key} AS key, argMax(device, (x, device)) AS dev_high, max(x) AS high, "
+            "argMin(device, (x, device)) AS dev_low, min(x) AS low "
+            f"FROM {series} ARRAY JOIN arrayConcat({', '.join(passing)}) AS r "
+            "GROUP BY r, node_id, key ORDER BY r, node_id, key"
+        )
 
     def node(self, item: Condition | Group, enclosing: str | None) -> str:
         return self.leaf(item, enclosing) if isinstance(item, Condition) else self.group(item, enclosing)
@@ -637,10 +675,11 @@ def family_matches(
     if builder.daily(conditions[0]):
         return None
     kind = catalog.enclosing(conditions[0].metric)
-    sql = family_sql(builder, conditions, kind.pattern if kind else None)
+    sql = builder.family(conditions, kind.pattern if kind else None)
     found: list[list[Match]] = [[] for _ in rules]
     for place, node, _key, dev_high, high, dev_low, low in store.query(sql, builder.params):
-        if place == 0:
+        if place == 0:  # raw rows expired under an hourly read (an instant in the past): rule by rule
+            log.debug("rules %s: a series' labels not in its raw rows; read one by one", _ids(rules))
             return None
         condition = conditions[place - 1]
         device, value = worst(condition, (dev_high, float(high)), (dev_low, float(low)))
@@ -771,18 +810,21 @@ def _guarded_unit(
     nodes: Sequence[str] | None,
     via: str,
 ) -> list[tuple[list[Match], RuleFailure | None]]:
-    """`_guarded` for each rule of a read: a family's in one query; where that is not read together or
-    fails while the store answers (told), each rule on its own, so that each failure names its rule."""
+    """`_guarded` for each rule of a read: a family's in one query, each member failing with the
+    store's error where that query fails while the store answers (a rule read alone would fail the
+    same way: the members differ only in labels and thresholds); where it is not read together, or
+    fails in this code, each rule on its own (told)."""
     if len(unit) > 1:
         try:
             found = family_matches(store, unit, at_ms, raw_ttl_seconds, catalog, nodes, via)
         except SchemaMissing:
             raise
-        except Exception as exc:
-            if isinstance(exc, StoreError) and not store.answers():
+        except StoreError as exc:
+            if not store.answers():
                 raise
-            names = ", ".join(rule.rule_id for rule in unit)
-            log.warning("rules %s: their shared read failed (%s); each is read on its own", names, exc)
+            return [([], RuleFailure(rule.rule_id, f"{rule.file}:{rule.line}", str(exc))) for rule in unit]
+        except Exception as exc:
+            log.warning("rules %s: their shared read failed (%s); each is read on its own", _ids(unit), exc)
             found = None
         if found is not None:
             return [_judged(rule, matches) for rule, matches in zip(unit, found, strict=True)]
@@ -810,6 +852,10 @@ def _guarded(
         error = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
         return [], RuleFailure(rule.rule_id, f"{rule.file}:{rule.line}", error)
     return _judged(rule, matches)
+
+
+def _ids(rules: Sequence[Rule]) -> str:
+    return ", ".join(rule.rule_id for rule in rules)
 
 
 def _judged(rule: Rule, matches: list[Match]) -> tuple[list[Match], RuleFailure | None]:

@@ -7,6 +7,7 @@ import datetime as dt
 import functools
 import io
 import re
+import threading
 from typing import Any
 
 from markupsafe import Markup, escape
@@ -15,10 +16,12 @@ from stethoscope.report.board_cells import SYMBOL, Board, NodeBoard
 from stethoscope.report.pages import PAGES
 from stethoscope.report.smart import GROWTH_ALARM, MONTH_DAYS, Trend
 
+_SAVING = threading.Lock()
+
 
 def render_board(board: Board) -> str:
     return PAGES.get_template("board.html.j2").render(
-        board=board, symbol=SYMBOL, alarm=GROWTH_ALARM, cells=board_cells
+        board=board, symbol=SYMBOL, alarm=GROWTH_ALARM, cells=board_row
     )
 
 
@@ -29,16 +32,16 @@ def render_node(board: Board, node: NodeBoard) -> str:
         symbol=SYMBOL,
         alarm=GROWTH_ALARM,
         figure=Markup(node.figure),
-        cells=node_cells,
+        cells=node_row,
     )
 
 
-def board_cells(node: NodeBoard, layers: tuple[str, ...], days: list[str]) -> Markup:
+def board_row(node: NodeBoard, layers: tuple[str, ...], days: list[str]) -> Markup:
     """The node's row on the board: a cell per layer and day, its notes as its title where it has any."""
     return Markup("".join(_cell(state, notes) for state, _symbol, notes in node.row(layers, days)))
 
 
-def node_cells(node: NodeBoard, layer: str, days: list[str]) -> Markup:
+def node_row(node: NodeBoard, layer: str, days: list[str]) -> Markup:
     """A layer's row on the node's page: a cell per day, titled with its notes, else its state."""
     return Markup("".join(_cell(state, notes or state) for state, _symbol, notes in node.row((layer,), days)))
 
@@ -57,7 +60,8 @@ def trend_svg(trends: list[Trend]) -> Markup:
 
     figure = _trend_figure(trends)
     buffer = io.StringIO()
-    with rc_context({"svg.fonttype": "none"}):  # text stays text: no glyph paths, no fonts fetched
+    # rc_context sets matplotlib's global parameters while it lasts: one figure at a time
+    with _SAVING, rc_context({"svg.fonttype": "none"}):  # text stays text: no glyph paths, no fonts
         figure.savefig(buffer, format="svg")
     svg = buffer.getvalue()
     svg = svg[svg.index("<svg") :]  # inline: no XML prolog or DOCTYPE

@@ -184,10 +184,11 @@ def open_wait_seconds(default: float = 30.0) -> float:
 # shard holds it, for the ledger, the heartbeat and the breaker read right after they write.
 CLUSTER_READ_WRITE = {"distributed_product_mode": "global", "distributed_foreground_insert": 1}
 # Metric rows are folded at merge time, not as each insert lands: the replacing key folds copies in
-# merges and reads take FINAL (two collectors' copies are in separate inserts anyway), and the rollup
-# views see the inserted rows either way. Folding every block again, and running the two rollup views
-# one after the other, slowed the stream's inserts at 2,000 eight-GPU nodes on 2 cores
-# (benchmarks/stream_scale.py --nodes 2000 --gpus 8).
+# merges, the reads that must count each sample once aggregate per (series, timestamp) or take FINAL
+# (two collectors' copies are in separate inserts anyway, and the collector drops a resent sample
+# before it makes rows), and the rollup views see the inserted rows either way. Folding every block
+# again, and running the two rollup views one after the other, slowed the stream's inserts at 2,000
+# eight-GPU nodes on 2 cores (by hand: a 66,000-row insert 1.54 -> 0.95 CPU-seconds).
 METRIC_INSERT_SETTINGS = {"optimize_on_insert": 0, "parallel_view_processing": 1}
 METRIC_TABLES = ("metrics", "fault_windows")
 

@@ -32,6 +32,20 @@ def counts(store, node, device, xid, values, minutes=1):
     store.insert_metrics(batch)
 
 
+def reads_of(store, monkeypatch, metric):
+    """The queries `store` runs that read `metric`, from now on."""
+    reads: list[str] = []
+    real = store.query
+
+    def counted(sql, parameters=None):
+        if parameters and metric in parameters.values():
+            reads.append(sql)
+        return real(sql, parameters)
+
+    monkeypatch.setattr(store, "query", counted)
+    return reads
+
+
 def test_the_xid_rules_are_one_read_that_gives_each_rule_its_own_matches(store, monkeypatch):
     rules = xid_rules()
     assert len(rules) > 10 and [len(unit) for unit in units(rules)] == [len(rules)]
@@ -40,15 +54,7 @@ def test_the_xid_rules_are_one_read_that_gives_each_rule_its_own_matches(store, 
     counts(store, "n2", "gpu5", "48", [1, 1, 1], minutes=10)  # old news
     counts(store, "n3", "gpu1", "13", [0, 4, 9])  # an application's XID: no rule of these names it
     one_by_one = [engine.evaluate(store, rule, AT) for rule in rules]
-    reads: list[str] = []
-    real = store.query
-
-    def counted(sql, parameters=None):
-        if parameters and XID in parameters.values():
-            reads.append(sql)
-        return real(sql, parameters)
-
-    monkeypatch.setattr(store, "query", counted)
+    reads = reads_of(store, monkeypatch, XID)
     evaluation = engine.evaluate_all(store, rules, AT, readers=1)
     assert len(reads) == 1
     assert evaluation.failures == []
@@ -101,19 +107,6 @@ def temperatures(store):
     store.insert_metrics(batch)
 
 
-def reads_of(store, monkeypatch, metric):
-    reads: list[str] = []
-    real = store.query
-
-    def counted(sql, parameters=None):
-        if parameters and metric in parameters.values():
-            reads.append(sql)
-        return real(sql, parameters)
-
-    monkeypatch.setattr(store, "query", counted)
-    return reads
-
-
 def test_a_family_of_every_operator_and_label_gives_each_rule_its_own_matches(tmp_path, store, monkeypatch):
     rules = labelled_rules(tmp_path)
     assert [len(unit) for unit in units(rules)] == [len(rules)]
@@ -126,6 +119,8 @@ def test_a_family_of_every_operator_and_label_gives_each_rule_its_own_matches(tm
         assert len(reads) == 1 and evaluation.failures == []
         assert evaluation.matches == one_by_one
         assert sum(1 for matches in one_by_one if matches) >= 9  # most rules match something
+        tied = evaluation.matches[[rule.rule_id for rule in rules].index("r4_b")]  # == 42 on both devices
+        assert tied and all(match.device.endswith("/mem") for match in tied)  # the last by name
 
 
 def test_a_family_past_the_raw_ttl_is_read_rule_by_rule_with_the_same_answer(tmp_path, tmp_dsn, monkeypatch):
@@ -138,3 +133,31 @@ def test_a_family_past_the_raw_ttl_is_read_rule_by_rule_with_the_same_answer(tmp
         evaluation = engine.evaluate_all(store, rules, AT, readers=1)
         assert len(reads) == len(rules) and evaluation.failures == []
         assert evaluation.matches == one_by_one and any(one_by_one)
+
+
+def test_a_family_whose_query_the_store_refuses_fails_each_member_with_its_error(
+    tmp_path, store, monkeypatch
+):
+    """A device glob pasted with a Unicode hyphen: ClickHouse refuses the pattern, for the family's
+    read as for each rule's; each member is a RuleFailure of its own file:line, read once."""
+    condition = (
+        '{metric: nvme_percentage_used, operator: ">", threshold: %d, window: 5m, aggregate: last, '
+        'device: "nvme‐*"}'
+    )
+    path = tmp_path / "pasted.yml"
+    path.write_text(
+        "".join(
+            f"- {{rule_id: worn_{t}, description: t, severity: warning, when: {{all: [{condition % t}]}}}}\n"
+            for t in (80, 90)
+        )
+    )
+    rules = load_rules(path, CATALOG).rules
+    assert [len(unit) for unit in units(rules)] == [2]
+    reads = reads_of(store, monkeypatch, "nvme_percentage_used")
+    evaluation = engine.evaluate_all(store, rules, AT, readers=1)
+    assert len(reads) == 1 and evaluation.matches == [[], []]
+    assert [(f.rule_id, f.where, f.stage) for f in evaluation.failures] == [
+        ("worn_80", f"{path}:1", "query"),
+        ("worn_90", f"{path}:2", "query"),
+    ]
+    assert all("Code:" in failure.error for failure in evaluation.failures)
