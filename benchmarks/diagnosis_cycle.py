@@ -4,7 +4,7 @@
 rows) in <= 5 s on a 2-core machine, all parts together: rules <= 3 s, UNKNOWN <= 0.5 s, the learned
 model <= 1.5 s. Reports the cycle, then each part on its own: the rules (as the cycle reads them, one
 thread per core up to 4 on handles of their own; so again with no family of rules sharing a query
-(diagnosis/families.py); then one rule after another on one handle, with the
+(diagnosis/shared_reads.py); then one rule after another on one handle, with the
 slowest 5; and so again with every increase read from the raw rows only, the engine before
 metrics_hourly stood in for whole hours), UNKNOWN, and the learned model (features, both graphs,
 explanation and path for every node, over the last 10 minutes of stream that the data also holds).
@@ -16,7 +16,7 @@ and a few faulted nodes (worn SSDs, IB symbol errors, a throttling GPU), so rule
 beside them every other metric (and label set) a shipped rule reads, every 5 minutes as a sweep
 stores it, at a value its rule does not match, so that every rule reads rows, as on a fleet that
 has every part the rules know. `queries` says how many queries the rules took (a family of rules
-sharing its read is one: diagnosis/families.py).
+sharing its read is one: diagnosis/shared_reads.py).
 `--data DIR` keeps it there and reuses it on the next run (generating 200 nodes takes minutes); a run
 that reuses it reports no generation time of its own (`generate_seconds` null) and names when the data
 was generated (`data_reused_generated_at`).
@@ -43,10 +43,10 @@ from stethoscope import stats
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis import engine
 from stethoscope.diagnosis.engine import evaluate, evaluate_all, readers_wanted
-from stethoscope.diagnosis.families import units
 from stethoscope.diagnosis.findings import diagnose
 from stethoscope.diagnosis.model_findings import ModelUse
 from stethoscope.diagnosis.rules import Condition, conditions, load_rules
+from stethoscope.diagnosis.shared_reads import units
 from stethoscope.diagnosis.unknown import Fleet, survey
 from stethoscope.inventory import Host
 from stethoscope.model import metadata

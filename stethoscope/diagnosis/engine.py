@@ -1,5 +1,5 @@
 """Rule evaluation in ClickHouse: one query per rule over all nodes (docs/design.md "Rules"); a cycle
-(`evaluate_all`) reads a family of rules that share their read in one (families.py).
+(`evaluate_all`) reads a family of rules that share their read in one (shared_reads.py).
 
 A condition becomes a subquery that aggregates a metric per node, device and label set over its
 window and keeps the rows past the threshold; `all` joins its members on the node (and on the
@@ -41,8 +41,8 @@ from typing import Any
 
 from stethoscope.aggregates import INCREASES, REGISTRY
 from stethoscope.catalog import Catalog, default_catalog
-from stethoscope.diagnosis.families import sole_condition, units, worst
 from stethoscope.diagnosis.rules import Condition, Group, Rule
+from stethoscope.diagnosis.shared_reads import sole_condition, units, worst
 from stethoscope.diagnosis.spans import spans
 from stethoscope.store.client import SchemaMissing, Store, StoreError
 from stethoscope.store.dsn import ConfigError
@@ -113,7 +113,7 @@ class QueryBuilder:
         any_labels: Sequence[tuple[tuple[str, str], ...]] = (),
     ):
         self.database = database
-        # a family's read (families.py): the series of any of these label sets, where each has some
+        # a family's read (shared_reads.py): the series of any of these label sets, where each has some
         self.any_labels = any_labels if all(any_labels) else ()
         self.raw_ttl_seconds = raw_ttl_seconds
         self.rollup = rollup  # whether metrics_hourly may stand in for whole hours of raw rows
@@ -434,7 +434,7 @@ class QueryBuilder:
         key = self.enclosing_key(enclosing)
         # the worst series of the node (or enclosing device) speaks for it, as the operator reads worst;
         # of several as bad, the last device by name (the first for < and <=), the same each time and
-        # in families.py
+        # in shared_reads.py
         worst = "min" if condition.operator in ("<", "<=") else "max"
         of_worst = "argMin" if worst == "min" else "argMax"
         values = [self.param(condition.metric, "String"), f"{worst}(x)"]
@@ -478,7 +478,7 @@ class QueryBuilder:
         return f"SELECT {columns} FROM {query}"
 
     def family(self, members: Sequence[Condition], enclosing: str | None) -> str:
-        """A family's one query (families.py): rows (r, node_id, key, dev_high, high, dev_low, low) per
+        """A family's one query (shared_reads.py): rows (r, node_id, key, dev_high, high, dev_low, low) per
         member r (1-based), node and enclosing device, the worst passing series each way; and a row of
         r = 0 for a series whose labels were not found (the caller then reads each member on its own).
         Built with the members' label sets as `any_labels`; the labels of a series come from its raw
@@ -658,7 +658,7 @@ def family_matches(
     nodes: Sequence[str] | None,
     via: str,
 ) -> list[list[Match]] | None:
-    """The matches of each rule of one family (families.py), read in one query: those `rule_matches`
+    """The matches of each rule of one family (shared_reads.py), read in one query: those `rule_matches`
     gives each, in the same order; None where the family is not read together (its window reaches
     past the raw TTL, or a series' labels were not found), so that each rule is read on its own."""
     members = [sole_condition(rule) for rule in rules]
@@ -730,7 +730,7 @@ def evaluate_all(
     raw_ttl_seconds: int | None = None,
 ) -> Evaluation:
     """Every rule's matches, in the order of `rules`: the same answer as `evaluate` rule by rule (a
-    family of rules that share their read in one query: families.py), read by `readers` connections
+    family of rules that share their read in one query: shared_reads.py), read by `readers` connections
     at once (default `readers_wanted()`), the caller's store and `readers - 1` more
     (`Store.reader`), the costliest rules first. On 2 cores 2 readers took about
     a third less time than one (benchmarks/diagnosis_cycle.py).
@@ -756,7 +756,7 @@ def _read_all(
     raw_ttl_seconds: int | None,
 ) -> dict[int, tuple[list[Match], RuleFailure | None]]:
     """Each rule's matches and failure, by the rule's id(): `evaluate_all` for the rules it reads,
-    a family of them (families.py) in one read."""
+    a family of them (shared_reads.py) in one read."""
     via = _via(store, via)
     ttl = raw_ttl_seconds if raw_ttl_seconds is not None else stored_raw_ttl_seconds(store)
     catalog = default_catalog()  # loaded here once, not by the threads together

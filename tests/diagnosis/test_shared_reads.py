@@ -1,4 +1,4 @@
-"""Rules that share their read (diagnosis/families.py): the shipped XID rules, one per `xid` label
+"""Rules that share their read (diagnosis/shared_reads.py): the shipped XID rules, one per `xid` label
 over the same 15 minutes of gpu_xid_errors_total, are read in one query by a cycle and give each
 rule the matches it gives read on its own."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis import engine
-from stethoscope.diagnosis.families import units
 from stethoscope.diagnosis.rules import load_rules
+from stethoscope.diagnosis.shared_reads import units
 from stethoscope.paths import project_root
 from stethoscope.store.batch import MetricColumns
 from stethoscope.store.client import Store
