@@ -42,7 +42,7 @@ from typing import Any
 from stethoscope.aggregates import INCREASES, REGISTRY
 from stethoscope.catalog import Catalog, default_catalog
 from stethoscope.diagnosis.rules import Condition, Group, Rule
-from stethoscope.diagnosis.shared_reads import sole_condition, units, worst
+from stethoscope.diagnosis.shared_reads import LOWER_IS_WORSE, sole_condition, units, worst
 from stethoscope.diagnosis.spans import spans
 from stethoscope.store.client import SchemaMissing, Store, StoreError
 from stethoscope.store.dsn import ConfigError
@@ -435,7 +435,7 @@ class QueryBuilder:
         # the worst series of the node (or enclosing device) speaks for it, as the operator reads worst;
         # of several as bad, the last device by name (the first for < and <=), the same each time and
         # in shared_reads.py
-        worst = "min" if condition.operator in ("<", "<=") else "max"
+        worst = "min" if condition.operator in LOWER_IS_WORSE else "max"
         of_worst = "argMin" if worst == "min" else "argMax"
         values = [self.param(condition.metric, "String"), f"{worst}(x)"]
         if condition.aggregate == "any":  # how often, in that series: its matching samples of all
@@ -822,7 +822,7 @@ def _guarded_unit(
         except StoreError as exc:
             if not store.answers():
                 raise
-            return [([], RuleFailure(rule.rule_id, f"{rule.file}:{rule.line}", str(exc))) for rule in unit]
+            return [_failed(rule, exc) for rule in unit]
         except Exception as exc:
             log.warning("rules %s: their shared read failed (%s); each is read on its own", _ids(unit), exc)
             found = None
@@ -849,9 +849,14 @@ def _guarded(
     except Exception as exc:
         if isinstance(exc, StoreError) and not store.answers():
             raise
-        error = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
-        return [], RuleFailure(rule.rule_id, f"{rule.file}:{rule.line}", error)
+        return _failed(rule, exc)
     return _judged(rule, matches)
+
+
+def _failed(rule: Rule, exc: Exception) -> tuple[list[Match], RuleFailure]:
+    """No matches, and the rule's query failure: the store's message, else the exception's."""
+    error = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+    return [], RuleFailure(rule.rule_id, f"{rule.file}:{rule.line}", error)
 
 
 def _ids(rules: Sequence[Rule]) -> str:

@@ -443,11 +443,10 @@ class Store:
     def insert_columns(self, table: str, columns: Sequence[Sequence[Any]], names: Sequence[str]) -> None:
         """Columns into `table`, named with its database (`db.table`): the relay's insert (serve/relay.py).
         Metric tables take METRIC_INSERT_SETTINGS where the insert runs (here, or in the relay's serve)."""
-        settings = METRIC_INSERT_SETTINGS if self._relay is None and _metric_table(table) else None
+        # through the relay, serve's own insert_columns applies them
+        tuned = {"settings": METRIC_INSERT_SETTINGS} if self._relay is None and _metric_table(table) else {}
         try:
-            self.client.insert(
-                table, list(columns), column_names=list(names), column_oriented=True, **_given(settings)
-            )
+            self.client.insert(table, list(columns), column_names=list(names), column_oriented=True, **tuned)
         except StoreError:
             raise
         except Exception as exc:
@@ -480,7 +479,3 @@ class Store:
 
 def _metric_table(table: str) -> bool:
     return table.rpartition(".")[2] in METRIC_TABLES
-
-
-def _given(settings: dict[str, Any] | None) -> dict[str, Any]:
-    return {"settings": settings} if settings else {}
