@@ -27,7 +27,7 @@ from pathlib import Path
 
 TOP = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TOP / "tools"))
-sys.path.insert(0, str(TOP / "tests"))
+sys.path.insert(0, str(TOP / "tests" / "helpers"))
 
 from http_standin import Request, StandIn  # noqa: E402  (the tests' loopback Jira)
 from provenance import RESULTS, write_results  # noqa: E402

@@ -30,7 +30,6 @@ from pathlib import Path
 
 TOP = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOP))
-sys.path.insert(0, str(TOP / "tests"))
 
 from provenance import write_results  # noqa: E402
 

@@ -10,6 +10,7 @@ outputs the collectors parsed, and OUTDIR/compute.json (every measurement and th
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -33,7 +34,11 @@ def importable_collection() -> None:
 
 
 def main() -> int:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "gpu-check")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("outdir", nargs="?", type=Path, default=Path("gpu-check"))
+    parser.add_argument("--quick", action="store_true", help="shorter GEMM runs")
+    args = parser.parse_args()
+    out = args.outdir
     out.mkdir(parents=True, exist_ok=True)
     importable_collection()
     from ansible_collections.aicluster.stethoscope.plugins.module_utils import (
@@ -88,7 +93,7 @@ def main() -> int:
         )
         for row in rows[:40]:
             print(f"   {row['name']}{{{row['device']}}} {row['labels'] or ''} = {row['value']}")
-    compute_ok = compute_check(out, quick="--quick" in sys.argv)
+    compute_ok = compute_check(out, quick=args.quick)
     return 0 if compute_ok and all("error" not in item for item in report.values()) else 1
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 TOP = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOP / "benchmarks"))
 sys.path.insert(0, str(TOP / "tools"))
-sys.path.insert(0, str(TOP / "tests"))
+sys.path.insert(0, str(TOP / "tests" / "helpers"))
 
 from http_standin import StandIn  # noqa: E402  (the tests' loopback Jira)
 from provenance import stamp, write_results  # noqa: E402
