@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The learned model's part of a diagnosis cycle for a fleet (issues 10 and 21): features (one query
+"""The learned model's part of a diagnosis cycle for a fleet: features (one query
 for all nodes, each rank's times from the same rows), normalisation, the classifier, the detector
 (peer medians included), the explanation of the findings, and the job-relative layer (each job's
 culprit rank, each switch's congestion, the graphs' findings on waiting peers folded), each timed.

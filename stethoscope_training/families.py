@@ -502,7 +502,7 @@ CORE_FAMILIES: dict[str, tuple[str, Family]] = {
     "compute.clock_decay": ("compute", clock_decay),
 }
 HELD_OUT = ("communication.flapping_link", "storage.data_stall_bursts", "compute.clock_decay")
-# The generator's families that the shipped rules do not catch (issue 10 "Training data"): the
+# The generator's families that the shipped rules do not catch (docs/design.md "Learned diagnosis"): the
 # node's own counters, temperatures and clocks stay normal; the model must find them.
 RULES_MISS = ("communication.allreduce_centre", "compute.straggler_gpu", "storage.slow_nvme_clean_smart")
 REPLAYED = ("healthy.replay_idle", "healthy.replay_load")  # the test split's, from the capture's later half

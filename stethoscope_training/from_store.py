@@ -1,4 +1,4 @@
-"""Real data in (issue 21): `stethoscope model finetune --from-faults`.
+"""Real data in: `stethoscope model finetune --from-faults`.
 
 1. Self-calibration. A GPU class the model has no normalisation for (an H100, A100 or T4 fleet, the
    model trained on the H200's) is not classified: its healthy windows would read as faults. Its

@@ -1,5 +1,5 @@
 """How the graphs alone, the deterministic job-relative detector alone, and both together (what
-`diagnose` runs) do on job scenes (issue 21): for each fault kind the share of scenes whose culprit
+`diagnose` runs) do on job scenes: for each fault kind the share of scenes whose culprit
 was found (the culprit rank, or the congested switch), the share of a faulty job's peers given a
 finding of their own, the share of healthy jobs with any finding, and how long before the impact a
 congested switch is named.

@@ -1,4 +1,4 @@
-"""The job scenes' hold-out sets (issue 21). Set "jobs-1": variants written before the job-relative
+"""The job scenes' hold-out sets. Set "jobs-1": variants written before the job-relative
 detector's constants were first chosen on job_families.py's validation scenes, and not used to
 choose those (STEADY, chosen after it was read, was: see below). Same simulation
 (stethoscope_training/jobs.py), other conditions: what a straggler, an input stall and a congested

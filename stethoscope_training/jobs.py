@@ -1,4 +1,4 @@
-"""Synchronous jobs over a fleet (issue 21): the scenes the job-relative detector and the graphs are
+"""Synchronous jobs over a fleet: the scenes the job-relative detector and the graphs are
 measured on. A scene is a fleet of nodes behind switches (4-8 switches of 8-16 nodes), most of them
 running jobs of 4-64 nodes (packed or scattered over the switches), the rest idle; a job runs one rank
 a node, or where a family says so 2-8 (`Options.ranks_per_node`: an 8-GPU node runs 8), each rank on
