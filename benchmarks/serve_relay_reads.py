@@ -256,6 +256,8 @@ def main() -> None:
         results.update(
             breaker_fraction=args.breaker_fraction,
             actions_logged=len(actions(said)),
+            # why a sweep failed: serve says it on stderr (its /healthz keeps only the last error)
+            sweep_warnings=[line.strip()[:300] for line in said if "sweep:" in line][:20],
             drain_actions_logged=len(drains),
             tickets_opened=tickets,
             seconds_until_actions_settled=settled,

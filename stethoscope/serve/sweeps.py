@@ -57,6 +57,20 @@ def batches(hosts: list[str], batch: str) -> list[list[str]]:
     return [hosts[i : i + size] for i in range(0, len(hosts), size)]
 
 
+def failed_hosts(results: list[PlaybookResult], hosts: dict[str, str], shown: int = 10) -> str:
+    """The hosts a sweep lost, each with what its task said (the first `shown`; the rest counted)."""
+    said = {
+        event["host"]: f"{event['task']}: {event['msg']}"
+        for result in results
+        for event in result.events
+        if event["event"] in ("runner_on_failed", "runner_on_unreachable")
+    }
+    lost = sorted(host for host, state in hosts.items() if state != "ok")
+    named = [f"{host} ({said[host]})" if host in said else host for host in lost[:shown]]
+    more = f" and {len(lost) - shown} more" if len(lost) > shown else ""
+    return ", ".join(named) + more if named else "no host named"
+
+
 def _yield_cpu() -> None:
     """Lower the calling thread's CPU priority to SWEEP_NICENESS (never raise it). On Linux a niceness
     belongs to a thread, and the ansible-playbook it starts inherits it."""
@@ -163,3 +177,4 @@ class Sweeper:
             self.stats.last_error = (
                 f"{status}: {failed} hosts failed, {len(failing)} of {len(results)} batches"
             )
+            log.warning("sweep: %s: %s", self.stats.last_error, failed_hosts(results, hosts))

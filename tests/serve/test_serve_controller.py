@@ -115,6 +115,33 @@ def test_a_sweep_still_running_at_the_next_interval_is_not_overlapped(tmp_path):
     assert all(end - start >= 3 for start, end in spans)
 
 
+def test_a_failed_sweep_is_logged_naming_its_failed_hosts(tmp_path, caplog):
+    """A sweep whose hosts failed is a symptom: serve's log says so at once, naming the hosts and
+    what they failed with (its /healthz keeps only the last error, and a later good sweep clears it)."""
+    failing = tmp_path / "failing.yml"
+    failing.write_text(
+        "---\n- name: A sweep that fails on one host\n  hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - name: Fail on node02\n      ansible.builtin.fail:\n        msg: nvidia-smi exited 255\n"
+        "      when: inventory_hostname == 'node02'\n"
+    )
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "---\nall:\n  hosts:\n    node01: {ansible_connection: local}\n"
+        "    node02: {ansible_connection: local}\n"
+    )
+    sweeper = Sweeper(inventory, 3600.0, {}, playbook=str(failing))
+    with caplog.at_level("WARNING", logger="stethoscope.serve.sweeps"):
+        sweeper.start()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (sweeper.stats.ok or sweeper.stats.failed):
+            time.sleep(0.2)
+        sweeper.stop()
+    assert sweeper.stats.failed == 1 and sweeper.stats.last_hosts["failed"] == 1, sweeper.stats
+    said = [record.getMessage() for record in caplog.records if record.getMessage().startswith("sweep:")]
+    assert len(said) == 1, said
+    assert "node02" in said[0] and "nvidia-smi exited 255" in said[0] and "node01" not in said[0], said
+
+
 def test_a_sweep_runs_below_the_operators_commands_in_cpu_priority(tmp_path):
     """On a loaded controller the operator's commands beside serve come first: the sweep's
     ansible-playbook and the modules it starts run at a niceness of at least SWEEP_NICENESS."""
