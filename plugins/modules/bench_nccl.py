@@ -21,9 +21,11 @@ description:
     compares only like runs.
   - With I(record), runs nothing and returns that result (a multi-node run's, made on the batch's first node)
     with this node's fingerprints, so every participating node stores it.
-  - Reports out-of-place bus bandwidth per size and the average (C(bench_allreduce_busbw_gb_per_s), labels algo
-    and size), and the time per size as the median and max over repetitions (C(bench_allreduce_latency_us),
-    label stat).
+  - Reports bus and algorithm bandwidth per size and placement (C(placement) C(oop) out of place, C(ip) in place)
+    and the average bus bandwidth (C(bench_allreduce_busbw_gb_per_s), labels algo and size C(avg)), and the
+    time per size and placement as the median and max over repetitions (C(bench_allreduce_latency_us), label
+    stat). nccl-tests prints one time per size, the mean of its iterations, so there is no per-collective
+    p99; a rule's C(p99) aggregate reads every stored repetition across runs.
   - Results with C(#wrong) above zero fail the task (data corruption on the path); MPI and NCCL launch failures
     fail it with the line that says what happened, and so does a run cut short (C(Test NCCL failure) after
     some sizes, or a table without its C(Avg bus bandwidth) summary).

@@ -35,6 +35,7 @@ import functools
 import hashlib
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,8 @@ HARDWARE_RULE = "hardware_changed_rebaseline"
 NO_SCHEDULER_SETTING = "stethoscope_rebaseline_without_scheduler"  # benchmarks with no drain: no jobs run
 WAITING, RUNNING, GIVEN_UP = "waiting", "running", "needs_person"
 FINISHED = ("ok", "failed")  # GIVEN_UP ends a row too, and stays listed: a person is to act
+NOT_DONE = (WAITING, RUNNING, GIVEN_UP)  # a re-baseline's statuses before `ok` (a failed try waits again)
+DUE = "due"  # a verify a repair mark asks for, not started yet
 MAX_ATTEMPTS = 3  # a node skipped or failed this many times is left to a person
 RETRY_AFTER_MS = 6 * 3600_000  # ... and before that waits this long: a later window, not the next cycle
 FINGERPRINT_CHANGED, JOINED = "fingerprint changed", "joined the fleet"
@@ -542,6 +545,27 @@ def verifies_due(ledger: Ledger, orphans: Orphans) -> list[tuple[str, str, Actio
             continue
         due.append((state.txn_id, state.target, state))
     return due
+
+
+@dataclass(frozen=True)
+class Outstanding:
+    """What serve's /metrics shows of the work in progress: re-baselines not done, by status, and the
+    verifies of incidents marked repaired whose verify has not finished (`due`, `running`)."""
+
+    rebaselines: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(NOT_DONE, 0))
+    verifies: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys((DUE, RUNNING), 0))
+
+
+def outstanding(store: Store) -> Outstanding:
+    """The re-baselines and verifies the ledger holds not done; every status present, at 0 if none."""
+    ledger = Ledger(store)
+    statuses = Counter(s.status for s in latest_of(ledger, REBASELINE) if s.status in NOT_DONE)
+    # a verify counts while its drain holds the node (a node resumed since is done with it)
+    held = {(d.txn_id, d.node) for d in ledger.drains() if d.status == "ok"}
+    verifying = latest_of(ledger, VERIFY, {txn for txn, _node in held}) if held else []
+    running = sum(1 for s in verifying if s.status == RUNNING and (s.txn_id, s.target) in held)
+    due = len(verifies_due(ledger, _NEVER))  # one whose executor died counts running until it runs again
+    return Outstanding({**dict.fromkeys(NOT_DONE, 0), **statuses}, {DUE: due, RUNNING: running})
 
 
 def _counted(per_host: Any) -> set[str]:

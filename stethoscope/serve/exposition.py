@@ -1,10 +1,11 @@
 """serve's /metrics, through prometheus_client's own exposition (the text format, OpenMetrics when the
 scraper asks, gzip when it accepts it), so an existing Prometheus and Alertmanager can alert on
 stethoscope: open findings and incidents per node, the cycle's and the sweeps' durations and
-outcomes, the executor's actions by outcome and the circuit breaker's limits, the collector's
-counters (rows stored among them: Prometheus computes their rate), its writes' failures and the rows
-they hold at risk in memory, the process' own series and the build. A counter whose labels come
-from a fixed set has every one of them at 0 from the start, so `increase()` sees the first event."""
+outcomes, the executor's actions by outcome and the circuit breaker's limits, the re-baselines and
+verifies not done, the collector's counters (rows stored among them: Prometheus computes their
+rate), its writes' failures and the rows they hold at risk in memory, the process' own series and
+the build. A series whose labels come from a fixed set has every one of them at 0 from the start,
+so `increase()` sees the first event."""
 
 from __future__ import annotations
 
@@ -99,6 +100,7 @@ class _State:
             "rule_id",
             state.rule_failures,  # every rule of the last cycle, at 0 until it fails
         )
+        yield from _upkeep(state.upkeep)
         if self.server.sweeper is not None:
             yield from _sweeps(self.server.sweeper.stats)
         if self.server.collector is not None:
@@ -179,6 +181,25 @@ def _incident_of(finding: dict[str, Any]) -> str:
     if keeps_own(finding["rule_id"], finding["node_id"]):
         return str(finding["finding_id"])
     return enclosing_device(default_catalog(), finding["device"])
+
+
+def _upkeep(upkeep: Any):
+    """Re-baselines not done (waiting: planned, for the window, the breaker or a later try; running;
+    needs_person) and verifies of repaired incidents not finished, as the last cycle read them."""
+    rebaselines = GaugeMetricFamily(
+        "stethoscope_rebaselines", "re-baselines not done, by status (the actions table's)", labels=["state"]
+    )
+    for state, count in sorted(upkeep.rebaselines.items()):
+        rebaselines.add_metric([state], count)
+    yield rebaselines
+    verifies = GaugeMetricFamily(
+        "stethoscope_verifies",
+        "incidents marked repaired whose verify has not finished: due (not started), running",
+        labels=["state"],
+    )
+    for state, count in sorted(upkeep.verifies.items()):
+        verifies.add_metric([state], count)
+    yield verifies
 
 
 def _sweeps(stats: Any):

@@ -38,6 +38,7 @@ from stethoscope.remediation.breaker_state import armed
 from stethoscope.remediation.cycle import CycleResult, Cycles
 from stethoscope.remediation.plan import preview, render_plan
 from stethoscope.remediation.published import NAME, document
+from stethoscope.remediation.rebaseline import Outstanding, outstanding
 from stethoscope.report import board
 from stethoscope.serve.exposition import Exposition, Scrape
 from stethoscope.serve.http import bind, handler
@@ -71,6 +72,7 @@ class CycleState:
     board_error: str | None = None  # why the last board was not written (the cycle itself went on)
     rule_failures: Counter = field(default_factory=Counter)  # rule_id -> cycles its evaluation failed
     published: dict[str, Any] | None = None  # the last cycle's evaluation (remediation.published)
+    upkeep: Outstanding = field(default_factory=Outstanding)  # re-baselines and verifies not done
 
 
 class Server:
@@ -241,9 +243,20 @@ class Server:
         self.state.findings = result.findings
         if self.evaluation_key is not None:  # diagnose and summary beside serve answer from it
             self.state.published = document(result, self.evaluation_key(rules), self.interval)
+        self._read_upkeep()
         room = room_for(self.store, self.cycles)  # the breaker caps the gates' failures
         self.verdicts.publish(result.findings, at_ms, result.executing, room)
         self._log_cycle(at_ms, time.monotonic() - started, result)
+
+    def _read_upkeep(self) -> None:
+        """The re-baselines and verifies not done, as the ledger holds them after this cycle; one the
+        store cannot answer keeps the last (the cycle itself is done)."""
+        try:
+            self.state.upkeep = outstanding(self.store)
+        except StoreError as exc:
+            print(
+                f"stethoscope: serve: re-baselines not read: {redact(str(exc))}", file=sys.stderr, flush=True
+            )
 
     def _document(self, name: str) -> dict[str, Any] | None:
         """What the relay hands a command beside serve that asks for `name`."""

@@ -30,11 +30,17 @@ import stethoscope
 from stethoscope.catalog import default_catalog
 from stethoscope.diagnosis.rules import load_rules
 from stethoscope.paths import rules_dir
+from stethoscope.remediation.cycle import CycleResult
+from stethoscope.remediation.ledger import DRAIN, REBASELINE, Ledger
+from stethoscope.remediation.rebaseline import repaired_row
+from stethoscope.serve import Server
 from stethoscope.serve.exposition import Exposition
 from stethoscope.serve.server import CycleState
 from stethoscope.serve.sweeps import SweepStats
 from stethoscope.telemetry import wire
+from stethoscope.telemetry.keyring import Keyring
 from stethoscope.telemetry.udp_collector import VALUE_REASONS, WRITE_ERROR_KINDS
+from stethoscope.timeutil import now_ms
 
 from conftest import TOP
 
@@ -156,6 +162,8 @@ def test_every_label_of_a_fixed_set_is_at_zero_before_its_first_event(serve):
     at_zero("stethoscope_rule_failures_total", "rule_id", [rule.rule_id for rule in shipped])
     actions = [labels for name, labels in samples if name == "stethoscope_actions_total"]
     assert (("action", "drain"), ("outcome", "failed")) in actions
+    at_zero("stethoscope_rebaselines", "state", ("waiting", "running", "needs_person"))
+    at_zero("stethoscope_verifies", "state", ("due", "running"))
 
 
 def test_no_precomputed_rate_is_exposed(serve):
@@ -181,6 +189,59 @@ def test_the_last_sweep_is_a_timestamp_in_seconds_and_host_states_start_at_zero(
     assert "stethoscope_sweep_last_finished_seconds" not in text
     for state in ("ok", "failed", "unreachable"):
         assert samples[("stethoscope_sweep_hosts", (("state", state),))] == 0.0
+
+
+def test_rebaselines_and_verifies_not_done_are_gauges_from_zero():
+    """Regression: /metrics counted finished re-baselines and verifies only; one waiting for its
+    window, running or left to a person, and a repaired incident waiting for its verify, had no series."""
+    samples = _samples(generate_latest(Exposition(_stand_in(SweepStats())).registry).decode())
+    for state in ("waiting", "running", "needs_person"):
+        assert samples[("stethoscope_rebaselines", (("state", state),))] == 0.0
+    for state in ("due", "running"):
+        assert samples[("stethoscope_verifies", (("state", state),))] == 0.0
+
+
+class _NothingFound:
+    """serve's Cycles at its seam: a dry-run cycle that matched nothing."""
+
+    execute_with = None
+
+    def run(self, rules: list, at_ms: int, store=None) -> CycleResult:
+        return CycleResult(at_ms=at_ms, findings=[], rules=len(rules), executing=False)
+
+
+def test_a_cycle_publishes_the_rebaselines_waiting_and_the_verifies_due(store, tmp_path):
+    now = now_ms()
+    ledger = Ledger(store)
+    waiting = {"txn_id": "rb-0123456789abcdef", "finding_id": "", "action": REBASELINE, "target": "node02",
+               "status": "waiting", "detail": {"reason": "waiting for the window sat 02:00-06:00 (UTC)"},
+               "started_at": now, "finished_at": None}  # fmt: skip
+    before = now - 3600_000  # drained an hour ago
+    drained = {"txn_id": "t-worn", "finding_id": "f-worn", "action": DRAIN, "target": "node01",
+               "status": "ok", "detail": {}, "started_at": before, "finished_at": before}  # fmt: skip
+    ledger.write_action(waiting, now)
+    ledger.write_action(drained, before)
+    ledger.write_action(repaired_row("t-worn", "node01", "a person", "GPU swapped"), now)
+    server = Server(
+        store=store,
+        spool_dir=tmp_path / ".stethoscope" / "spool",
+        keyring=Keyring({}, [b"s" * 32]),
+        sets={},
+        listen=("127.0.0.1", 0),
+        http=None,
+        interval=1,
+        rules=list,
+        catalog=default_catalog(),
+        cycles=_NothingFound(),  # type: ignore[arg-type]
+    )
+    server.cycle()
+    samples = _samples(server.exposition.answer(None, None).body.decode())
+    rebaselines = {
+        dict(k)["state"]: v for (name, k), v in samples.items() if name == "stethoscope_rebaselines"
+    }
+    verifies = {dict(k)["state"]: v for (name, k), v in samples.items() if name == "stethoscope_verifies"}
+    assert rebaselines == {"waiting": 1.0, "running": 0.0, "needs_person": 0.0}
+    assert verifies == {"due": 1.0, "running": 0.0}
 
 
 def _promtool() -> str:

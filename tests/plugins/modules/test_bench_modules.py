@@ -172,11 +172,18 @@ def test_nccl_ring_and_tree_from_recorded_output(tmp_path):
     )
     assert log.read_text().splitlines() == ["all_reduce_perf -b 32M -e 1G -f 2 -g 8"] * 4
     rows = {
-        (r["name"], r["labels"]["algo"], r["labels"]["size"], r["labels"]["stat"]): r["value"]
+        (
+            r["name"],
+            r["labels"]["algo"],
+            r["labels"]["size"],
+            r["labels"].get("placement"),
+            r["labels"]["stat"],
+        ): r["value"]
         for r in result["stethoscope_metrics"]
     }
-    assert rows[("bench_allreduce_busbw_gb_per_s", "ring", "avg", "median")] == 210.99
-    assert rows[("bench_allreduce_latency_us", "tree", "1073741824", "max")] == 8109.1
+    assert rows[("bench_allreduce_busbw_gb_per_s", "ring", "avg", None, "median")] == 210.99
+    assert rows[("bench_allreduce_latency_us", "tree", "1073741824", "oop", "max")] == 8109.1
+    assert rows[("bench_allreduce_latency_us", "tree", "1073741824", "ip", "max")] == 8109.7
     assert {r["algo"] for r in result["runs"]} == {"Ring", "Tree"}
 
 

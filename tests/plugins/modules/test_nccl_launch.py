@@ -13,6 +13,9 @@ import pytest
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import nccl_launch, suite_nccl
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import CollectorError
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.nccl_tests import parse_nccl_tests
+from stethoscope.catalog import default_catalog
+from stethoscope.diagnosis.rules import load_rules
+from stethoscope.paths import rules_dir
 from stethoscope.store.client import Store
 
 from conftest import FIXTURES, TOP, ansible_env, fake_tools, fixture_text, run_module
@@ -130,6 +133,40 @@ def test_a_bus_bandwidth_of_zero_is_an_error_never_a_baseline():
     launch = nccl_launch.plan("none", "all_reduce_perf", SWEEP, 8, ["node01"])
     with pytest.raises(CollectorError, match=r"NCCL_ALGO=Ring, 1x8\): average bus bandwidth 0"):
         run_suite(zeroed, launch)
+
+
+def test_the_time_per_size_is_stored_per_placement_with_its_median_and_max_never_a_p99():
+    """Regression: the time per size was stored without its placement, so the AllReduce latency rules
+    (which read the out-of-place time) matched nothing a run stored. nccl-tests prints one time per
+    size, the mean of its iterations: over 3 repetitions the worst is the max, named so."""
+    launch = nccl_launch.plan("none", "all_reduce_perf", SWEEP, 8, ["node01"])
+    bench, rows, _stability, _detail = suite_nccl.run(
+        ReplayContext(fixture_text(A100_8)), "all_reduce_perf", ["Ring"], launch, 3, {}, 3.0
+    )
+    size = {"algo": "ring", "size": "33554432", "ranks": "8", "topology": "1x8"}
+    timed = {
+        (r["labels"].get("placement"), r["labels"]["stat"]): r["value"]
+        for r in rows
+        if r["name"] == "bench_allreduce_latency_us" and r["labels"].items() >= size.items()
+    }
+    # the capture's row: 344.8 us out of place, 349.5 us in place
+    assert timed == {
+        ("oop", "median"): 344.8,
+        ("oop", "max"): 344.8,
+        ("ip", "median"): 349.5,
+        ("ip", "max"): 349.5,
+    }
+    measured = [m for m in bench["results"] if m["metric_name"] == "bench_allreduce_latency_us"]
+    assert len(measured) == 3 * 2 * 6  # repetitions x placements x the capture's sizes
+    emitted: dict[str, list[dict[str, str]]] = {}
+    for m in bench["results"]:
+        emitted.setdefault(m["metric_name"], []).append(m["labels"])
+    # every rule that reads the suite's metrics finds rows with the labels it filters on
+    for rule in load_rules(rules_dir(), default_catalog()).rules:
+        for condition in rule.conditions:
+            wanted = dict(condition.labels)
+            stored = emitted.get(condition.metric, [wanted])
+            assert any(labels.items() >= wanted.items() for labels in stored), (rule.rule_id, wanted)
 
 
 # --- the module, run by Ansible, nccl-tests and its launchers replayed at the process boundary ---

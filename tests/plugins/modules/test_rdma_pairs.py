@@ -3,14 +3,18 @@ counters (the HCA's hw_counters, read before and after the client) are stored be
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ansible.inventory.manager import InventoryManager
 from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar
+from ansible.vars.manager import VariableManager
 
 from ansible_collections.aicluster.stethoscope.plugins.module_utils import suite_network
 from ansible_collections.aicluster.stethoscope.plugins.module_utils.collector_context import Context
@@ -150,8 +154,8 @@ def test_a_pair_whose_p99_is_far_above_its_class_is_found(store, tmp_path):
 
 # --- baseline.yml on 16 lab nodes: perftest's stand-ins listen and connect on loopback for real ---
 
-# Ansible takes 10 % of 16 nodes as batches of 1, in which no node has a peer; batches of 7 give an
-# odd ring (7 RDMA nodes) and a node alone in its batch with no peer
+# The default batches (2 of 16 nodes) are checked below without a run; batches of 7 give an odd ring
+# (7 RDMA nodes) and a node alone in its batch with no peer
 BATCH = 7
 
 
@@ -223,3 +227,108 @@ def test_every_rdma_pair_meets_inside_its_batch_its_server_listening_first(tmp_p
             "SELECT DISTINCT node_id FROM stethoscope.bench_results WHERE suite = 'network' ORDER BY node_id"
         )
     assert {row[0] for row in measured} == rdma - {alone}
+
+
+# --- the default batching, read from baseline.yml and the role and templated by Ansible, no run ---
+
+
+def lab_inventory(tmp_path: Path, monkeypatch, count: int) -> Path:
+    """tools/lab.py's inventory of `count` nodes (its RDMA nodes in the group rdma_nodes)."""
+    monkeypatch.setenv("STETHOSCOPE_LAB_DIR", str(tmp_path / "lab"))
+    spec = importlib.util.spec_from_file_location("lab_tool", TOP / "tools/lab.py")
+    assert spec is not None and spec.loader is not None
+    lab = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "lab_tool", lab)
+    spec.loader.exec_module(lab)
+    hosts = tmp_path / "inventory" / "hosts.yml"
+    lab.write_inventory(count, hosts)
+    return hosts
+
+
+def loaded(loader: DataLoader, path: str) -> Any:
+    return loader.load_from_file(str(TOP / path), trusted_as_template=True)
+
+
+def tasks_of(item: Any):
+    """Every task of a play or task list, blocks opened."""
+    for task in item if isinstance(item, list) else [item]:
+        yield task
+        for key in ("tasks", "block", "always", "rescue"):
+            if isinstance(task.get(key), list):
+                yield from tasks_of(task[key])
+
+
+def default_batches(
+    loader: DataLoader, inventory: InventoryManager, magic: dict[str, Any]
+) -> list[list[str]]:
+    """baseline.yml's `serial` as Ansible templates it (no baseline_batch given), cut from Ansible's
+    own order of the play's hosts."""
+    (play,) = [play for play in loaded(loader, "playbooks/baseline.yml") if "serial" in play]
+    size = int(Templar(loader=loader, variables=magic).template(play["serial"]))
+    order = [host.name for host in inventory.get_hosts(play["hosts"])]
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+def batch_pairs(
+    loader: DataLoader, magic: dict[str, Any], batch: list[str]
+) -> list[tuple[str, str, int, int]]:
+    """(client, server, the port the client connects to, the port its server listens on) of one batch,
+    each templated from the bench_network role as baseline.yml includes it."""
+    (include,) = [
+        t for t in tasks_of(loaded(loader, "playbooks/baseline.yml"))
+        if (t.get("ansible.builtin.include_role") or {}).get("name") == "aicluster.stethoscope.bench_network"
+    ]  # fmt: skip
+    role = {**loaded(loader, "roles/bench_network/defaults/main.yml"), **include.get("vars", {})}
+    (find,) = [
+        t
+        for t in tasks_of(loaded(loader, "roles/bench_network/tasks/main.yml"))
+        if "ansible.builtin.set_fact" in t
+    ]
+    batched = Templar(loader=loader, variables={**magic, **role, "ansible_play_batch": batch})
+    members = batched.template(find["ansible.builtin.set_fact"]["__bench_network_members"])
+    pair = loaded(loader, "roles/bench_network/tasks/pair.yml")
+    (server,) = [t for t in pair if "async" in t]  # the perftest server, started in the background
+    (client,) = [t for t in pair if "aicluster.stethoscope.bench_network" in t]
+    facts = {**magic, **role, "__bench_network_members": members}
+
+    def on(host: str, task: dict[str, Any], template: str) -> Any:
+        return Templar(
+            loader=loader, variables={**facts, **task["vars"], "inventory_hostname": host}
+        ).template(template)
+
+    pairs = []
+    for node in members:
+        peer = on(node, client, client["vars"]["_bench_network_peer"])
+        connects = on(node, client, client["aicluster.stethoscope.bench_network"]["port"])
+        listens = on(peer, server, server["ansible.builtin.command"]["argv"][-1])
+        pairs.append((node, peer, int(connects), int(listens)))
+    return pairs
+
+
+def test_the_default_batches_of_sixteen_lab_nodes_are_pairs_that_meet_inside_them(tmp_path, monkeypatch):
+    """baseline.yml's default batch (10 % of the inventory, at least 2) on the 16-node lab: batches of
+    2, each RDMA node paired with the other node of its batch, its client on its server's port."""
+    loader = DataLoader()
+    inventory = InventoryManager(loader, [str(lab_inventory(tmp_path, monkeypatch, 16))])
+    magic = VariableManager(loader=loader, inventory=inventory).get_vars()
+    batches = default_batches(loader, inventory, magic)
+    assert [len(batch) for batch in batches] == [2] * 8
+    rdma = set(inventory.get_groups_dict()["rdma_nodes"])
+    batch_of = {node: index for index, batch in enumerate(batches) for node in batch}
+    pairs = [pair for batch in batches for pair in batch_pairs(loader, magic, batch)]
+    for client, server, connects, listens in pairs:
+        assert batch_of[client] == batch_of[server] and client != server, (client, server)
+        assert connects == listens, (client, server)
+    assert {client for client, *_ in pairs} == rdma  # none alone in its batch: every RDMA node measured
+
+
+@pytest.mark.parametrize(("nodes", "batch"), [(3, 2), (16, 2), (25, 2), (40, 4)])
+def test_the_default_batch_is_a_tenth_of_the_inventory_and_never_under_two(
+    tmp_path, monkeypatch, nodes, batch
+):
+    loader = DataLoader()
+    inventory = InventoryManager(loader, [str(lab_inventory(tmp_path, monkeypatch, nodes))])
+    magic = VariableManager(loader=loader, inventory=inventory).get_vars()
+    batches = default_batches(loader, inventory, magic)
+    assert {len(b) for b in batches[:-1]} <= {batch} and 0 < len(batches[-1]) <= batch
+    assert sum(len(b) for b in batches) == nodes
