@@ -18,6 +18,8 @@ MAX_MS = 10_413_791_999_999  # 2299-12-31T23:59:59.999Z
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)\s*(s|m|h|d|w)?$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 DURATION_SYNTAX = "90s, 15m, 1.5h, 2d, 1w or plain seconds"
+DAY_SECONDS = 86400
+DAYS_SYNTAX = "a number of days (7, 0.5) or a duration (36h, 2d, 1w)"
 
 
 class TimeRangeError(ValueError):
@@ -111,6 +113,41 @@ def duration_option(text: str) -> float:
         return parse_duration(text)
     except DurationError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def days_of(text: object) -> float:
+    """A span counted in days: a bare number is days ('7', '0.5'), anything else the one duration syntax
+    ('36h', '1w') -> days; DurationError naming the text otherwise."""
+    stripped = str(text).strip()
+    bare = _DURATION.match(stripped)
+    try:
+        seconds = parse_duration(stripped + "d" if bare and not bare.group(2) else stripped)
+    except DurationError:
+        raise DurationError(f"{text!r:.60} is not {DAYS_SYNTAX}") from None
+    return seconds / DAY_SECONDS
+
+
+def days_option(text: str) -> float:
+    """argparse's type for an option counted in days (days_of), above 0: a bad one is exit 2 naming the
+    option and the value."""
+    try:
+        days = days_of(text)
+    except DurationError:
+        days = 0.0
+    if days <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r:.60} is not a span above 0 ({DAYS_SYNTAX})")
+    return int(days) if days.is_integer() else days
+
+
+def whole_days_option(text: str) -> int:
+    """argparse's type for an option counted in whole days, at least 1 ('14', '2w', '48h'; not '36h')."""
+    try:
+        days = days_of(text)
+    except DurationError:
+        days = 0.0
+    if days < 1 or not days.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r:.60} is not whole days, at least 1 ({DAYS_SYNTAX})")
+    return int(days)
 
 
 def moment_ms(text: str, until_ms: int) -> int:

@@ -46,7 +46,8 @@ find "$collection" \( -name __pycache__ -o -name .pytest_cache \) -prune -exec r
 )
 
 # What Galaxy and Automation Hub run on upload, on the tarball `make collection` builds, from a venv of
-# its own (it pins its own ansible-core and ansible-lint); it writes importer_result.json where it runs.
+# its own (it pins its own ansible-core and ansible-lint); it writes importer_result.json where it runs,
+# whose contents must name every playbook of playbooks/ (the nested ones through their entry points).
 importer="$top/build/galaxy-importer"
 if [ ! -f "$importer/.installed-$importer_version" ]; then
   rm -rf "$importer"
@@ -59,3 +60,4 @@ version=$("$bin/python" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv
   "$top/collections/stethoscope/galaxy.yml")
 (cd "$work" && PATH="$importer/bin:$PATH" "$importer/bin/python" -m galaxy_importer.main \
   "$top/build/aicluster-stethoscope-$version.tar.gz")
+"$bin/python" "$top/tools/importer_playbooks.py" "$work/importer_result.json" "$top/playbooks"

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from stethoscope.cli.common import Subcommands, print_json, spool_dir_of, usage
+from stethoscope.cli.common import Subcommands, print_json, spool_dir_of
 from stethoscope.cli.exit_codes import EXIT_OK
 from stethoscope.cli.spool import print_replay, replay_record, say_spool_problems
 from stethoscope.store.client import Store
 from stethoscope.store.cluster import cluster_name
 from stethoscope.store.dsn import database_name, redact
 from stethoscope.store.spool import Spool
+from stethoscope.timeutil import whole_days_option
 
 
 def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
@@ -19,8 +20,9 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
     init = db_commands.add_parser("init", help="create the tables (idempotent)", parents=parents)
     init.add_argument(
         "--ttl-days",
-        type=int,
-        help="raw TTL of metrics and facts in days, >= 1 (default 30; on an existing database: changes it)",
+        type=whole_days_option,
+        help="raw TTL of metrics and facts in whole days, >= 1: 30, 2w (default 30; on an existing database: "
+        "changes it)",
     )
     init.add_argument("--json", action="store_true", help="print what was done as JSON")
     init.add_argument(
@@ -57,8 +59,6 @@ def db_init(args: argparse.Namespace) -> int:
     from stethoscope.store.cluster import init_cluster_schema, refuse_embedded, refuse_other_layout
     from stethoscope.store.ttl import DEFAULT_RAW_TTL_DAYS, change_raw_ttl, raw_ttl_days
 
-    if args.ttl_days is not None and args.ttl_days < 1:
-        return usage(f"db init: --ttl-days {args.ttl_days}: must be 1 or more days")
     store = Store(args.dsn, args.database)
     if args.cluster:
         refuse_embedded(store.dsn, args.cluster)

@@ -16,6 +16,7 @@ from stethoscope.cli.common import Subcommands, checked_rules, said_as
 from stethoscope.cli.exit_codes import EXIT_OK
 from stethoscope.model.metadata import DEFAULT_NAME, ModelError, ModelMeta, load, metadata_path, models_dir
 from stethoscope.paths import own_models_dir
+from stethoscope.timeutil import days_option
 
 
 def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
@@ -70,7 +71,10 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
         "and tune on the windows of the recorded faults (`fault confirm`)",
     )
     finetune.add_argument(
-        "--days", type=float, default=1.0, help="with --from-faults: how far back healthy windows go (1)"
+        "--days",
+        type=days_option,
+        default=1,
+        help="with --from-faults: how far back healthy windows go, in days or a duration: 1, 36h (1)",
     )
     finetune.add_argument(
         "--min-faults", type=int, default=10, help="with --from-faults: faults needed to tune the heads (10)"
@@ -242,8 +246,8 @@ def _finetune_from_faults(args: argparse.Namespace) -> int:
     from stethoscope.store.client import Store
 
     from_store = training("from_store")
-    if args.min_faults < 1 or args.days <= 0:
-        raise ModelError("finetune --from-faults: --min-faults must be 1 or more, --days above 0")
+    if args.min_faults < 1:
+        raise ModelError("finetune --from-faults: --min-faults must be 1 or more")
     meta = model_meta(args.model)
     with Store(args.dsn, args.database) as store:
         store.ensure_schema()

@@ -12,7 +12,7 @@ from stethoscope.cli.common import Subcommands, model_of, model_options, usage
 from stethoscope.cli.exit_codes import EXIT_OK
 from stethoscope.store.client import Store
 from stethoscope.terminal import colour_wanted
-from stethoscope.timeutil import now_ms
+from stethoscope.timeutil import days_option, now_ms, whole_days_option
 
 
 def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
@@ -20,7 +20,12 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
         "top", help="fleet-wide top-K nodes of a metric over the last days", parents=parents
     )
     top.add_argument("metric", help="a catalog metric name, e.g. nvlink_error_rate_percent")
-    top.add_argument("--days", type=float, default=7.0, help="window in days, ending now (default 7)")
+    top.add_argument(
+        "--days",
+        type=days_option,
+        default=7,
+        help="window ending now, in days or a duration: 7, 36h (default 7)",
+    )
     top.add_argument("--limit", type=int, default=10, help="how many nodes (default 10)")
     top.add_argument("--device", metavar="GLOB", help="only devices matching this glob, e.g. 'gpu*'")
     top.add_argument(
@@ -31,7 +36,9 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
 
     report = commands.add_parser("report", help="the health board: nodes x days x layer", parents=parents)
     report.add_argument("--out", type=Path, help="write DIR/index.html (default: a terminal table)")
-    report.add_argument("--days", type=int, default=7, help="days shown, ending today (default 7)")
+    report.add_argument(
+        "--days", type=whole_days_option, default=7, help="days shown, ending today: 7, 2w (default 7)"
+    )
     model_options(report, no_model_help="today's column from the rules alone")
     report.add_argument("--json", action="store_true", help="print the board as JSON (with --out too)")
     report.set_defaults(func=report_command)
@@ -43,8 +50,8 @@ def top_command(args: argparse.Namespace) -> int:
     catalog = Catalog.load()
     if args.metric not in catalog:
         return usage(f"top: {args.metric!r} is not in the metric catalog (rules/metrics.yml)")
-    if args.days <= 0 or args.limit <= 0:
-        return usage("top: --days and --limit must be positive")
+    if args.limit <= 0:
+        return usage("top: --limit must be positive")
     try:
         labels = top.parse_labels(args.label)
     except ValueError as exc:
@@ -63,8 +70,6 @@ def top_command(args: argparse.Namespace) -> int:
 def report_command(args: argparse.Namespace) -> int:
     from stethoscope.report.board import board_record, collect, render_terminal, write
 
-    if args.days <= 0:
-        return usage("report: --days must be positive")
     model = model_of(args, None, "report")
     with Store(args.dsn, args.database) as store:
         data = collect(store, Catalog.load(), args.days, now_ms(), model=model)

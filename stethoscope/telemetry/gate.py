@@ -38,7 +38,7 @@ import socket
 import sys
 import time
 import urllib.parse
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 DOMAIN = b"stethoscope-gate-v1\n"  # the node's key also signs its datagrams: a verdict is not one
 REASON_PREFIX = "stethoscope gate:"
@@ -389,7 +389,9 @@ def _find_scontrol() -> str:
 
 
 # the command ----------------------------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, duration: Callable[[str], float] = float) -> None:
+    """The gate's options; `duration` reads --grace and --timeout (plain seconds here, where the node's
+    Python has only the standard library; `stethoscope gate` gives the package's duration syntax)."""
     parser.add_argument("--config", help="gate.json (serve, node_id, key_file, state_dir, grace, ...)")
     parser.add_argument("--serve", help="serve's base URL, http://HOST:PORT")
     parser.add_argument("--node", dest="node_id", help="this node's inventory name")
@@ -397,9 +399,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key-file", help="the node's key (hex), root-only")
     parser.add_argument("--state-dir", help="where the last good verdict is kept")
     parser.add_argument(
-        "--grace", type=float, help="seconds a verdict counts after it was made (default: its expires)"
+        "--grace", type=duration, help="seconds a verdict counts after it was made (default: its expires)"
     )
-    parser.add_argument("--timeout", type=float, help="seconds serve has to answer (at most 0.5)")
+    parser.add_argument("--timeout", type=duration, help="seconds serve has to answer (at most 0.5)")
     parser.add_argument("--no-drain", dest="drain", action="store_false", default=None, help="exit code only")
     parser.add_argument(
         "--fail-when-unverified",

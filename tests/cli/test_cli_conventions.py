@@ -4,10 +4,12 @@ NO_COLOR, --json on every command that reports, one duration syntax for every du
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
 import pty
+import re
 import subprocess
 import sys
 
@@ -310,3 +312,89 @@ def test_verify_since_takes_a_duration_ago(tmp_path):
     assert bad.returncode == 2 and "--since 'soon'" in bad.stderr
     ago = cli(*verify, "--since", "1.5h")  # then refused for the missing inventory, not for --since
     assert ago.returncode == 2 and "--since" not in ago.stderr and "inventory" in ago.stderr, ago.stderr
+
+
+TIME_SPAN = re.compile(r"second|minute|hour|days?\b|timeout|interval|since|window|ttl", re.IGNORECASE)
+
+
+def options_of(parser, path=()):
+    """(command path, action) of every option of `parser` and of its subcommands, at any depth."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from options_of(sub, (*path, name))
+        else:
+            yield path, action
+
+
+def test_no_time_span_option_takes_a_bare_number():
+    """Every option that is a time span (its name, metavar or help says so) takes the one duration
+    syntax: a plain int/float type would refuse `36h` and `1w`."""
+    from stethoscope.cli.main import build_parser
+
+    bare = [
+        f"{' '.join(path)} {'/'.join(action.option_strings) or action.dest}"
+        for path, action in options_of(build_parser())
+        if action.type in (int, float) and TIME_SPAN.search(f"{action.dest} {action.metavar} {action.help}")
+    ]
+    assert bare == []
+
+
+@pytest.mark.parametrize(
+    "args, dest, value",
+    [
+        (["db", "init", "--ttl-days", "14"], "ttl_days", 14),
+        (["db", "init", "--ttl-days", "2w"], "ttl_days", 14),
+        (["db", "init", "--ttl-days", "48h"], "ttl_days", 2),
+        (["top", "gpu_temperature_celsius", "--days", "7"], "days", 7),
+        (["top", "gpu_temperature_celsius", "--days", "36h"], "days", 1.5),
+        (["report", "--days", "3"], "days", 3),
+        (["report", "--days", "1w"], "days", 7),
+        (["model", "finetune", "--days", "0.5"], "days", 0.5),
+        (["model", "finetune", "--days", "12h"], "days", 0.5),
+        (["gate", "--timeout", "0.3"], "timeout", 0.3),
+        (["gate", "--timeout", "0.3s"], "timeout", 0.3),
+        (["gate", "--grace", "2m"], "grace", 120),
+    ],
+)
+def test_a_span_in_days_reads_a_bare_number_as_days_and_takes_the_duration_syntax(args, dest, value):
+    """An option counted in days keeps its bare number of days and takes any unit of the one syntax;
+    the gate's seconds take it too."""
+    from stethoscope.cli.main import build_parser
+
+    assert getattr(build_parser().parse_args(args), dest) == value
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["db", "init", "--ttl-days", "1.5h"], "--ttl-days"),  # ClickHouse's TTL is whole days
+        (["db", "init", "--ttl-days", "0"], "--ttl-days"),
+        (["report", "--days", "36h"], "--days"),  # one column a day
+        (["top", "gpu_temperature_celsius", "--days", "1x"], "--days"),
+        (["top", "gpu_temperature_celsius", "--days", "0"], "--days"),
+        (["model", "finetune", "--days", "soon"], "--days"),
+        (["gate", "--timeout", "1x"], "--timeout"),
+        (["gate", "--grace", "a while"], "--grace"),
+    ],
+)
+def test_a_bad_span_is_exit_2_naming_the_option_and_value(capsys, args, option):
+    from stethoscope.cli.main import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(args)
+    assert exited.value.code == 2
+    said = capsys.readouterr().err
+    value = args[args.index(option) + 1]
+    assert f"argument {option}" in said and repr(value) in said, said
+
+
+def test_db_init_ttl_days_in_weeks_is_the_same_ttl_as_in_days(tmp_path):
+    where = ["--dsn", f"chdb://{tmp_path / 'db'}", "--spool-dir", str(tmp_path / "spool")]
+    weeks = cli(*where, "db", "init", "--ttl-days", "2w", "--json")
+    assert weeks.returncode == 0, weeks.stderr
+    assert json.loads(weeks.stdout)["raw_ttl_days"] == 14
+    days = cli(*where, "db", "init", "--ttl-days", "14", "--json")
+    assert days.returncode == 0, days.stderr
+    said = json.loads(days.stdout)
+    assert said["raw_ttl_days"] == 14 and not said["tables_changed"] and said["raw_ttl_changed_from"] is None

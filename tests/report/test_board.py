@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime as dt
 import re
 
+import pytest
+
 from stethoscope.catalog import Catalog
 from stethoscope.remediation.ledger import Ledger
 from stethoscope.report.board import DAY_MS, collect, render_terminal, write
@@ -225,7 +227,9 @@ def test_terminal_board_colours_only_when_asked(store):
 def test_report_with_a_nonpositive_day_count_is_a_usage_error(tmp_dsn):
     from stethoscope.cli.main import main
 
-    assert main(["report", "--days", "0", "--dsn", tmp_dsn]) == 2
+    with pytest.raises(SystemExit) as exited:
+        main(["report", "--days", "0", "--dsn", tmp_dsn])
+    assert exited.value.code == 2
 
 
 def test_the_collectors_own_health_under_the_controllers_name_is_no_node_of_the_board(store):

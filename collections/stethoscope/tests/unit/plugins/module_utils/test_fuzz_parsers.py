@@ -1,0 +1,1 @@
+../../../../../../tests/plugins/module_utils/test_fuzz_parsers.py
