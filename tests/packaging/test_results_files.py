@@ -482,6 +482,11 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
         "  58.6 s (3.57x)",
     ),
     (
+        "crash_recovery.json",
+        [("max_seconds_to_completion",)],
+        "at most 19.4 s after its start",
+    ),
+    (
         "collect_vs_ping_256.json",
         [("seconds_median", "ping"), ("seconds_median", "collect"), ("collect_vs_ping",)],
         "ping 73.1 s,\n  collect.yml 124.7 s (1.71x)",
