@@ -482,6 +482,16 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
         "  58.6 s (3.57x)",
     ),
     (
+        "collect_vs_ping_64_quiet.json",
+        [("seconds_median", "ping"), ("seconds_median", "collect"), ("collect_vs_ping",)],
+        "ping\n  10.1 s, collect.yml 19.0 s (1.89x)",
+    ),
+    (
+        "collect_vs_ping_512.json",
+        [("seconds_median", "ping"), ("seconds_median", "collect"), ("collect_vs_ping",)],
+        "ping 101.7 s, collect.yml 209.0 s (2.05x)",
+    ),
+    (
         "crash_recovery.json",
         [("max_seconds_to_completion",)],
         "at most 19.4 s after its start",
