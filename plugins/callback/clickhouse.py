@@ -131,7 +131,6 @@ def _import_warning(exc):
     )
 
 
-TOPOLOGY_VARS = ("rack", "switch", "slurm_name")
 UNREACHABLE = "ansible_host_unreachable"
 
 

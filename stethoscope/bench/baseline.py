@@ -158,41 +158,46 @@ def build(store: Store, catalog: Catalog, max_rsd_percent: float = 3.0, node: st
     )
     delta = "value - hmean"
     worse = f"multiIf(better = 'higher', -({delta}), better = 'lower', {delta}, abs({delta}))"
+    # each column under its Row field's name (the labels as their keys and values)
+    columns = {
+        "node_id": "node_id",
+        "class_fingerprint": "klass",
+        "suite": "suite",
+        "metric_name": "metric_name",
+        "device": "device",
+        "label_keys": "mapKeys(mapSort(lbl))",
+        "label_values": "mapValues(mapSort(lbl))",
+        "value": "value",
+        "repetitions": "reps",
+        "rsd_percent": "round(rsd, 3)",
+        "unstable": "unst OR rsd > {rsd:Float64}",
+        "fleet_median": "med",
+        "fleet_mad": "mad",
+        "fleet_nodes": "fn",
+        "deviation_percent": f"round({_worse_sql('value', 'med')}, 2)",
+        "grade": "multiIf(deviation_percent > 20, 'red', deviation_percent >= 10, 'yellow', 'green')",
+        "history_mean": "if(hn >= 2, hmean, NULL)",
+        "history_sigma": "if(hn >= 2, hsigma, NULL)",
+        "history_runs": "if(hn >= 2, hn, 0)",
+        "beyond_3_sigma": f"hn >= 2 AND hsigma > 0 AND {worse} > 3 * hsigma",
+    }
     sql = (
-        "SELECT node_id, klass, suite, metric_name, device, mapKeys(mapSort(lbl)), mapValues(mapSort(lbl)), "
-        "value, reps, round(rsd, 3), unst OR rsd > {rsd:Float64}, med, mad, fn, "
-        f"round({_worse_sql('value', 'med')}, 2) AS d, multiIf(d > 20, 'red', d >= 10, 'yellow', 'green'), "
-        "if(hn >= 2, hmean, NULL), if(hn >= 2, hsigma, NULL), if(hn >= 2, hn, 0), "
-        f"hn >= 2 AND hsigma > 0 AND {worse} > 3 * hsigma FROM ({member})"
-        + (" WHERE node_id = {node:String}" if node is not None else "")
+        f"SELECT {', '.join(f'{expression} AS {name}' for name, expression in columns.items())} "
+        f"FROM ({member})" + (" WHERE node_id = {node:String}" if node is not None else "")
     )
-    rows = [
-        Row(
-            r[0],
-            r[1],
-            r[2],
-            r[3],
-            r[4],
-            dict(zip(r[5], r[6], strict=True)),
-            r[7],
-            int(r[8]),
-            float(r[9]),
-            bool(r[10]),
-            fleet_median=r[11],
-            fleet_mad=r[12],
-            fleet_nodes=int(r[13]),
-            deviation_percent=float(r[14]),
-            grade=r[15],
-            history_mean=r[16],
-            history_sigma=r[17],
-            history_runs=int(r[18]),
-            beyond_3_sigma=bool(r[19]),
-        )
-        for r in store.query(sql, params)
-    ]
+    rows = [_row(dict(zip(columns, values, strict=True))) for values in store.query(sql, params)]
     _ring_vs_tree(rows)
     _quorum_hints(rows, quorum_suspects(store, node))
     return sorted(rows, key=lambda r: (-r.deviation_percent, r.node_id, r.suite, r.metric_name, r.label_text))
+
+
+def _row(fields: dict) -> Row:
+    """A Row from build's columns, by name."""
+    labels = dict(zip(fields.pop("label_keys"), fields.pop("label_values"), strict=True))
+    counts = {name: int(fields[name]) for name in ("repetitions", "fleet_nodes", "history_runs")}
+    flags = {name: bool(fields[name]) for name in ("unstable", "beyond_3_sigma")}
+    numbers = {name: float(fields[name]) for name in ("rsd_percent", "deviation_percent")}
+    return Row(**{**fields, **counts, **flags, **numbers}, labels=labels)
 
 
 FRESH_MS = 7 * 86_400_000  # peers' results count as fresh for this long

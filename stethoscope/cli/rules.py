@@ -1,9 +1,10 @@
 """`stethoscope rules check|schema|sql`: the diagnosis rules.
 
 `rules sql RULE` prints the one query a rule compiles to (diagnosis.engine.rule_query), formatted by
-ClickHouse itself (formatQuery), with its parameters: what `diagnose` runs for that rule, for the store
-named by --dsn (its database, raw TTL and the cadence its series report at), at --at or now. Without a
-store (an embedded path that does not exist is not created) the query for a new database, unformatted."""
+ClickHouse itself (formatQuery, in a temporary session of its own), with the parameters it reads: what
+`diagnose` runs for that rule, for the store named by --dsn (its database, raw TTL and the cadence its
+series report at), at --at or now. Without a store (an embedded path that does not exist is not
+created) the query for a new database."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from stethoscope.bounded_yaml import is_stdin
 from stethoscope.cli.common import (
@@ -26,9 +27,12 @@ from stethoscope.cli.common import (
     usage,
 )
 from stethoscope.cli.exit_codes import EXIT_OK, EXIT_USAGE
-from stethoscope.store.client import Store, StoreError
+from stethoscope.store.client import Store, StoreError, formatted_sql
 from stethoscope.store.dsn import embedded_path, is_embedded, redact
 from stethoscope.timeutil import iso, now_ms, to_ms
+
+if TYPE_CHECKING:
+    from stethoscope.diagnosis.rules import Rule
 
 
 def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
@@ -107,10 +111,8 @@ def rules_check(args: argparse.Namespace) -> int:
 
 
 def rules_sql(args: argparse.Namespace) -> int:
-    from stethoscope.diagnosis.cadence import Cadence
     from stethoscope.diagnosis.engine import rule_query
     from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS
-    from stethoscope.store.ttl import raw_ttl_seconds
 
     try:
         at_ms = to_ms(args.at) if args.at else now_ms()
@@ -123,23 +125,12 @@ def rules_sql(args: argparse.Namespace) -> int:
     if rule is None:
         return usage(f"rules sql: no rule {args.rule_id!r} among the {len(rules)} rules loaded")
     store, hosts = Store(args.dsn, args.database), hosts_of(inventory)
-    ttl, text = DEFAULT_RAW_TTL_DAYS * 86400, ""
-    parameters: dict[str, Any] = {}
-    if not is_embedded(store.dsn) or Path(embedded_path(store.dsn)).exists():  # never creates a database
-        try:
-            with store:
-                ttl = raw_ttl_seconds(store)
-                (fitted,) = Cadence.learn(store, at_ms, hosts).fit_all([rule])  # as diagnose runs it
-                sql, parameters = rule_query(fitted, store.database, at_ms, ttl, catalog, hosts)
-                text = str(store.query("SELECT formatQuery({sql:String})", {"sql": sql})[0][0])
-        except StoreError as exc:
-            say(f"rules sql: {redact(str(exc))}")
-    if not text:  # no store to read: as the loader compiles it for a new database, unformatted
-        say(
-            "rules sql: no store read: the query for a new database (its TTL, the catalog's cadence), "
-            "unformatted"
-        )
-        text, parameters = rule_query(rule, store.database, at_ms, ttl, catalog, hosts)
+    read = as_stored(store, rule, at_ms, hosts)
+    if read is None:
+        say("rules sql: no store read: the query for a new database (its raw TTL, the catalog's cadence)")
+    ttl, fitted = read or (DEFAULT_RAW_TTL_DAYS * 86400, rule)
+    sql, parameters = rule_query(fitted, store.database, at_ms, ttl, catalog, hosts)
+    text = formatted_sql(sql)  # once the store is closed: one embedded session at a time
     where = f"{rule.file}:{rule.line}"
     if args.json:
         shown = {"rule_id": rule.rule_id, "file": str(rule.file), "line": rule.line, "sql": text}
@@ -153,3 +144,21 @@ def rules_sql(args: argparse.Namespace) -> int:
     for name, value in parameters.items():
         print(f"--   {name} = {value!r}")
     return EXIT_OK
+
+
+def as_stored(store: Store, rule: Rule, at_ms: int, hosts: list[str] | None) -> tuple[int, Rule] | None:
+    """The store's raw TTL and `rule` fitted to the cadence its series report at, as `diagnose` reads
+    them; None where no store was read (an embedded path that does not exist is not created)."""
+    from stethoscope.diagnosis.cadence import Cadence
+    from stethoscope.store.ttl import raw_ttl_seconds
+
+    if is_embedded(store.dsn) and not Path(embedded_path(store.dsn)).exists():
+        return None
+    try:
+        with store:
+            ttl = raw_ttl_seconds(store)
+            (fitted,) = Cadence.learn(store, at_ms, hosts).fit_all([rule])
+            return ttl, fitted
+    except StoreError as exc:
+        say(f"rules sql: {redact(str(exc))}")
+        return None

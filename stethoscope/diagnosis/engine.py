@@ -92,6 +92,9 @@ class Match:
     nodes: list[str] = field(default_factory=list)  # a correlated finding: the nodes behind it
 
 
+_MARK = "\x00"  # around the number of a read (QueryBuilder.read) until the statement is made
+
+
 def _regex(pattern: str) -> str:
     return "^" + "".join(".*" if c == "*" else c if c.isalnum() else "\\" + c for c in pattern) + "$"
 
@@ -120,6 +123,7 @@ class QueryBuilder:
         self.params: dict[str, Any] = {"at": at_ms}
         self.count = 0
         self._named: dict[tuple[str, str, Any], str] = {}  # one parameter per value and type, reused
+        self._reads: dict[str, str] = {}  # a read of stored rows -> the mark standing for it (`read`)
         self.nodes = nodes is not None
         if nodes is not None:
             self.params["nodes"] = sorted(nodes)
@@ -131,6 +135,28 @@ class QueryBuilder:
             self._named[key] = name = f"p{self.count}"
             self.params[name] = value
         return f"{{{self._named[key]}:{kind}}}"
+
+    def read(self, sql: str) -> str:
+        """Where a query reads the rows `sql` selects from the store (FROM, IN): a mark that `statement`
+        makes `(sql)`, or a name its WITH gives `sql` once where several conditions read the same rows."""
+        assert _MARK not in sql, "a read is of stored rows, not of other reads"
+        return self._reads.setdefault(sql, f"{_MARK}{len(self._reads) + 1}{_MARK}")
+
+    def statement(self, body: str) -> tuple[str, dict[str, Any]]:
+        """The query `body` as it runs, its reads resolved (`read`), and the parameters it uses."""
+        named: list[str] = []
+        for sql, mark in self._reads.items():
+            if body.count(mark) > 1:
+                name = f"rows{len(named) + 1}"
+                named.append(f"{name} AS ({sql})")
+                body = body.replace(mark, name)
+            else:
+                body = body.replace(mark, f"({sql})")
+        if named:
+            body = f"WITH {', '.join(named)} {body}"
+        # a parameter made for a part the query does not take (a window's start, where whole hours
+        # are read instead) is left out, so that those shown are the ones it reads
+        return body, {name: value for name, value in self.params.items() if f"{{{name}:" in body}
 
     def aggregate(self, condition: Condition) -> str:
         return REGISTRY[condition.aggregate].sql
@@ -226,10 +252,9 @@ class QueryBuilder:
             f"arrayMap(t -> t.2, arraySort(groupArrayIf((timestamp, value), {inside}))) AS inside, "
             f"uniqExactIf(timestamp, {inside}) AS n, argMaxIf(value, timestamp, NOT ({inside})) AS before, "
             f"countIf(NOT ({inside})) > 0 AS has_before "
-            f"FROM ({rows}) GROUP BY node_id, device, labels_key HAVING n > 0"
+            f"FROM {self.read(rows)} GROUP BY node_id, device, labels_key HAVING n > 0"
         )
-        series = "(node_id, device, labels_key)"
-        stale = f"{series} IN (SELECT node_id, device, labels_key FROM samples WHERE NOT has_before)"
+        stale = "(node_id, device, labels_key) IN stale"
         older_where = [
             *filters,
             stale,
@@ -252,12 +277,15 @@ class QueryBuilder:
             f"LEFT JOIN ({daily}) AS d USING (node_id, device, labels_key)"
         )
         fallback = "if(o.found = 1, o.last, if(d.found = 1, d.last, {fresh}))"
-        return self.folded(condition, samples, fallback, joins)
+        # the series without a sample before the window: named once, for both looks further back
+        stale_series = "SELECT node_id, device, labels_key FROM samples WHERE NOT has_before"
+        named = {"samples": samples, "stale": stale_series}
+        return self.folded(condition, named, fallback, joins)
 
-    def folded(self, condition: Condition, samples: str, fallback: str, joins: str) -> str:
-        """The increase over each series' `samples` row (named `samples` for `joins` to read), from the
-        sample before the window (else `fallback`, where `{fresh}` stands for the series' first value,
-        or 0 for events: news)."""
+    def folded(self, condition: Condition, named: dict[str, str], fallback: str, joins: str) -> str:
+        """The increase over each series' row of `named["samples"]` (`named`: the queries the WITH
+        names, for `joins` to read), from the sample before the window (else `fallback`, where `{fresh}`
+        stands for the series' first value, or 0 for events: news)."""
         fresh = "0" if condition.kind == "events" else "s.inside[1]"
         base = f"if(s.has_before, s.before, {fallback.format(fresh=fresh)})"
         steps = f"arrayPushFront(s.inside, {base})"
@@ -265,8 +293,9 @@ class QueryBuilder:
         increase = f"arraySum(arrayMap((a, b) -> if(b >= a, b - a, b), {pairs}))"
         if condition.aggregate == "rate":
             increase = f"{increase} / {self.param(condition.window_seconds, 'UInt32')}"
+        ctes = ", ".join(f"{name} AS ({sql})" for name, sql in named.items())
         return (
-            f"WITH samples AS ({samples}) "
+            f"WITH {ctes} "
             "SELECT s.node_id AS node_id, s.device AS device, s.labels_key AS labels_key, '' AS cls, "
             f"{increase} AS cur, s.n AS n FROM samples AS s {joins}"
         )
@@ -317,7 +346,7 @@ class QueryBuilder:
                 [
                     *self.filters(condition),
                     hours(i0, i1, "timestamp"),
-                    f"({series}, toStartOfHour(timestamp)) IN ({moving})",
+                    f"({series}, toStartOfHour(timestamp)) IN {self.read(moving)}",
                 ],
             )
         )
@@ -342,7 +371,7 @@ class QueryBuilder:
             f"FROM {db}.metrics_daily WHERE {' AND '.join(daily_where)} GROUP BY {series}"
         )
         joins = f"LEFT JOIN ({daily}) AS d USING ({series})"
-        return self.folded(condition, samples, "if(d.found = 1, d.last, {fresh})", joins)
+        return self.folded(condition, {"samples": samples}, "if(d.found = 1, d.last, {fresh})", joins)
 
     def window(self, condition: Condition) -> tuple[str, str]:
         end = "fromUnixTimestamp64Milli({at:Int64}, 'UTC')"
@@ -372,7 +401,7 @@ class QueryBuilder:
             cur = f"argMaxIf(value, timestamp, {passes})"
         return (
             f"SELECT node_id, device, labels_key, any(cls) AS cls, {cur} AS cur, count() AS n, "
-            f"countIf({passes}) AS m FROM ({self.source(condition, start, end)}) "
+            f"countIf({passes}) AS m FROM {self.read(self.source(condition, start, end))} "
             "GROUP BY node_id, device, labels_key"
         )
 
@@ -387,7 +416,7 @@ class QueryBuilder:
         else:
             current = (
                 f"SELECT node_id, device, labels_key, any(cls) AS cls, {self.aggregate(condition)} AS cur, "
-                f"count() AS n FROM ({self.source(condition, start, end)}) "
+                f"count() AS n FROM {self.read(self.source(condition, start, end))} "
                 "GROUP BY node_id, device, labels_key"
             )
         if condition.baseline is None:
@@ -400,7 +429,7 @@ class QueryBuilder:
             history = (
                 # percent: from the median (a few slow warm-up steps do not lift it); sigma: mean and σ
                 f"SELECT node_id, device, labels_key, {base} AS base, stddevSamp(value) AS spread, "
-                f"count() AS hn FROM ({self.source(condition, history_start, start)}) "
+                f"count() AS hn FROM {self.read(self.source(condition, history_start, start))} "
                 "GROUP BY node_id, device, labels_key HAVING hn >= 3"
             )
             joined = (
@@ -559,7 +588,7 @@ def rule_query(
         )
     else:
         sql = f"SELECT *, '' AS grp, 1 AS peers FROM ({sql})"
-    return f"{sql} ORDER BY node_id, device", builder.params
+    return builder.statement(f"{sql} ORDER BY node_id, device")
 
 
 def sample_counts(
@@ -675,9 +704,9 @@ def family_matches(
     if builder.daily(conditions[0]):
         return None
     kind = catalog.enclosing(conditions[0].metric)
-    sql = builder.family(conditions, kind.pattern if kind else None)
+    sql, params = builder.statement(builder.family(conditions, kind.pattern if kind else None))
     found: list[list[Match]] = [[] for _ in rules]
-    for place, node, _key, dev_high, high, dev_low, low in store.query(sql, builder.params):
+    for place, node, _key, dev_high, high, dev_low, low in store.query(sql, params):
         if place == 0:  # raw rows expired under an hourly read (an instant in the past): rule by rule
             log.debug("rules %s: a series' labels not in its raw rows; read one by one", _ids(rules))
             return None

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from stethoscope.bench import baseline
-from stethoscope.catalog import Catalog
+from stethoscope.catalog import LAYERS, Catalog, layer_of
 from stethoscope.diagnosis.findings import diagnose
 from stethoscope.diagnosis.layers import CLASS_LAYERS, rule_layer
 from stethoscope.diagnosis.model_findings import ModelUse, agrees
@@ -34,7 +34,6 @@ from stethoscope.remediation.incident_view import incidents
 from stethoscope.remediation.ledger import DRAIN, TICKET
 from stethoscope.report import board_html
 from stethoscope.report.board_cells import SYMBOL, Board, Cell, Event, NodeBoard, NodeIncident, Reason
-from stethoscope.report.layers import LAYERS, layer_of
 from stethoscope.report.smart import smart_trends
 from stethoscope.store.client import Store
 from stethoscope.telemetry.udp_collector import SELF

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from stethoscope.bench import baseline
-from stethoscope.report.layers import LAYERS
+from stethoscope.catalog import LAYERS
 from stethoscope.report.smart import Trend
 
 RANK = {"grey": 0, "green": 1, "yellow": 2, "red": 3}

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -475,6 +476,16 @@ class Store:
         written += self.insert_rows("fingerprints", batch.fingerprints)
         written += self.insert_rows("nodes", batch.nodes)
         return written
+
+
+def formatted_sql(sql: str) -> str:
+    """`sql` as ClickHouse itself formats it (formatQuery), by an embedded session of its own on a
+    temporary folder removed afterwards: no store is read, none is created."""
+    with (
+        tempfile.TemporaryDirectory(prefix="stethoscope-format-") as scratch,
+        Store(f"chdb://{scratch}/db", open_wait=0) as session,
+    ):
+        return str(session.query("SELECT formatQuery({sql:String})", {"sql": sql})[0][0])
 
 
 def _metric_table(table: str) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,13 +25,15 @@ from conftest import TOP
 GOLDEN = Path(__file__).parents[1] / "golden_sql"
 AT_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: a fixed instant, so the parameters are too
 TTL_SECONDS = 30 * 86400
-# a threshold, an increase (its samples as a named CTE), a fleet baseline, any-sample bits, a correlation
+# a threshold, an increase (its samples as a named CTE), a fleet baseline, any-sample bits, a correlation,
+# conditions that read the same rows (read once, as a named CTE)
 RULES = (
     "gpu_hbm_temperature_high",
     "ib_symbol_errors_rising",
     "ib_mtu_mismatch",
     "gpu_hw_slowdown",
     "ib_switch_congestion",
+    "gpu_temperature_rising",
 )
 
 
@@ -61,6 +64,44 @@ def test_an_increase_reads_its_samples_once_as_a_named_cte(tmp_dsn):
     assert list(parameters.values()).count("ib_symbol_errors_total") == 1  # one parameter per value
 
 
+def subqueries(sql: str) -> list[str]:
+    """The text inside each pair of parentheses that opens with a SELECT (or WITH): the subqueries."""
+    opened: list[int] = []
+    found = []
+    for place, char in enumerate(sql):
+        if char == "(":
+            opened.append(place)
+        elif char == ")":
+            inside = sql[opened.pop() + 1 : place]
+            if inside.startswith(("SELECT", "WITH")):
+                found.append(inside)
+    return found
+
+
+def every_rules_query():
+    """(rule_id, sql, parameters) of every shipped rule, read through the rollups and without, for a
+    store that keeps its raw rows 30 days and one that keeps them 3 (past it, the daily rollup)."""
+    catalog = Catalog.load()
+    for rule in load_rules(rules_dir(), catalog).rules:
+        for via in ("rollup", "raw"):
+            for days in (30, 3):
+                yield (rule.rule_id, *rule_query(rule, "stethoscope", AT_MS, days * 86400, catalog, via=via))
+
+
+def test_a_rules_parameters_are_those_its_sql_references():
+    for rule_id, sql, parameters in every_rules_query():
+        assert set(parameters) == set(re.findall(r"\{(\w+):", sql)), rule_id
+
+
+def test_a_rule_reads_the_same_rows_once():
+    for rule_id, sql, _ in every_rules_query():
+        reads = [query for query in subqueries(sql) if "FROM stethoscope." in query]
+        repeated = {query[:120] for query in reads if reads.count(query) > 1}
+        assert not repeated, f"{rule_id}: the same read twice (name it once, WITH ... AS): {repeated}"
+        # an increase picks the series without a sample before its window once, for both of its looks back
+        assert sql.count("WHERE NOT has_before") <= sql.count("FROM samples AS s"), rule_id
+
+
 def test_rules_sql_prints_the_formatted_query_and_its_parameters(tmp_path, tmp_dsn):
     with Store(tmp_dsn) as store:
         store.init_schema()
@@ -79,10 +120,25 @@ def test_rules_sql_prints_the_formatted_query_and_its_parameters(tmp_path, tmp_d
     assert json.loads(as_json.stdout)["parameters"]["at"] > 0
 
 
-def test_rules_sql_without_a_store_creates_none_and_says_so(tmp_path):
-    missing = tmp_path / "nowhere" / "db"
-    command = [sys.executable, "-m", "stethoscope.cli", "--dsn", f"chdb://{missing}", "rules", "sql"]
-    shown = subprocess.run([*command, "gpu_hbm_temperature_high"], capture_output=True, text=True, cwd=TOP,
-                           timeout=120, check=False)  # fmt: skip
-    assert shown.returncode == 0 and "no store read" in shown.stderr
-    assert "SELECT" in shown.stdout and not missing.exists()
+def test_rules_sql_without_a_store_prints_the_same_and_creates_nothing(tmp_path, tmp_dsn):
+    missing, scratch = tmp_path / "nowhere" / "db", tmp_path / "scratch"
+    scratch.mkdir()
+
+    def shown(dsn: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "stethoscope.cli", "--dsn", dsn, "rules", "sql"]
+        command += ["ib_symbol_errors_rising", "--at", "1767225600"]
+        env = {**os.environ, "TMPDIR": str(scratch)}
+        return subprocess.run(
+            command, capture_output=True, text=True, cwd=TOP, timeout=120, env=env, check=False
+        )
+
+    without = shown(f"chdb://{missing}")
+    assert without.returncode == 0 and "no store read" in without.stderr, without.stderr
+    assert not missing.exists() and not any(scratch.iterdir())  # nor is the session that formatted it left
+    with Store(tmp_dsn) as store:
+        store.init_schema()
+    assert shown(tmp_dsn).stdout == without.stdout  # formatted by ClickHouse, store or none
+    sql, listed = without.stdout.split("-- parameters\n")
+    assert sql.splitlines()[1] == "SELECT"
+    names = {line.split()[1] for line in listed.splitlines()}
+    assert names == set(re.findall(r"\{(\w+):", sql)) and "at" not in names  # only those the SQL reads
