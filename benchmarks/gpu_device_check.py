@@ -34,7 +34,9 @@ def importable_collection() -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("outdir", nargs="?", type=Path, default=Path("gpu-check"))
     parser.add_argument("--quick", action="store_true", help="shorter GEMM runs")
     args = parser.parse_args()

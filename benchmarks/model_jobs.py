@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Issue 21's targets on synchronous jobs over a fleet: the culprit rank found for a straggler and an
-input stall, the congested switch for congestion, recall >= 0.9 each; peers of a faulty job given a
-finding of their own <= 2 %; healthy jobs with any finding <= 1 %; and how long before the jobs'
-steps slow down a congested switch is named. Each measured three ways side by side
+"""The job-relative detector's targets on synchronous jobs over a fleet: the culprit rank found for a
+straggler and an input stall, the congested switch for congestion, recall >= 0.9 each; peers of a
+faulty job given a finding of their own <= 2 %; healthy jobs with any finding <= 1 %; and how long
+before the jobs' steps slow down a congested switch is named. Each measured three ways side by side
 (stethoscope_training/job_evaluate.py): the ONNX graphs alone (the shipped model's node findings),
 the deterministic job-relative detector alone, and both (what `diagnose` runs).
 

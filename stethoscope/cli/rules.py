@@ -130,7 +130,11 @@ def rules_sql(args: argparse.Namespace) -> int:
         say("rules sql: no store read: the query for a new database (its raw TTL, the catalog's cadence)")
     ttl, fitted = read or (DEFAULT_RAW_TTL_DAYS * 86400, rule)
     sql, parameters = rule_query(fitted, store.database, at_ms, ttl, catalog, hosts)
-    text = formatted_sql(sql)  # once the store is closed: one embedded session at a time
+    try:
+        text = formatted_sql(sql)  # once the store is closed: one embedded session at a time
+    except StoreError as exc:  # the query is what is asked for: shown as it runs, whatever formats it
+        say(f"rules sql: not formatted ({exc}); the query as it runs")
+        text = sql
     where = f"{rule.file}:{rule.line}"
     if args.json:
         shown = {"rule_id": rule.rule_id, "file": str(rule.file), "line": rule.line, "sql": text}

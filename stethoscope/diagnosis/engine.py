@@ -139,7 +139,8 @@ class QueryBuilder:
     def read(self, sql: str) -> str:
         """Where a query reads the rows `sql` selects from the store (FROM, IN): a mark that `statement`
         makes `(sql)`, or a name its WITH gives `sql` once where several conditions read the same rows."""
-        assert _MARK not in sql, "a read is of stored rows, not of other reads"
+        if _MARK in sql:  # a read inside a read would leave its mark in the statement
+            raise ValueError("a read is of stored rows, not of other reads")
         return self._reads.setdefault(sql, f"{_MARK}{len(self._reads) + 1}{_MARK}")
 
     def statement(self, body: str) -> tuple[str, dict[str, Any]]:

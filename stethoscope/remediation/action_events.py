@@ -62,7 +62,8 @@ class ActionEvent:
         return {"event": "action", **{k: v for k, v in asdict(self).items() if v not in ("", None)}}
 
     def text(self) -> str:
-        head = f"action {self.action} {self.outcome}: node {self.node} rule {self.rule} txn {self.txn}"
+        rule = f" rule {self.rule}" if self.rule else ""  # a verify, an expired drain: the incident's
+        head = f"action {self.action} {self.outcome}: node {self.node}{rule} txn {self.txn}"
         extra = [f"attempt {self.attempt}"] if self.attempt > 1 else []
         extra += [f"ticket {self.ticket}"] if self.ticket else []
         extra += [self.why] if self.why else []

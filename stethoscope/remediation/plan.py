@@ -76,6 +76,7 @@ def preview(
                 "txn_id": txn,
                 "node": finding["node_id"],
                 "rule_id": finding["rule_id"],
+                "device": finding["device"],
                 "severity": finding["severity"],
                 "new": False,
                 "steps": [],
@@ -146,7 +147,8 @@ def render_plan(entries: list[dict[str, Any]]) -> str:
         txn = (
             "new incident" if entry["new"] else f"txn {entry['txn_id']}" if entry["txn_id"] else "no incident"
         )
-        lines.append(f"{entry['node']} {entry['rule_id']} [{entry['severity']}] {txn}")
+        device = f", device {entry['device']}" if entry.get("device") else ""  # one rule, two GPUs
+        lines.append(f"{entry['node']} {entry['rule_id']} [{entry['severity']}] {txn}{device}")
         for s in entry["steps"]:
             what = f"{s['action']}: {s['will']}" if s["action"] else s["will"]
             lines.append(f"  {what}" + (f" ({s['why']})" if s["why"] else ""))

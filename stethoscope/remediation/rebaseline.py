@@ -559,7 +559,11 @@ class Outstanding:
 def outstanding(store: Store) -> Outstanding:
     """The re-baselines and verifies the ledger holds not done; every status present, at 0 if none."""
     ledger = Ledger(store)
-    statuses = Counter(s.status for s in latest_of(ledger, REBASELINE) if s.status in NOT_DONE)
+    newest: dict[str, ActionState] = {}  # a node's last re-baseline: a later one ends a given-up one
+    for state in latest_of(ledger, REBASELINE):
+        if state.target not in newest or state.started_ms > newest[state.target].started_ms:
+            newest[state.target] = state
+    statuses = Counter(s.status for s in newest.values() if s.status in NOT_DONE)
     # a verify counts while its drain holds the node (a node resumed since is done with it)
     held = {(d.txn_id, d.node) for d in ledger.drains() if d.status == "ok"}
     verifying = latest_of(ledger, VERIFY, {txn for txn, _node in held}) if held else []

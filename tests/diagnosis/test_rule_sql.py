@@ -26,7 +26,7 @@ GOLDEN = Path(__file__).parents[1] / "golden_sql"
 AT_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: a fixed instant, so the parameters are too
 TTL_SECONDS = 30 * 86400
 # a threshold, an increase (its samples as a named CTE), a fleet baseline, any-sample bits, a correlation,
-# conditions that read the same rows (read once, as a named CTE)
+# conditions that read the same rows (written once, as a named CTE: ClickHouse may still read them twice)
 RULES = (
     "gpu_hbm_temperature_high",
     "ib_symbol_errors_rising",
@@ -93,7 +93,7 @@ def test_a_rules_parameters_are_those_its_sql_references():
         assert set(parameters) == set(re.findall(r"\{(\w+):", sql)), rule_id
 
 
-def test_a_rule_reads_the_same_rows_once():
+def test_a_rule_writes_the_same_read_once():
     for rule_id, sql, _ in every_rules_query():
         reads = [query for query in subqueries(sql) if "FROM stethoscope." in query]
         repeated = {query[:120] for query in reads if reads.count(query) > 1}

@@ -23,7 +23,12 @@ def test_benchmarks_found() -> None:
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
 def test_benchmark_answers_help(script: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(script), "--help"], cwd=TOP, capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, str(script), "--help"],
+        cwd=TOP,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, f"{script.name} --help exited {proc.returncode}:\n{proc.stderr[-1500:]}"
     assert "usage:" in proc.stdout

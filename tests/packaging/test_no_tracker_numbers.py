@@ -24,7 +24,7 @@ FOLDERS = (
     "rules",
 )
 SUFFIXES = {".py", ".yml", ".yaml", ".sh", ".j2", ".cfg", ".toml"}
-TRACKER = re.compile(r"\bissues? \d")
+TRACKER = re.compile(r"\bissues? \d", re.IGNORECASE)
 
 
 def _code_files() -> list[Path]:

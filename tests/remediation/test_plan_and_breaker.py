@@ -295,3 +295,46 @@ def test_a_refusal_stays_listed_after_the_drain_is_tried_again(tmp_path, db):
     other.write_text("all:\n  hosts:\n    gpu-a01: {slurm_name: a01}\n    gpu-a02: {slurm_name: a02}\n")
     theirs = json.loads(cli(db, "breaker", "--json", "--inventory", str(other), check_rc=(0,)).stdout)
     assert theirs["refusals"] == [] and theirs["fleet_size"] == 2
+
+
+def test_an_action_without_a_rule_says_no_empty_rule():
+    """A verify or an expired drain acts for an incident, not a rule: its line names no empty rule
+    (it read `node node04 rule  txn ...`)."""
+    from stethoscope.remediation.action_events import ActionEvent
+
+    line = ActionEvent(
+        "playbook:remediate/verify.yml", "failed", "node04", "", "txn7", "still matches"
+    ).text()
+    assert line == "action playbook:remediate/verify.yml failed: node node04 txn txn7; still matches"
+
+
+def test_the_plan_names_each_incidents_device():
+    """Two incidents of one rule on one node (two GPUs, two drives) read as duplicates without it."""
+    from stethoscope.remediation.plan import render_plan
+
+    entries = [
+        {
+            "node": "node01",
+            "rule_id": "gemm_below_fleet",
+            "device": device,
+            "severity": "warning",
+            "new": True,
+            "txn_id": "",
+            "steps": [{"action": "log", "label": "log", "will": "runs", "why": ""}],
+        }
+        for device in ("cpu0", "cpu1")
+    ] + [
+        {
+            "node": "node02",
+            "rule_id": "host_silent",
+            "device": "",
+            "severity": "critical",
+            "new": False,
+            "txn_id": "t2",
+            "steps": [],
+        }
+    ]
+    lines = render_plan(entries).splitlines()
+    assert "node01 gemm_below_fleet [warning] new incident, device cpu0" in lines
+    assert "node01 gemm_below_fleet [warning] new incident, device cpu1" in lines
+    assert "node02 host_silent [critical] txn t2" in lines

@@ -32,7 +32,7 @@ from stethoscope.diagnosis.rules import load_rules
 from stethoscope.paths import rules_dir
 from stethoscope.remediation.cycle import CycleResult
 from stethoscope.remediation.ledger import DRAIN, REBASELINE, Ledger
-from stethoscope.remediation.rebaseline import repaired_row
+from stethoscope.remediation.rebaseline import outstanding, repaired_row
 from stethoscope.serve import Server
 from stethoscope.serve.exposition import Exposition
 from stethoscope.serve.server import CycleState
@@ -242,6 +242,22 @@ def test_a_cycle_publishes_the_rebaselines_waiting_and_the_verifies_due(store, t
     verifies = {dict(k)["state"]: v for (name, k), v in samples.items() if name == "stethoscope_verifies"}
     assert rebaselines == {"waiting": 1.0, "running": 0.0, "needs_person": 0.0}
     assert verifies == {"due": 1.0, "running": 0.0}
+
+
+def test_a_re_baseline_left_to_a_person_stops_counting_once_a_later_one_of_its_node_runs(store):
+    """needs_person is a node's state, not a row's forever: the gauge an alert reads must go back to 0
+    when the node is re-baselined again; a node whose last re-baseline was given up still counts."""
+    now = now_ms()
+    ledger = Ledger(store)
+
+    def row(txn: str, node: str, status: str, at: int) -> dict:
+        return {"txn_id": txn, "finding_id": "", "action": REBASELINE, "target": node, "status": status,
+                "detail": {}, "started_at": at, "finished_at": at}  # fmt: skip
+
+    ledger.write_action(row("rb-old3", "node03", "needs_person", now - 7200_000), now - 7200_000)
+    ledger.write_action(row("rb-new3", "node03", "ok", now - 600_000), now - 600_000)
+    ledger.write_action(row("rb-old4", "node04", "needs_person", now - 7200_000), now - 7200_000)
+    assert outstanding(store).rebaselines == {"waiting": 0, "running": 0, "needs_person": 1}
 
 
 def _promtool() -> str:

@@ -142,6 +142,33 @@ def test_a_failed_sweep_is_logged_naming_its_failed_hosts(tmp_path, caplog):
     assert "node02" in said[0] and "nvidia-smi exited 255" in said[0] and "node01" not in said[0], said
 
 
+def test_a_host_failing_after_hundreds_of_ok_events_is_named_with_its_reason(tmp_path):
+    """On a large sweep the first events kept are ok ones: a failure past them still says why."""
+    from stethoscope.remediation.actions.playbook import MAX_EVENTS, run_playbook
+    from stethoscope.serve.sweeps import failed_hosts
+
+    tasks = "".join(
+        f"    - name: Step {n}\n      ansible.builtin.set_fact:\n        step: {n}\n"
+        for n in range(MAX_EVENTS)
+    )
+    playbook = tmp_path / "long.yml"
+    playbook.write_text(
+        "---\n- name: Many ok events, then one failure\n  hosts: all\n  gather_facts: false\n  tasks:\n"
+        + tasks
+        + "    - name: Fail on node02\n      ansible.builtin.fail:\n        msg: ibstat printed nothing\n"
+        "      when: inventory_hostname == 'node02'\n"
+    )
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "---\nall:\n  hosts:\n    node01: {ansible_connection: local}\n"
+        "    node02: {ansible_connection: local}\n"
+    )
+    result = run_playbook(str(playbook), inventory, None, {}, {}, 300)
+    assert not result.ok
+    said = failed_hosts([result], {"node01": "ok", "node02": "failures"})
+    assert said == "node02 (Fail on node02: ibstat printed nothing)", said
+
+
 def test_a_sweep_runs_below_the_operators_commands_in_cpu_priority(tmp_path):
     """On a loaded controller the operator's commands beside serve come first: the sweep's
     ansible-playbook and the modules it starts run at a niceness of at least SWEEP_NICENESS."""

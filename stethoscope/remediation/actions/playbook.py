@@ -27,6 +27,7 @@ from stethoscope.store.dsn import is_embedded
 
 RECORDED_EVENTS = ("runner_on_ok", "runner_on_failed", "runner_on_unreachable", "runner_on_skipped")
 MAX_EVENTS = 200
+LOST_EVENTS = ("runner_on_failed", "runner_on_unreachable")
 SKIPPED = "stethoscope_skipped"  # the set_stats key of a playbook that had nothing to act with
 CALLBACK = "aicluster.stethoscope.clickhouse"  # stores what the run found
 
@@ -180,7 +181,12 @@ def run_playbook(
             reason = (data.get("artifact_data") or {}).get(SKIPPED)
             if reason:
                 skipped.append(str(reason))
-        if event.get("event") in RECORDED_EVENTS and len(events) < MAX_EVENTS:
+        # a host's failure is kept past the cap (up to MAX_EVENTS of them): on a large run the first
+        # MAX_EVENTS events are ok ones, and a failure must still say what its task said
+        kept = len(events) < MAX_EVENTS or (
+            event.get("event") in LOST_EVENTS and sum(e["event"] in LOST_EVENTS for e in events) < MAX_EVENTS
+        )
+        if event.get("event") in RECORDED_EVENTS and kept:
             data = event.get("event_data") or {}
             result = data.get("res") or {}
             events.append(
