@@ -34,6 +34,7 @@ import hmac
 import json
 import math
 import os
+import re
 import socket
 import sys
 import time
@@ -371,14 +372,25 @@ def http_get(url: str, timeout: float) -> tuple[int, bytes]:
     return int(status[1]), body
 
 
+# stethoscope's one duration syntax (timeutil.parse_duration), here in the standard library alone
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)\s*(s|m|h|d|w)?$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def duration_seconds(text: object) -> float:
+    """'90s', '15m', '1.5h', '2d', '1w' or plain seconds -> seconds above 0; ValueError otherwise."""
+    match = None if isinstance(text, bool) else _DURATION.match(str(text).strip())
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2) or "s"] if match else 0.0
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError("%r is not a duration above 0 (90s, 15m, 1.5h, 2d, 1w or plain seconds)" % (text,))
+    return int(seconds) if seconds.is_integer() else seconds
+
+
 def _seconds(config: dict[str, Any], name: str) -> float:
     try:
-        value = float(config[name])
-    except (TypeError, ValueError):
-        value = float("nan")
-    if math.isnan(value) or value <= 0:
-        raise ValueError("%s %r: a positive number of seconds" % (name, config[name]))
-    return value
+        return duration_seconds(config[name])
+    except ValueError as exc:
+        raise ValueError("%s: %s" % (name, exc)) from None
 
 
 def _find_scontrol() -> str:
@@ -389,9 +401,11 @@ def _find_scontrol() -> str:
 
 
 # the command ----------------------------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser, duration: Callable[[str], float] = float) -> None:
-    """The gate's options; `duration` reads --grace and --timeout (plain seconds here, where the node's
-    Python has only the standard library; `stethoscope gate` gives the package's duration syntax)."""
+def add_arguments(
+    parser: argparse.ArgumentParser, duration: Callable[[str], float] = duration_seconds
+) -> None:
+    """The gate's options; `duration` reads --grace and --timeout (`stethoscope gate` gives the
+    package's parser, which reads the same syntax)."""
     parser.add_argument("--config", help="gate.json (serve, node_id, key_file, state_dir, grace, ...)")
     parser.add_argument("--serve", help="serve's base URL, http://HOST:PORT")
     parser.add_argument("--node", dest="node_id", help="this node's inventory name")
@@ -399,9 +413,12 @@ def add_arguments(parser: argparse.ArgumentParser, duration: Callable[[str], flo
     parser.add_argument("--key-file", help="the node's key (hex), root-only")
     parser.add_argument("--state-dir", help="where the last good verdict is kept")
     parser.add_argument(
-        "--grace", type=duration, help="seconds a verdict counts after it was made (default: its expires)"
+        "--grace",
+        type=duration,
+        help="how long a verdict counts after it was made, a duration (10m; "
+        "bare: seconds; default: its expires)",
     )
-    parser.add_argument("--timeout", type=duration, help="seconds serve has to answer (at most 0.5)")
+    parser.add_argument("--timeout", type=duration, help="how long serve has to answer (at most 0.5s)")
     parser.add_argument("--no-drain", dest="drain", action="store_false", default=None, help="exit code only")
     parser.add_argument(
         "--fail-when-unverified",

@@ -515,3 +515,22 @@ def test_the_gate_fails_no_more_nodes_than_the_tightest_breaker_limit_allows():
     again = CircuitBreaker(16, fraction=0.2, recent={"node02"})
     verdicts = capped(failing, room_of(again))
     assert [n for n, v in verdicts.items() if v["verdict"] == gate.FAIL] == ["node02"]
+
+
+def test_the_node_gate_reads_durations_as_stethoscope_gate_does() -> None:
+    """A `--grace 10m` tried with `stethoscope gate` works as the node's own gate.py and in gate.json
+    (standard library only there): the same syntax, the same seconds, the same refusals."""
+    import argparse
+
+    from stethoscope.telemetry.gate import add_arguments, duration_seconds
+    from stethoscope.timeutil import parse_duration
+
+    for text in ("90s", "15m", "1.5h", "2d", "1w", "300", "2.5", ".5", "10 m"):
+        assert duration_seconds(text) == parse_duration(text), text
+    for bad in ("", "10x", "-5", "m", "1e3", "nan", "0"):
+        with pytest.raises(ValueError):
+            duration_seconds(bad)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--grace", "10m", "--timeout", "0.4s"])
+    assert (args.grace, args.timeout) == (600, 0.4)
