@@ -39,6 +39,18 @@ def terminal_safe_data(value: Any) -> Any:
     return value
 
 
+def aligned(rows: list[list[str]], gap: str = "  ") -> list[str]:
+    """Rows of cells (the first the headers) as lines whose columns line up, each as wide as its
+    widest cell (the last column unpadded): a long device or creator never shifts the rest. Each cell
+    is made terminal-safe first."""
+    safe = [[terminal_safe(cell) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in safe if i < len(row)) for i in range(max(map(len, safe), default=0))]
+    return [
+        gap.join(cell if i == len(row) - 1 else cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
+        for row in safe
+    ]
+
+
 def colour_wanted(stream: TextIO) -> bool:
     """ANSI colour only on a terminal, and never where NO_COLOR is set to anything (https://no-color.org)."""
     return not os.environ.get("NO_COLOR") and stream.isatty()

@@ -22,6 +22,7 @@ from stethoscope.remediation.retries import RETRIED, attempt_of, reason_of
 from stethoscope.report.summary import initialised
 from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
+from stethoscope.terminal import aligned
 from stethoscope.timeutil import iso, moment_ms, now_ms
 
 STATUSES = ("failed", "refused", "skipped", "ok", "planned", "in_flight", "expired", "waiting", "running")
@@ -234,13 +235,20 @@ def _list(found: list[Incident], as_json: bool, every: bool = False) -> int:
     if not found:
         print("no incidents recorded" if every else "no open incidents")
         return EXIT_OK
-    head = f"{'TXN':<13} {'NODE':<14} {'DEVICE':<10} {'SEVERITY':<9} {'STATUS':<15}"
-    print(f"{head} FIRST SEEN / LAST SEEN  RULES")
-    for i in found:
-        tell(
-            f"{i.txn_id or '-':<13} {i.node_id:<14} {i.device or '-':<10} {i.severity:<9} {i.status:<15} "
-            f"{iso(i.first_seen_ms)} / {iso(i.last_seen_ms)}  {', '.join(i.rules)}" + _acked(i)
-        )
+    rows = [["TXN", "NODE", "DEVICE", "SEVERITY", "STATUS", "FIRST SEEN / LAST SEEN", "RULES"]]
+    rows += [
+        [
+            i.txn_id or "-",
+            i.node_id,
+            i.device or "-",
+            i.severity,
+            i.status,
+            f"{iso(i.first_seen_ms)} / {iso(i.last_seen_ms)}",
+            ", ".join(i.rules) + _acked(i),
+        ]
+        for i in found
+    ]
+    print("\n".join(aligned(rows)))
     return EXIT_OK
 
 

@@ -14,7 +14,7 @@ from stethoscope.remediation.silences import Matcher, Silence, parse_matcher
 from stethoscope.report.summary import initialised
 from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
-from stethoscope.terminal import terminal_safe
+from stethoscope.terminal import aligned, terminal_safe
 from stethoscope.timeutil import iso, now_ms
 
 
@@ -134,12 +134,10 @@ def _list(silences: list[Silence], as_json: bool) -> int:
     if not silences:
         print("no active silences")
         return EXIT_OK
-    print(f"{'ID':<13} {'ENDS':<25} {'BY':<12} MATCHERS  REASON")
-    for s in silences:
-        matchers = " ".join(str(m) for m in s.matchers)
-        print(
-            terminal_safe(
-                f"{s.silence_id:<13} {iso(s.ends_ms):<25} {s.created_by:<12} {matchers}  {s.reason}"
-            )
-        )
+    rows = [["ID", "ENDS", "BY", "MATCHERS", "REASON"]]
+    rows += [
+        [s.silence_id, iso(s.ends_ms), s.created_by, " ".join(str(m) for m in s.matchers), s.reason]
+        for s in silences
+    ]
+    print("\n".join(aligned(rows)))
     return EXIT_OK

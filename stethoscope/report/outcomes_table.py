@@ -11,8 +11,8 @@ from stethoscope.timeutil import iso
 EMPTY = "no incidents in the window"
 HEAD = (
     f"{'WEEK':<9} {'LAYER':<14} {'INCIDENTS':>9}  {'MTTD min':<18} {'ISOLATION min':<18} "
-    f"{'TICKET min':<18} {'L4 TICKET min':<18} {'REPAIRS':>7} {'RESUMED UNREPAIRED':>18} "
-    f"{'NEEDS PERSON':>12} {'REFUSED':>7}"
+    f"{'TICKET min':<18} {'L4 TICKET min':<18} {'REPAIRS':>7} {'RESUMED-UNREPAIRED':>18} "
+    f"{'NEEDS-PERSON':>12} {'REFUSED':>7}"
 )
 
 

@@ -127,3 +127,10 @@ def test_json_output_keeps_the_data_as_it_is(hostile_store):
 )
 def test_terminal_safe_escapes_controls_and_bidi_and_nothing_else(text, shown):
     assert terminal_safe(text) == shown
+
+
+def test_aligned_columns_fit_their_widest_cell_and_stay_terminal_safe():
+    from stethoscope.terminal import aligned
+
+    lines = aligned([["ID", "DEVICE", "RULES"], ["t1", "0000:00:06.0", "a, b"], ["t22", "\x1b[2J", "c"]])
+    assert lines == ["ID   DEVICE        RULES", "t1   0000:00:06.0  a, b", "t22  \\x1b[2J       c"]

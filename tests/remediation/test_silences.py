@@ -388,3 +388,14 @@ def test_incidents_say_silenced_an_escalated_ack_reads_open_and_an_empty_txn_is_
     for command in ("show", "ack", "unack"):
         refused = cli("incidents", command, "", dsn=db)
         assert refused.returncode == 2 and "empty transaction id" in refused.stderr, refused.stderr
+
+
+def test_silence_list_keeps_its_columns_whatever_their_widths(db):
+    """A long creator or end time pushed the next columns out of line under their headers."""
+    silence(db, "--node", "node03", "--for", "4h", "--reason", "SSD swap", "--by", "alice")
+    silence(db, "--rule", "worn_ssd", "--for", "2d", "--reason", "RMA", "--by", "operations-night-shift")
+    header, *rows = cli("silence", "list", dsn=db).stdout.splitlines()
+    assert len(rows) == 2
+    starts = [match.start() for match in re.finditer(r"\S+", header)]
+    for row in rows:  # each header word starts a column: the row has a word starting there, after a gap
+        assert all(row[at] != " " and (at == 0 or row[at - 1] == " ") for at in starts), (header, row)
