@@ -98,9 +98,11 @@ def run_actions(args: argparse.Namespace) -> int:
     with Store(args.dsn, args.database) as store:
         if not initialised(store):
             return _no_schema("actions", store)
-        return _actions(
-            Ledger(store).action_states([args.txn] if args.txn else None, args.status, since), args
-        )
+        ledger = Ledger(store)
+        states = ledger.action_states([args.txn] if args.txn else None, args.status, since)
+        # the rule each acts for (an incident's actions serve several); bookkeeping rows have none
+        rule_of = {fid: known.rule_id for fid, known in ledger.known_findings().items()} if states else {}
+        return _actions(states, args, rule_of)
 
 
 def _on_one_incident(act: Callable[[Store, Incident, argparse.Namespace], int]) -> Command:
@@ -289,8 +291,8 @@ def _line(entry: dict[str, Any]) -> str:
     return " ".join(parts).rstrip()
 
 
-def _actions(states: list[ActionState], args: argparse.Namespace) -> int:
-    entries = [_action(s) for s in states]
+def _actions(states: list[ActionState], args: argparse.Namespace, rule_of: dict[str, str]) -> int:
+    entries = [_action(s, rule_of) for s in states]
     if args.json:
         print(json.dumps(entries, indent=1))
         return EXIT_OK
@@ -298,8 +300,9 @@ def _actions(states: list[ActionState], args: argparse.Namespace) -> int:
         return usage(f"actions: no actions of transaction {args.txn!r} on record")
     if not entries:
         print("no actions recorded" + (" matching" if args.status or args.since else ""))
-    for e in entries:
-        tell(f"{e['started_at']}  {e['txn_id']:<13} {e['target']:<14} {_line(e)}")
+    rows = [[e["started_at"], e["txn_id"], e["target"], e["rule_id"] or "-", _line(e)] for e in entries]
+    for line in aligned(rows):
+        print(line)
     return EXIT_OK
 
 

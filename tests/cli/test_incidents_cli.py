@@ -70,6 +70,14 @@ def test_incidents_lists_one_line_each_and_show_tells_every_action_and_why(db, t
     assert [f["rule_id"] for f in as_json["findings"]] == ["worn_ssd"]
 
 
+def test_actions_name_the_rule_each_acts_for(db, two_incidents):
+    """An incident's actions for several rules read alike (`log planned` six times) without it."""
+    lines = cli("actions", dsn=db).stdout.splitlines()
+    assert len(lines) == 4 and all(line.split()[3] == "worn_ssd" for line in lines), lines
+    entries = json.loads(cli("actions", "--json", dsn=db).stdout)
+    assert {e["rule_id"] for e in entries} == {"worn_ssd"}
+
+
 def test_ack_is_recorded_and_listed(db, two_incidents):
     txn = two_incidents["node03"]
     acked = cli("incidents", "ack", txn, "--by", "alice", "--note", "replacing the SSD", dsn=db)
