@@ -20,6 +20,7 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 DURATION_SYNTAX = "90s, 15m, 1.5h, 2d, 1w or plain seconds"
 DAY_SECONDS = 86400
 DAYS_SYNTAX = "a number of days (7, 0.5) or a duration (36h, 2d, 1w)"
+WHOLE_DAYS_SYNTAX = "whole days (7, 14) or a duration of them (48h, 2w)"
 
 
 class TimeRangeError(ValueError):
@@ -146,7 +147,7 @@ def whole_days_option(text: str) -> int:
     except DurationError:
         days = 0.0
     if days < 1 or not days.is_integer():
-        raise argparse.ArgumentTypeError(f"{text!r:.60} is not whole days, at least 1 ({DAYS_SYNTAX})")
+        raise argparse.ArgumentTypeError(f"{text!r:.60} is not whole days, at least 1 ({WHOLE_DAYS_SYNTAX})")
     return int(days)
 
 
