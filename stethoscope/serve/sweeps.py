@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stethoscope.remediation.actions.playbook import PlaybookResult, run_playbook
+from stethoscope.remediation.actions.playbook import LOST_EVENTS, PlaybookResult, run_playbook
 from stethoscope.store.dsn import ConfigError
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def failed_hosts(results: list[PlaybookResult], hosts: dict[str, str], shown: in
         event["host"]: f"{event['task']}: {event['msg']}"
         for result in results
         for event in result.events
-        if event["event"] in ("runner_on_failed", "runner_on_unreachable")
+        if event["event"] in LOST_EVENTS
     }
     lost = sorted(host for host, state in hosts.items() if state != "ok")
     named = [f"{host} ({said[host]})" if host in said else host for host in lost[:shown]]
