@@ -95,3 +95,27 @@ def test_sanity_ignores_only_the_licence_check_of_files_that_exist():
             path, check = line.split("#", 1)[0].split()
             assert check == "validate-modules:missing-gplv3-license", line
             assert (TOP / path).is_file(), line
+
+
+def test_the_collections_stand_in_tools_are_the_suites(tmp_path: Path):
+    """ansible-test units cannot import the suite's conftest, so the collection's keeps a copy of
+    fake_tools: the two must write the same commands, or a linked test means another thing there."""
+    import importlib.util
+
+    import conftest
+
+    path = TOP / "collections/stethoscope/tests/unit/plugins/module_utils/conftest.py"
+    spec = importlib.util.spec_from_file_location("collection_unit_conftest", path)
+    assert spec is not None and spec.loader is not None
+    collection = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = collection  # as an import would: hypothesis' settings look it up
+    try:
+        spec.loader.exec_module(collection)
+    finally:
+        del sys.modules[spec.name]
+    xml = "real/h200-vm/commands/nvidia-smi_-q_-x.xml"
+    tools = {"nvidia-smi": {"-q -x": xml, "*": "exit 255"}, "ibstat": "true"}
+    conftest.fake_tools(tmp_path / "suite", tmp_path / "suite.log", tools)
+    collection.fake_tools(tmp_path / "copy", tmp_path / "suite.log", tools)
+    for name in tools:
+        assert (tmp_path / "copy" / name).read_text() == (tmp_path / "suite" / name).read_text(), name
