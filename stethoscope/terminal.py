@@ -40,9 +40,9 @@ def terminal_safe_data(value: Any) -> Any:
 
 
 def aligned(rows: list[list[str]], gap: str = "  ") -> list[str]:
-    """Rows of cells (the first the headers) as lines whose columns line up, each as wide as its
-    widest cell (the last column unpadded): a long device or creator never shifts the rest. Each cell
-    is made terminal-safe first."""
+    """Rows of cells (headers first, where a table has them) as lines whose columns line up, each as
+    wide as its widest cell (the last column unpadded): a long device or creator never shifts the
+    rest. Each cell is made terminal-safe first."""
     safe = [[terminal_safe(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in safe if i < len(row)) for i in range(max(map(len, safe), default=0))]
     return [

@@ -7,7 +7,6 @@ import argparse
 
 from stethoscope.cli.common import Subcommands
 from stethoscope.telemetry import gate as slurm_gate
-from stethoscope.timeutil import duration_option
 
 
 def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
@@ -16,5 +15,5 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
         help="Slurm's health check: exit 1 and drain when the node's verdict fails (no verdict: said)",
         parents=parents,
     )
-    slurm_gate.add_arguments(gate, duration=duration_option)
+    slurm_gate.add_arguments(gate)
     gate.set_defaults(func=slurm_gate.run)

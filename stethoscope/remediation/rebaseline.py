@@ -530,9 +530,13 @@ def verifies_due(ledger: Ledger, orphans: Orphans) -> list[tuple[str, str, Actio
     """(txn, node, its repaired row) of the incidents marked repaired since their last verify (or
     whose verify's executor died), whose drain still holds the node."""
     drains = {(d.txn_id, d.node) for d in ledger.drains() if d.status == "ok"}
-    if not drains:
-        return []
-    states = ledger.action_states({txn for txn, _ in drains})
+    return _due(drains, ledger.action_states({txn for txn, _ in drains}) if drains else [], orphans)
+
+
+def _due(
+    drains: set[tuple[str, str]], states: list[ActionState], orphans: Orphans
+) -> list[tuple[str, str, ActionState]]:
+    """verifies_due from the drains holding their nodes and the action states of their txns."""
     verified = {(s.txn_id, s.target): s for s in states if s.action == VERIFY}
     due = []
     for state in states:
@@ -566,9 +570,11 @@ def outstanding(store: Store) -> Outstanding:
     statuses = Counter(s.status for s in newest.values() if s.status in NOT_DONE)
     # a verify counts while its drain holds the node (a node resumed since is done with it)
     held = {(d.txn_id, d.node) for d in ledger.drains() if d.status == "ok"}
-    verifying = latest_of(ledger, VERIFY, {txn for txn, _node in held}) if held else []
-    running = sum(1 for s in verifying if s.status == RUNNING and (s.txn_id, s.target) in held)
-    due = len(verifies_due(ledger, _NEVER))  # one whose executor died counts running until it runs again
+    states = ledger.action_states({txn for txn, _node in held}) if held else []
+    running = sum(
+        1 for s in states if s.action == VERIFY and s.status == RUNNING and (s.txn_id, s.target) in held
+    )
+    due = len(_due(held, states, _NEVER))  # one whose executor died counts running until it runs again
     return Outstanding({**dict.fromkeys(NOT_DONE, 0), **statuses}, {DUE: due, RUNNING: running})
 
 

@@ -39,7 +39,7 @@ import socket
 import sys
 import time
 import urllib.parse
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 DOMAIN = b"stethoscope-gate-v1\n"  # the node's key also signs its datagrams: a verdict is not one
 REASON_PREFIX = "stethoscope gate:"
@@ -401,11 +401,16 @@ def _find_scontrol() -> str:
 
 
 # the command ----------------------------------------------------------------------------------
-def add_arguments(
-    parser: argparse.ArgumentParser, duration: Callable[[str], float] = duration_seconds
-) -> None:
-    """The gate's options; `duration` reads --grace and --timeout (`stethoscope gate` gives the
-    package's parser, which reads the same syntax)."""
+def _duration_option(text: str) -> float:
+    """argparse's type for --grace and --timeout: a bad one is exit 2 naming the option and the value."""
+    try:
+        return duration_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The gate's options, for the node's gate.py and `stethoscope gate` alike."""
     parser.add_argument("--config", help="gate.json (serve, node_id, key_file, state_dir, grace, ...)")
     parser.add_argument("--serve", help="serve's base URL, http://HOST:PORT")
     parser.add_argument("--node", dest="node_id", help="this node's inventory name")
@@ -414,11 +419,13 @@ def add_arguments(
     parser.add_argument("--state-dir", help="where the last good verdict is kept")
     parser.add_argument(
         "--grace",
-        type=duration,
+        type=_duration_option,
         help="how long a verdict counts after it was made, a duration (10m; "
         "bare: seconds; default: its expires)",
     )
-    parser.add_argument("--timeout", type=duration, help="how long serve has to answer (at most 0.5s)")
+    parser.add_argument(
+        "--timeout", type=_duration_option, help="how long serve has to answer (at most 0.5s)"
+    )
     parser.add_argument("--no-drain", dest="drain", action="store_false", default=None, help="exit code only")
     parser.add_argument(
         "--fail-when-unverified",
