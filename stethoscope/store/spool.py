@@ -3,7 +3,8 @@
 A row is acknowledged once it is in ClickHouse or fsynced here. Each append writes one new file
 (`<table>-<ms>-<pid>-<seq>.ndjson.part`), fsyncs it and renames it into place, so a replay never reads
 a file still being written. A `.part` left by a writer that died (kill -9) is replayed too, with a
-torn last line tolerated: what was fsynced before the kill is never lost.
+torn last line tolerated: what was fsynced before the kill is never lost; one killed before its header
+was down holds nothing and is removed.
 
 Each file starts with a header naming the DSN (no password, no options) and database it was meant
 for, and replays only into that one unless moved on purpose (`spool replay --into`); a file whose
@@ -45,6 +46,9 @@ from stethoscope.store.salvage import RowsRefused, StoreBusy, insert_salvaging
 
 TABLES = ("metrics", *ROW_TABLES)
 HEADER = "__spool__"
+EMPTY_START = "the file is empty or starts with an empty line"
+CUT_FIRST_LINE = "its first line is cut before its end"
+HEADER_NOT_WRITTEN = (EMPTY_START, CUT_FIRST_LINE)
 MAX_ATTEMPTS = 3
 _seq = itertools.count()
 
@@ -270,8 +274,15 @@ class Spool:
             return
         with self._locked():
             for path, problem in damaged:
-                if problem is not None and path.exists():
-                    self._quarantine(path, f"damaged header: {problem}", report)
+                if problem is None or not path.exists():
+                    continue
+                if path.name.endswith(".part") and problem in HEADER_NOT_WRITTEN:
+                    # its writer died before the header was down: no row in it was ever acknowledged
+                    _unlink(path)
+                    report.torn_lines += 1
+                    report.problems.append(f"{path.name}: torn before its header was written, removed")
+                    continue
+                self._quarantine(path, f"damaged header: {problem}", report)
 
     def settle(self, outcomes: list[FileOutcome], where: str, report: ReplayReport) -> None:
         """Remove stored files, count failures, quarantine a file that failed MAX_ATTEMPTS times."""
@@ -426,9 +437,9 @@ def header_problem(path: Path) -> str | None:
     except OSError as exc:
         return f"unreadable ({exc.strerror})"
     if not first.strip():
-        return "the file is empty or starts with an empty line"
+        return EMPTY_START
     if not first.endswith(b"\n"):
-        return "its first line is cut before its end"
+        return CUT_FIRST_LINE
     try:
         line = json.loads(first)
     except ValueError:

@@ -198,6 +198,27 @@ def test_kill_9_mid_write_loses_nothing_acknowledged(tmp_path, tmp_dsn):
     assert report.problems == [] or all("torn" in p for p in report.problems)
 
 
+def dead_pid():
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(finished.stdout)
+
+
+def test_a_part_file_killed_before_its_header_was_written_is_removed_not_quarantined(tmp_path, tmp_dsn):
+    """kill -9 between a .part's creation and its header's write leaves an empty file (or a cut first
+    line): it never held an acknowledged row, so it is dropped as torn, not set aside as damaged."""
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir()
+    pid = dead_pid()
+    (spool_dir / f"metrics-{NOW}-{pid}-1.ndjson.part").write_bytes(b"")
+    (spool_dir / f"metrics-{NOW}-{pid}-2.ndjson.part").write_bytes(b'{"__spool__": {"dsn"')
+    with Store(tmp_dsn) as store:
+        store.init_schema()
+        report = Spool(spool_dir).replay(store)
+    assert Spool(spool_dir).quarantined() == []
+    assert not list(spool_dir.glob("*.part"))
+    assert len(report.problems) == 2 and all("torn" in p for p in report.problems)
+
+
 def test_embedded_database_busy_spools_and_replays_later(tmp_path):
     path = tmp_path / "db"
     with database_held_elsewhere(path):
