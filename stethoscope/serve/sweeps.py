@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import sys
 import threading
 import time
 from collections import deque
@@ -19,15 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stethoscope.priority import lower_thread_priority
 from stethoscope.remediation.actions.playbook import LOST_EVENTS, PlaybookResult, run_playbook
 from stethoscope.store.dsn import ConfigError
 
 log = logging.getLogger(__name__)
 PLAYBOOK = "collect.yml"
 HOST_STATES = ("ok", "failed", "unreachable")  # how each host of a sweep ended
-# a sweep is background work: on a controller its 64-host fan-out holds every core for seconds, and
-# the operator's commands beside serve (and serve's own diagnosis) must not wait behind it
-SWEEP_NICENESS = 10
 
 
 @dataclass
@@ -69,18 +65,6 @@ def failed_hosts(results: list[PlaybookResult], hosts: dict[str, str], shown: in
     named = [f"{host} ({said[host]})" if host in said else host for host in lost[:shown]]
     more = f" and {len(lost) - shown} more" if len(lost) > shown else ""
     return ", ".join(named) + more if named else "no host named"
-
-
-def _yield_cpu() -> None:
-    """Lower the calling thread's CPU priority to SWEEP_NICENESS (never raise it). On Linux a niceness
-    belongs to a thread, and the ansible-playbook it starts inherits it."""
-    if sys.platform != "linux":  # elsewhere a niceness is the whole process's: serve's own would drop too
-        return
-    thread = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, thread, max(SWEEP_NICENESS, os.getpriority(os.PRIO_PROCESS, thread)))
-    except OSError as exc:  # a sandbox that forbids it: the sweep runs as before
-        log.warning("sweep: cannot lower its CPU priority: %s", exc)
 
 
 class Sweeper:
@@ -129,7 +113,7 @@ class Sweeper:
 
     def _sweep(self) -> None:
         started = time.monotonic()
-        _yield_cpu()
+        lower_thread_priority()  # background work: stethoscope.priority
         self.stats.running = True
         try:
             results = []

@@ -24,6 +24,7 @@ BASE = {
     "terminal",
     "private_files",
     "galaxy",
+    "priority",
 }
 BELOW = {
     "store": set(),

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from stethoscope.serve.sweeps import SWEEP_NICENESS, Sweeper
+from stethoscope.priority import BACKGROUND_NICENESS
+from stethoscope.serve.sweeps import Sweeper
 from stethoscope.store.client import Store
 
 from conftest import LAB_INVENTORY, TOP, ansible_env
@@ -171,9 +172,9 @@ def test_a_host_failing_after_hundreds_of_ok_events_is_named_with_its_reason(tmp
 
 def test_a_sweep_runs_below_the_operators_commands_in_cpu_priority(tmp_path):
     """On a loaded controller the operator's commands beside serve come first: the sweep's
-    ansible-playbook and the modules it starts run at a niceness of at least SWEEP_NICENESS."""
-    if os.nice(0) >= SWEEP_NICENESS:
-        pytest.skip(f"the tests run at niceness {os.nice(0)}: a sweep at {SWEEP_NICENESS} would show nothing")
+    ansible-playbook and the modules it starts run at a niceness of at least BACKGROUND_NICENESS."""
+    if os.nice(0) >= BACKGROUND_NICENESS:
+        pytest.skip(f"the tests run at niceness {os.nice(0)}: a sweep at {BACKGROUND_NICENESS} shows nothing")
     probe = tmp_path / "niceness.yml"
     out = tmp_path / "niceness"
     probe.write_text(
@@ -195,7 +196,7 @@ def test_a_sweep_runs_below_the_operators_commands_in_cpu_priority(tmp_path):
         time.sleep(0.2)
     sweeper.stop()
     assert sweeper.stats.ok == 1, sweeper.stats
-    assert int(out.read_text()) >= SWEEP_NICENESS > 0
+    assert int(out.read_text()) >= BACKGROUND_NICENESS > 0
 
 
 def test_an_http_address_in_use_is_a_configuration_error_that_names_it(tmp_path):
