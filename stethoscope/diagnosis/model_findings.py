@@ -20,9 +20,16 @@ from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.layers import CLASS_LAYERS, rule_layer
 from stethoscope.diagnosis.levels import LEVEL_ACTIONS, action_label, finding_id
 from stethoscope.diagnosis.rules import Action, Rule
-from stethoscope.model.findings import STOPPED, SWEPT, UNKNOWN_CLASS, ModelFinding, run_model
+from stethoscope.model.finding import (
+    JOB_RULE,
+    STOPPED,
+    SWEPT,
+    SWITCH_RULE,
+    UNKNOWN_CLASS,
+    ModelFinding,
+    switch_id,
+)
 from stethoscope.model.metadata import FEATURES, ModelMeta
-from stethoscope.model.relative import JOB_RULE, SWITCH_RULE, switch_id
 from stethoscope.store.client import Store
 from stethoscope.timeutil import iso
 
@@ -97,6 +104,8 @@ def _message(f: ModelFinding) -> str:
 def finding_dicts(
     store: Store, at_ms: int, nodes: Sequence[str] | None, use: ModelUse
 ) -> list[dict[str, Any]]:
+    from stethoscope.model.findings import run_model  # numpy: only a command that runs the model pays it
+
     run = run_model(store, at_ms, nodes, use.meta)
     use.evaluated, use.ran, use.unjudged, use.error = set(run.evaluated), True, dict(run.unjudged), ""
     use.evaluated |= {switch_id(s) for s in run.switches}  # the switches' findings resolve too

@@ -13,17 +13,18 @@ import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from jinja2 import TemplateSyntaxError
-from jinja2.sandbox import SandboxedEnvironment
 
 from stethoscope import timeutil
 from stethoscope.aggregates import NAMES
 from stethoscope.bounded_yaml import RULE_FILE_MAX_BYTES, BoundedSafeLoader, is_stdin, load_bounded
 from stethoscope.catalog import AGGREGATES as KIND_AGGREGATES
 from stethoscope.catalog import Catalog
+
+if TYPE_CHECKING:  # jinja2 is loaded with the rules, not by every command that imports this module
+    from jinja2.sandbox import SandboxedEnvironment
 
 SEVERITIES = ("info", "warning", "critical")
 LEVELS = ("L1", "L2", "L3", "L4")
@@ -325,6 +326,8 @@ class _Validator:
         if not isinstance(text, str):
             self.error(where, key, f"a template string; got {text!r}")
             return
+        from jinja2 import TemplateSyntaxError
+
         try:
             self.sandbox.parse(text)
         except TemplateSyntaxError as exc:
@@ -556,6 +559,8 @@ def rule_files(path: Path) -> list[Path]:
 
 def load_rules(path: str | Path, catalog: Catalog) -> LoadResult:
     """Every rule under `path` (a file or a folder, metrics.yml excepted), and every problem found."""
+    from jinja2.sandbox import SandboxedEnvironment
+
     result = LoadResult()
     sandbox = SandboxedEnvironment()
     seen: dict[str, str] = {}

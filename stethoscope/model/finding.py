@@ -6,6 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# the nodes its UNKNOWN finding names, by why the model could not judge them
+SWEPT = "only swept (no stream)"
+STOPPED = "whose stream stopped"
+UNKNOWN_CLASS = "an unknown GPU class"
+JOB_RULE = "model.job"
+SWITCH_RULE = "model.switch"
+SWITCH_PREFIX = "switch:"  # a switch's finding's node_id, as the rules' correlate_by: switch names it
+
 
 @dataclass
 class ModelFinding:
@@ -56,3 +64,9 @@ class ModelFinding:
         }
         out.update({key: value for key, value in extra.items() if value})
         return out
+
+
+def switch_id(switch: str) -> str:
+    """A switch's findings' node_id: `switch:leaf1` (not a node: no host incident takes it, the board
+    shows it on the nodes behind it)."""
+    return SWITCH_PREFIX + switch

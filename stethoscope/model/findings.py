@@ -17,19 +17,14 @@ import numpy as np
 
 from stethoscope.model.decide import decide
 from stethoscope.model.explain import explain_classes, explain_outlier
-from stethoscope.model.finding import ModelFinding
+from stethoscope.model.finding import STOPPED, SWEPT, SWITCH_RULE, UNKNOWN_CLASS, ModelFinding
 from stethoscope.model.inference import Graphs, graphs_for
 from stethoscope.model.metadata import ModelMeta, load, metadata_path
 from stethoscope.model.path import Place, fault_paths
-from stethoscope.model.relative import SWITCH_RULE, relative_findings
+from stethoscope.model.relative import relative_findings
 from stethoscope.store.client import Store
 
 PREFIX = "model."
-
-
-SWEPT = "only swept (no stream)"
-STOPPED = "whose stream stopped"
-UNKNOWN_CLASS = "an unknown GPU class"
 
 
 @dataclass

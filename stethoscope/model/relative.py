@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stethoscope.model.finding import ModelFinding
+from stethoscope.model.finding import JOB_RULE, SWITCH_RULE, ModelFinding, switch_id
 from stethoscope.model.jobs import MIN_RANKS, SHARE, Culprit, JobJudgement, Z, judge_jobs, stands_out
 from stethoscope.model.jobs import RECENT as JOB_RECENT
 from stethoscope.model.metadata import ModelMeta
@@ -38,9 +38,6 @@ from stethoscope.model.path import ARROW, Place
 from stethoscope.model.robust import nanmedian
 from stethoscope.model.switches import BASELINE, RISE, STEP_TIME, Congestion, congested
 
-JOB_RULE = "model.job"
-SWITCH_RULE = "model.switch"
-SWITCH_PREFIX = "switch:"  # a switch's finding's node_id, as the rules' correlate_by: switch names it
 COMPUTE_NAME = "compute (step - collective - input)"
 SLOWED = 1.15
 # node features a job's own work sets (its load, its traffic): compared within a job only
@@ -257,12 +254,6 @@ def _rank_list(ranks: list[str]) -> str:
 
 def _rank_order(rank: str) -> tuple[int, str]:
     return (int(rank), "") if rank.isdigit() else (1 << 30, rank)
-
-
-def switch_id(switch: str) -> str:
-    """A switch's findings' node_id: `switch:leaf1` (not a node: no host incident takes it, the board
-    shows it on the nodes behind it)."""
-    return SWITCH_PREFIX + switch
 
 
 def _switch_finding(c: Congestion, node_ids: list[str]) -> ModelFinding:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -195,3 +197,20 @@ def test_rules_sql_says_where_a_rules_id_is_listed():
     sql = _children(_children(build_parser())["rules"])["sql"]
     rule_id = next(a for a in sql._actions if a.dest == "rule_id")
     assert "rules check lists the files" not in (rule_id.help or "")
+
+
+def test_starting_the_cli_loads_neither_numpy_nor_jinja2():
+    """A read typed beside serve starts a new process each time: the model's numpy and the rules'
+    Jinja2 are loaded by the commands that use them, not by every command's start."""
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, stethoscope.cli.main; print(sorted({m.split('.')[0] for m in sys.modules}))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "stethoscope" in loaded
+    assert "'numpy'" not in loaded and "'jinja2'" not in loaded and "'onnxruntime'" not in loaded
