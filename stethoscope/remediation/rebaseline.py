@@ -571,11 +571,12 @@ def outstanding(store: Store) -> Outstanding:
     # a verify counts while its drain holds the node (a node resumed since is done with it)
     held = {(d.txn_id, d.node) for d in ledger.drains() if d.status == "ok"}
     states = ledger.action_states({txn for txn, _node in held}) if held else []
+    due = {(txn, node) for txn, node, _repaired in _due(held, states, _NEVER)}
+    # one whose executor died counts running until it runs again; repaired again since, it is due alone
     running = sum(
-        1 for s in states if s.action == VERIFY and s.status == RUNNING and (s.txn_id, s.target) in held
+        1 for s in states if s.action == VERIFY and s.status == RUNNING and (s.txn_id, s.target) in held - due
     )
-    due = len(_due(held, states, _NEVER))  # one whose executor died counts running until it runs again
-    return Outstanding({**dict.fromkeys(NOT_DONE, 0), **statuses}, {DUE: due, RUNNING: running})
+    return Outstanding({**dict.fromkeys(NOT_DONE, 0), **statuses}, {DUE: len(due), RUNNING: running})
 
 
 def _counted(per_host: Any) -> set[str]:

@@ -31,7 +31,7 @@ from stethoscope.catalog import default_catalog
 from stethoscope.diagnosis.rules import load_rules
 from stethoscope.paths import rules_dir
 from stethoscope.remediation.cycle import CycleResult
-from stethoscope.remediation.ledger import DRAIN, REBASELINE, Ledger
+from stethoscope.remediation.ledger import DRAIN, REBASELINE, VERIFY, Ledger
 from stethoscope.remediation.rebaseline import outstanding, repaired_row
 from stethoscope.serve import Server
 from stethoscope.serve.exposition import Exposition
@@ -258,6 +258,24 @@ def test_a_re_baseline_left_to_a_person_stops_counting_once_a_later_one_of_its_n
     ledger.write_action(row("rb-new3", "node03", "ok", now - 600_000), now - 600_000)
     ledger.write_action(row("rb-old4", "node04", "needs_person", now - 7200_000), now - 7200_000)
     assert outstanding(store).rebaselines == {"waiting": 0, "running": 0, "needs_person": 1}
+
+
+def test_a_verify_whose_executor_died_and_whose_node_was_repaired_again_counts_once_as_due(store):
+    """A verify left `running` by a killed executor, then a new repair of the node: the next cycle runs
+    one verify, so the node counts once (due), not as due and running at once."""
+    now = now_ms()
+    ledger = Ledger(store)
+    before = now - 3600_000
+    drained = {"txn_id": "t-worn", "finding_id": "f-worn", "action": DRAIN, "target": "node01",
+               "status": "ok", "detail": {}, "started_at": before, "finished_at": before}  # fmt: skip
+    ledger.write_action(drained, before)
+    ledger.write_action(repaired_row("t-worn", "node01", "a person", "GPU swapped"), before + 60_000)
+    dead = {"txn_id": "t-worn", "finding_id": "", "action": VERIFY, "target": "node01", "status": "running",
+            "detail": {"executor": {"host": "gone-host", "pid": 1, "started": 1}},
+            "started_at": before + 120_000, "finished_at": None}  # fmt: skip
+    ledger.write_action(dead, before + 120_000)
+    ledger.write_action(repaired_row("t-worn", "node01", "a person", "GPU swapped again"), now - 60_000)
+    assert outstanding(store).verifies == {"due": 1, "running": 0}
 
 
 def _promtool() -> str:
