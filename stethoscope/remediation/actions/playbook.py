@@ -16,6 +16,7 @@ import configparser
 import os
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from stethoscope.store.dsn import is_embedded
 RECORDED_EVENTS = ("runner_on_ok", "runner_on_failed", "runner_on_unreachable", "runner_on_skipped")
 MAX_EVENTS = 200
 LOST_EVENTS = ("runner_on_failed", "runner_on_unreachable")
+# a host task's result event -> the playbook stats' key it counts under
+TALLIED = {"runner_on_ok": "ok", "runner_on_failed": "failures", "runner_on_unreachable": "dark"}
 SKIPPED = "stethoscope_skipped"  # the set_stats key of a playbook that had nothing to act with
 CALLBACK = "aicluster.stethoscope.clickhouse"  # stores what the run found
 
@@ -167,14 +170,17 @@ def run_playbook(
     """`extravars`: the operator's and stethoscope's own (templated as Ansible templates extra vars);
     `untrusted`: what came from a node or the store, which Ansible must never render."""
     import ansible_runner
+    import pexpect
 
     top = Path.cwd()
     events: list[dict[str, Any]] = []
 
     stats: dict[str, Any] = {}
     skipped: list[str] = []
+    tally = HostTally()
 
     def keep(event: dict[str, Any]) -> bool:
+        tally.count(event)
         if event.get("event") == "playbook_on_stats":
             data = event.get("event_data") or {}
             stats.update({k: data.get(k) or {} for k in ("ok", "changed", "failures", "skipped", "dark")})
@@ -210,17 +216,49 @@ def run_playbook(
     with tempfile.TemporaryDirectory(prefix="stethoscope-runner-") as private:
         if untrusted:
             _write_untrusted(private, untrusted)
-        runner = ansible_runner.run(
-            private_data_dir=private,
-            project_dir=str(top),
-            playbook=str(playbook_path(name)),
-            inventory=str(inventory),
-            limit=limit,
-            extravars=extravars,
-            envvars=env,
-            quiet=True,
-            timeout=timeout,
-            event_handler=keep,
-        )
+        try:
+            runner = ansible_runner.run(
+                private_data_dir=private,
+                project_dir=str(top),
+                playbook=str(playbook_path(name)),
+                inventory=str(inventory),
+                limit=limit,
+                extravars=extravars,
+                envvars=env,
+                quiet=True,
+                timeout=timeout,
+                event_handler=keep,
+            )
+        except pexpect.exceptions.TIMEOUT:
+            return outlived_output(events, stats or tally.stats())
     ok = runner.status == "successful" and runner.rc == 0
     return PlaybookResult(ok, runner.status, runner.rc, events, stats, "; ".join(skipped) if ok else "")
+
+
+class HostTally:
+    """The playbook stats' per-host counts, tallied from the hosts' task results as they come."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, Counter[str]] = {key: Counter() for key in TALLIED.values()}
+
+    def count(self, event: dict[str, Any]) -> None:
+        data = event.get("event_data") or {}
+        if event.get("event") in TALLIED and not data.get("ignore_errors"):
+            self.counts[TALLIED[event["event"]]][str(data.get("host"))] += 1
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        return {key: dict(hosts) for key, hosts in self.counts.items()}
+
+
+def outlived_output(events: list[dict[str, Any]], stats: dict[str, Any]) -> PlaybookResult:
+    """ansible-runner waits 5 s for its terminal's end once ansible-playbook has exited, then raises
+    pexpect's TIMEOUT instead of a result (https://github.com/ansible/ansible-runner/issues/1343): output
+    left in the terminal, or a reader starved of CPU on a loaded controller. The run is over, but its
+    last event, the stats, is lost with it: the hosts' own task results, tallied as they came, say how
+    it went (no rc is known)."""
+    said = "ended, but its output went on after ansible-playbook exited (pexpect TIMEOUT)"
+    if not any(stats.values()):
+        return PlaybookResult(False, f"{said}: no host's result came", None, events, stats)
+    ok = not any(stats.get(key) for key in ("failures", "dark"))
+    status = f"{said}: judged by its hosts' task results ({'successful' if ok else 'failed'})"
+    return PlaybookResult(ok, status, None, events, stats)
