@@ -1,4 +1,5 @@
-"""`stethoscope summary`: per node, the rows stored and the findings diagnose gives."""
+"""`stethoscope summary`: per node, the samples stored (counted from the hourly rollup) and the findings
+diagnose gives."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from stethoscope.store.dsn import redact
 
 def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> None:
     summary = commands.add_parser(
-        "summary", help="per node: rows stored and the findings diagnose gives", parents=parents
+        "summary", help="per node: samples stored and the findings diagnose gives", parents=parents
     )
     summary.add_argument(
         "--inventory",

@@ -1,4 +1,4 @@
-"""What landed in ClickHouse, per node: row counts, the last sample, and the findings `diagnose`
+"""What landed in ClickHouse, per node: samples, series, the last sample, and the findings `diagnose`
 gives at the same moment (its rules, its UNKNOWN): one reading of "unhealthy", not a second one."""
 
 from __future__ import annotations
@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stethoscope.catalog import Catalog
+from stethoscope.diagnosis.engine import has_hourly_rollup
 from stethoscope.diagnosis.findings import diagnose
 from stethoscope.diagnosis.model_findings import ModelUse
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.diagnosis.unknown import Fleet
 from stethoscope.store.client import Store
+from stethoscope.store.ttl import raw_ttl_seconds
 from stethoscope.terminal import terminal_safe
 
 
@@ -52,15 +54,7 @@ def summarize(
     sample and the findings `diagnose` gives (`findings`: as serve's last cycle gave them), those
     about no host (the fleet, the controller, a switch) under a row of their own: the same findings,
     one reading of "unhealthy"."""
-    db = store.database
-    where, params = "", {}
-    if nodes is not None:
-        where, params = "WHERE has({nodes:Array(String)}, node_id) ", {"nodes": sorted(nodes)}
-    totals = store.query(
-        f"SELECT node_id, count(), uniqExact(metric_name, device, labels_key), toString(max(timestamp)) "
-        f"FROM {db}.metrics FINAL {where}GROUP BY node_id ORDER BY node_id",
-        params,
-    )
+    totals = _totals(store, nodes)
     summaries = {node: NodeSummary(node, rows, series, last) for node, rows, series, last in totals}
     for host in fleet.names if fleet is not None else []:
         summaries.setdefault(host, NodeSummary(host, 0, 0, ""))
@@ -74,11 +68,36 @@ def summarize(
     return sorted(summaries.values(), key=lambda s: s.node_id)
 
 
+def _totals(store: Store, nodes: Sequence[str] | None) -> list[tuple[str, int, int, str]]:
+    """Per node: samples, series and the last sample's time, from the hourly rollup over the raw TTL
+    (a replayed sample counts each time it landed): one row per series and hour, where the raw table
+    would need a FINAL merge of every row it holds. A database from before the rollup: the raw rows."""
+    db, series = store.database, "uniqExact(metric_name, device, labels_key)"
+    where: list[str] = []
+    params: dict[str, Any] = {}
+    if nodes is not None:
+        where, params["nodes"] = ["has({nodes:Array(String)}, node_id)"], sorted(nodes)
+    if has_hourly_rollup(store):
+        params["ttl"] = raw_ttl_seconds(store)
+        where.append("hour >= toStartOfHour(now64(3, 'UTC') - toIntervalSecond({ttl:UInt32}))")
+        return store.query(
+            f"SELECT node_id, sum(samples), {series}, toString(max(last_at)) "
+            f"FROM {db}.metrics_hourly WHERE {' AND '.join(where)} GROUP BY node_id ORDER BY node_id",
+            params,
+        )
+    return store.query(
+        f"SELECT node_id, count(), {series}, toString(max(timestamp)) FROM {db}.metrics FINAL "
+        f"{'WHERE ' + where[0] + ' ' if where else ''}GROUP BY node_id ORDER BY node_id",
+        params,
+    )
+
+
 def render(summaries: list[NodeSummary]) -> str:
     if not summaries:
         return "no metric rows stored yet"
     width = max(14, *(len(item.node_id) for item in summaries))  # FQDN host names included
-    lines = [f"{'node':<{width}} {'rows':>7} {'series':>7}  last sample (UTC)        findings (as diagnose)"]
+    columns = f"{'samples':>7} {'series':>7}  last sample (UTC)        findings (as diagnose)"
+    lines = [f"{'node':<{width}} {columns}"]
     for item in summaries:
         first, *rest = item.notable or ["-"]
         lines.append(f"{item.node_id:<{width}} {item.rows:>7} {item.series:>7}  {item.last_seen:<24} {first}")

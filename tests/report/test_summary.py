@@ -7,7 +7,8 @@ import json
 import subprocess
 import sys
 
-from stethoscope.timeutil import now_ms
+from stethoscope.catalog import default_catalog
+from stethoscope.timeutil import iso, now_ms
 
 from conftest import TOP, swept_lab
 
@@ -43,3 +44,23 @@ def test_summary_lists_exactly_the_findings_diagnose_gives_on_the_lab(tmp_path, 
     assert "node02" in {f["node_id"] for f in saturated}
     assert "ib_link_downed_total" in next(f["message"] for f in saturated if f["node_id"] == "node02")
     assert "= 255" not in summary.stdout
+
+
+def test_summary_counts_each_nodes_samples_from_the_hourly_rollup_without_reading_raw_rows_final(store):
+    """Regression: summary counted rows with `metrics FINAL` over the whole raw table, a merge of every
+    raw row on each call (0.6 CPU-s per 5.5 M rows: hours on a fleet's 30 days). It reads the hourly
+    rollup: samples as they landed (a replayed sample counts each time it landed), series, last."""
+    from stethoscope.report.summary import summarize
+    from stethoscope.store.batch import MetricColumns
+
+    now = now_ms()
+    rows = [
+        {"node_id": "node01", "metric_name": "gpu_temperature_celsius", "device": f"gpu{d}", "labels": {},
+         "value": 50.0, "timestamp": now - 60_000 * i}
+        for d in range(2) for i in range(3)
+    ]  # fmt: skip
+    store.insert_metrics(MetricColumns.from_rows(rows))
+    store.insert_metrics(MetricColumns.from_rows(rows[:1]))  # a spool replay of one sample
+    (node,) = summarize(store, default_catalog(), [], now, findings=[])
+    assert (node.node_id, node.rows, node.series) == ("node01", 7, 2)
+    assert node.last_seen.startswith(iso(now)[:16].replace("T", " "))
