@@ -127,6 +127,26 @@ def test_one_host_with_no_collectors_fails_the_checks_before_any_module_runs(tmp
     assert "Sweep health facts" not in proc.stdout
 
 
+def test_one_host_with_a_variable_of_the_wrong_type_fails_the_checks_naming_it(tmp_path):
+    """The argument spec, checked for every host's variables before any module runs: node03's bad
+    timeout and unknown collector are named with the host."""
+    env, inventory = lab(tmp_path, "one")
+    bad = "health_collect_timeout: soon, health_collect_collectors: [gpu, bogus], "
+    inventory.write_text(inventory.read_text().replace("node03: {", "node03: {" + bad))
+    proc = subprocess.run(
+        [str(BIN / "ansible-playbook"), str(TOP / "playbooks/collect.yml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode != 0, proc.stdout
+    # each error names the host, whether as the loop's item or as the option it was found in
+    for error in ("'health_collect_timeout' is of type str", "Got no match for: bogus"):
+        assert re.search(rf"node03[^\n]*{error}|{error}[^\n]*node03", proc.stdout), proc.stdout
+    assert "Sweep health facts" not in proc.stdout
+
+
 def h200_tools(tmp_path: Path, gpu_query: str) -> Path:
     bindir = tmp_path / "bin"
     fake_tools(
