@@ -487,6 +487,16 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
         "ping\n  10.1 s, collect.yml 19.0 s (1.89x)",
     ),
     (
+        "collect_vs_ping_64_before_checks_once.json",
+        [("seconds_median", "ping"), ("seconds_median", "collect"), ("collect_vs_ping",)],
+        "ping 9.37 s, collect.yml\n  18.11 s (1.93x)",
+    ),
+    (
+        "collect_vs_ping_64_checks_once.json",
+        [("seconds_median", "ping"), ("seconds_median", "collect"), ("collect_vs_ping",)],
+        "ping 9.24 s,\n  collect.yml 15.83 s (1.71x)",
+    ),
+    (
         "collect_vs_ping_512.json",
         [("seconds_median", "ping"), ("seconds_median", "collect"), ("collect_vs_ping",)],
         "ping 101.7 s, collect.yml 209.0 s (2.05x)",
