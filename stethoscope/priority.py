@@ -1,27 +1,31 @@
-"""Background work (serve's sweeps and its action playbooks) runs below the operator's commands in
-CPU priority: on a controller a 64-host fan-out, or a few evidence and ticket playbooks at once, hold
-every core for seconds, and the commands typed beside serve (and serve's own diagnosis) must not wait
-behind them. Background work still has every core the moment no one else wants one."""
+"""Background work (serve's sweeps, its evidence, ticket and re-baseline playbooks) runs below the
+operator's commands in CPU priority: on a controller a 64-host fan-out, or a few playbooks at once,
+hold every core for seconds, and the commands typed beside serve must not wait behind them. Only the
+ansible-playbook process (and the forks and modules it starts) is lowered, never a thread of serve:
+a drain's playbook, serve's diagnosis and the reader of a playbook's output keep their priority.
+Background work still has every core the moment no one else wants one."""
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
-import threading
+import shlex
+import shutil
+from pathlib import Path
 
-log = logging.getLogger(__name__)
-BACKGROUND_NICENESS = 10
+BACKGROUND_NICENESS = 19
 
 
-def lower_thread_priority() -> None:
-    """Lower the calling thread's CPU priority to BACKGROUND_NICENESS (never raise it). On Linux a
-    niceness belongs to a thread, and the processes it starts inherit it."""
-    if sys.platform != "linux":  # elsewhere a niceness is the whole process's: serve's own would drop too
-        return
-    thread = threading.get_native_id()
-    try:
-        niceness = os.getpriority(os.PRIO_PROCESS, thread)
-        os.setpriority(os.PRIO_PROCESS, thread, max(BACKGROUND_NICENESS, niceness))
-    except OSError as exc:  # a sandbox that forbids it: the work runs as before
-        log.warning("cannot lower a background thread's CPU priority: %s", exc)
+def niced_path(folder: str | Path, niceness: int, path: str) -> str:
+    """A PATH whose first folder (made in `folder`) holds an `ansible-playbook` that runs the one of
+    `path` at `niceness`: ansible-runner starts `ansible-playbook` by name, from its PATH. The
+    launcher holds only that int and that file's path. `path` itself when none is found there."""
+    real = shutil.which("ansible-playbook", path=path)
+    if real is None:
+        return path
+    launchers = Path(folder) / "niced-bin"
+    launchers.mkdir(mode=0o700)
+    launcher = launchers / "ansible-playbook"
+    script = f'#!/bin/sh\nexec nice -n {int(niceness)} {shlex.quote(real)} "$@"\n'
+    launcher.write_text(script, encoding="utf-8")
+    os.chmod(launcher, 0o700)
+    return os.pathsep.join([str(launchers), path])

@@ -4,8 +4,7 @@ the work of that incident queued before it; different incidents run in parallel
 (`stethoscope_executor_parallel`). When every worker is busy, an incident whose work isolates a node
 (`first`) starts before incidents queued earlier that do not: a node to drain waits for no backlog of
 tickets and alerts, and keeps taking jobs no longer than it must. While an incident has work queued
-or running, the cycle knows which actions it has planned (`busy`) and does not plan them again. The
-workers run below the operator's commands in CPU priority (stethoscope.priority)."""
+or running, the cycle knows which actions it has planned (`busy`) and does not plan them again."""
 
 from __future__ import annotations
 
@@ -17,16 +16,12 @@ from collections import deque
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 
-from stethoscope.priority import lower_thread_priority
-
 log = logging.getLogger(__name__)
 
 
 class ActionPool:
     def __init__(self, workers: int):
-        self._threads = ThreadPoolExecutor(
-            max_workers=max(1, workers), thread_name_prefix="actions", initializer=lower_thread_priority
-        )
+        self._threads = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="actions")
         self._guard = threading.Lock()
         self._idle = threading.Condition(self._guard)
         self._queues: dict[str, deque[tuple[frozenset[str], Callable[[], None]]]] = {}

@@ -40,6 +40,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from stethoscope.priority import BACKGROUND_NICENESS
 from stethoscope.remediation.action_events import ActionEvent, emit, short_action
 from stethoscope.remediation.actions.playbook import playbook_environment, run_playbook
 from stethoscope.remediation.breaker import CircuitBreaker
@@ -512,7 +513,14 @@ class Upkeep:
         }
         envvars = playbook_environment(self.ctx.dsn, self.ctx.database, self.ctx.spool_dir)
         result = run_playbook(
-            name, self.ctx.inventory.path, limit, extravars, envvars, timeout, untrusted or None
+            name,
+            self.ctx.inventory.path,
+            limit,
+            extravars,
+            envvars,
+            timeout,
+            untrusted or None,
+            niceness=BACKGROUND_NICENESS,
         )
         return {
             "ok": result.ok,
@@ -573,8 +581,9 @@ def outstanding(store: Store) -> Outstanding:
     states = ledger.action_states({txn for txn, _node in held}) if held else []
     due = {(txn, node) for txn, node, _repaired in _due(held, states, _NEVER)}
     # one whose executor died counts running until it runs again; repaired again since, it is due alone
+    waiting = held - due
     running = sum(
-        1 for s in states if s.action == VERIFY and s.status == RUNNING and (s.txn_id, s.target) in held - due
+        1 for s in states if s.action == VERIFY and s.status == RUNNING and (s.txn_id, s.target) in waiting
     )
     return Outstanding({**dict.fromkeys(NOT_DONE, 0), **statuses}, {DUE: len(due), RUNNING: running})
 

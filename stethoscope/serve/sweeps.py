@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stethoscope.priority import lower_thread_priority
+from stethoscope.priority import BACKGROUND_NICENESS
 from stethoscope.remediation.actions.playbook import LOST_EVENTS, PlaybookResult, run_playbook
 from stethoscope.store.dsn import ConfigError
 
@@ -113,7 +113,6 @@ class Sweeper:
 
     def _sweep(self) -> None:
         started = time.monotonic()
-        lower_thread_priority()  # background work: stethoscope.priority
         self.stats.running = True
         try:
             results = []
@@ -122,7 +121,15 @@ class Sweeper:
                     break
                 limit = ",".join(hosts) if len(self.batches) > 1 else None
                 results.append(
-                    run_playbook(self.playbook, self.inventory, limit, {}, self.envvars, self.timeout)
+                    run_playbook(
+                        self.playbook,
+                        self.inventory,
+                        limit,
+                        {},
+                        self.envvars,
+                        self.timeout,
+                        niceness=BACKGROUND_NICENESS,  # background work: the operator's commands first
+                    )
                 )
             self._count(results)
         except Exception as exc:  # ansible-runner itself failed: counted, and the next sweep runs

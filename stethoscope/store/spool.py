@@ -48,7 +48,6 @@ TABLES = ("metrics", *ROW_TABLES)
 HEADER = "__spool__"
 EMPTY_START = "the file is empty or starts with an empty line"
 CUT_FIRST_LINE = "its first line is cut before its end"
-HEADER_NOT_WRITTEN = (EMPTY_START, CUT_FIRST_LINE)
 MAX_ATTEMPTS = 3
 _seq = itertools.count()
 
@@ -276,10 +275,9 @@ class Spool:
             for path, problem in damaged:
                 if problem is None or not path.exists():
                     continue
-                if path.name.endswith(".part") and problem in HEADER_NOT_WRITTEN:
+                if path.name.endswith(".part") and _header_never_written(path, problem):
                     # its writer died before the header was down: no row in it was ever acknowledged
                     _unlink(path)
-                    report.torn_lines += 1
                     report.problems.append(f"{path.name}: torn before its header was written, removed")
                     continue
                 self._quarantine(path, f"damaged header: {problem}", report)
@@ -424,6 +422,16 @@ def file_target(path: Path) -> Target | None:
         return Target(str(header["dsn"]), str(header["database"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _header_never_written(path: Path, problem: str) -> bool:
+    """An empty file, or one whose only line is cut (a file whose first line is blank but holds rows
+    after it is damaged, not unwritten)."""
+    try:
+        empty = path.stat().st_size == 0
+    except OSError:
+        return False
+    return empty or problem == CUT_FIRST_LINE
 
 
 def header_problem(path: Path) -> str | None:

@@ -497,6 +497,19 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
         "ping 9.24 s,\n  collect.yml 15.83 s (1.71x)",
     ),
     (
+        "serve_relay_reads_nice10.json",
+        [("beside_serve", "summary", "p95_seconds"), ("beside_serve", "incidents", "p95_seconds")],
+        "summary 2.79 s,\n  incidents 1.79 s",
+    ),
+    (
+        "serve_relay_reads.json",
+        [
+            ("beside_serve", read, "p95_seconds")
+            for read in ("summary", "incidents", "actions", "top", "diagnose")
+        ],
+        "summary 3.46 s, incidents 1.09 s, actions 0.80 s, top 1.11 s, diagnose 2.93 s",
+    ),
+    (
         "collect_vs_ping_512.json",
         [("seconds_median", "ping"), ("seconds_median", "collect"), ("collect_vs_ping",)],
         "ping 101.7 s, collect.yml 209.0 s (2.05x)",

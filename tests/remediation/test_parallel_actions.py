@@ -35,26 +35,3 @@ def test_four_findings_playbooks_overlap_and_each_findings_steps_stay_in_order(t
     playbooks = [steps[(node, "playbook")] for node in NODES]
     assert max(start for start, _ in playbooks) < min(end for _, end in playbooks)  # all four at once
     assert all(steps[(node, "playbook")][1] <= steps[(node, "log")][0] for node in NODES)
-
-
-def test_serves_actions_run_below_the_operators_commands_in_cpu_priority():
-    """serve's playbooks (evidence, tickets, drains) are background work, as its sweeps are: on a
-    loaded controller the operator's commands beside serve come first."""
-    import subprocess
-
-    import pytest
-
-    from stethoscope.priority import BACKGROUND_NICENESS
-    from stethoscope.remediation.action_pool import ActionPool
-
-    if os.nice(0) >= BACKGROUND_NICENESS:
-        pytest.skip(f"the tests run at niceness {os.nice(0)}: work at {BACKGROUND_NICENESS} shows nothing")
-    pool, seen = ActionPool(2), []
-
-    def ticket() -> None:
-        seen.append(int(subprocess.run(["nice"], capture_output=True, check=True).stdout))
-
-    pool.submit("txn1", ["ticket"], ticket)
-    assert pool.close(60)
-    assert seen and seen[0] >= BACKGROUND_NICENESS > 0
-    assert os.nice(0) < BACKGROUND_NICENESS  # the caller's own priority is left as it was

@@ -8,6 +8,9 @@ import subprocess
 import sys
 
 from stethoscope.catalog import default_catalog
+from stethoscope.report.summary import summarize
+from stethoscope.store.batch import MetricColumns
+from stethoscope.store.client import Store
 from stethoscope.timeutil import iso, now_ms
 
 from conftest import TOP, swept_lab
@@ -50,9 +53,6 @@ def test_summary_counts_each_nodes_samples_from_the_hourly_rollup_without_readin
     """Regression: summary counted rows with `metrics FINAL` over the whole raw table, a merge of every
     raw row on each call (0.6 CPU-s per 5.5 M rows: hours on a fleet's 30 days). It reads the hourly
     rollup: samples as they landed (a replayed sample counts each time it landed), series, last."""
-    from stethoscope.report.summary import summarize
-    from stethoscope.store.batch import MetricColumns
-
     now = now_ms()
     rows = [
         {"node_id": "node01", "metric_name": "gpu_temperature_celsius", "device": f"gpu{d}", "labels": {},
@@ -64,3 +64,9 @@ def test_summary_counts_each_nodes_samples_from_the_hourly_rollup_without_readin
     (node,) = summarize(store, default_catalog(), [], now, findings=[])
     assert (node.node_id, node.rows, node.series) == ("node01", 7, 2)
     assert node.last_seen.startswith(iso(now)[:16].replace("T", " "))
+    # a database from before the rollup: the raw rows, each stored row once
+    store.command(f"DROP TABLE {store.database}.metrics_hourly_mv")
+    store.command(f"DROP TABLE {store.database}.metrics_hourly")
+    with Store(store.dsn, store.database) as before_the_rollup:
+        (raw,) = summarize(before_the_rollup, default_catalog(), [], now, findings=[])
+    assert (raw.rows, raw.series, raw.last_seen) == (6, 2, node.last_seen)

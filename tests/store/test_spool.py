@@ -199,8 +199,8 @@ def test_kill_9_mid_write_loses_nothing_acknowledged(tmp_path, tmp_dsn):
 
 
 def dead_pid():
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    return int(finished.stdout)
+    command = [sys.executable, "-c", "import os; print(os.getpid())"]
+    return int(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
 
 
 def test_a_part_file_killed_before_its_header_was_written_is_removed_not_quarantined(tmp_path, tmp_dsn):
@@ -211,12 +211,16 @@ def test_a_part_file_killed_before_its_header_was_written_is_removed_not_quarant
     pid = dead_pid()
     (spool_dir / f"metrics-{NOW}-{pid}-1.ndjson.part").write_bytes(b"")
     (spool_dir / f"metrics-{NOW}-{pid}-2.ndjson.part").write_bytes(b'{"__spool__": {"dsn"')
+    # a blank first line with a row after it is damaged, not unwritten: quarantined, never deleted
+    row = json.dumps(rows(1)[0]).encode()
+    (spool_dir / f"metrics-{NOW}-{pid}-3.ndjson.part").write_bytes(b"\n" + row + b"\n")
     with Store(tmp_dsn) as store:
         store.init_schema()
         report = Spool(spool_dir).replay(store)
-    assert Spool(spool_dir).quarantined() == []
+    quarantined = [path.name for path, _reason in Spool(spool_dir).quarantined()]
+    assert quarantined == [f"metrics-{NOW}-{pid}-3.ndjson.part"]
     assert not list(spool_dir.glob("*.part"))
-    assert len(report.problems) == 2 and all("torn" in p for p in report.problems)
+    assert sum("torn" in p for p in report.problems) == 2
 
 
 def test_embedded_database_busy_spools_and_replays_later(tmp_path):

@@ -16,7 +16,6 @@ import configparser
 import os
 import sys
 import tempfile
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,13 +23,19 @@ from typing import Any
 import yaml
 
 from stethoscope.paths import ansible_cfg, collections_path, playbooks_dir
+from stethoscope.priority import niced_path
 from stethoscope.store.dsn import is_embedded
 
 RECORDED_EVENTS = ("runner_on_ok", "runner_on_failed", "runner_on_unreachable", "runner_on_skipped")
 MAX_EVENTS = 200
 LOST_EVENTS = ("runner_on_failed", "runner_on_unreachable")
 # a host task's result event -> the playbook stats' key it counts under
-TALLIED = {"runner_on_ok": "ok", "runner_on_failed": "failures", "runner_on_unreachable": "dark"}
+TALLIED = {
+    "runner_on_ok": "ok",
+    "runner_on_skipped": "skipped",
+    "runner_on_failed": "failures",
+    "runner_on_unreachable": "dark",
+}
 SKIPPED = "stethoscope_skipped"  # the set_stats key of a playbook that had nothing to act with
 CALLBACK = "aicluster.stethoscope.clickhouse"  # stores what the run found
 
@@ -166,9 +171,11 @@ def run_playbook(
     envvars: dict[str, str],
     timeout: int = 1800,
     untrusted: dict[str, Any] | None = None,
+    niceness: int = 0,
 ) -> PlaybookResult:
     """`extravars`: the operator's and stethoscope's own (templated as Ansible templates extra vars);
-    `untrusted`: what came from a node or the store, which Ansible must never render."""
+    `untrusted`: what came from a node or the store, which Ansible must never render; `niceness`:
+    ansible-playbook's CPU priority, background work's BACKGROUND_NICENESS (stethoscope.priority)."""
     import ansible_runner
     import pexpect
 
@@ -216,6 +223,8 @@ def run_playbook(
     with tempfile.TemporaryDirectory(prefix="stethoscope-runner-") as private:
         if untrusted:
             _write_untrusted(private, untrusted)
+        if niceness:
+            env["PATH"] = niced_path(private, niceness, env["PATH"])
         try:
             runner = ansible_runner.run(
                 private_data_dir=private,
@@ -230,35 +239,46 @@ def run_playbook(
                 event_handler=keep,
             )
         except pexpect.exceptions.TIMEOUT:
-            return outlived_output(events, stats or tally.stats())
+            return outlived_output(events, tally)
     ok = runner.status == "successful" and runner.rc == 0
     return PlaybookResult(ok, runner.status, runner.rc, events, stats, "; ".join(skipped) if ok else "")
 
 
 class HostTally:
-    """The playbook stats' per-host counts, tallied from the hosts' task results as they come."""
+    """Each host's last task result, counted as the playbook stats count hosts: the stats are the
+    run's last event, lost when ansible-runner gives up on the run's end. A failure rescued, or a
+    host unreachable once that went on, is judged by what came after it; one ignored is no failure."""
 
     def __init__(self) -> None:
-        self.counts: dict[str, Counter[str]] = {key: Counter() for key in TALLIED.values()}
+        self.last: dict[str, str] = {}
+        self.skipped: list[str] = []  # SKIPPED reasons, as set_stats set them in a task's result
 
     def count(self, event: dict[str, Any]) -> None:
         data = event.get("event_data") or {}
-        if event.get("event") in TALLIED and not data.get("ignore_errors"):
-            self.counts[TALLIED[event["event"]]][str(data.get("host"))] += 1
+        kind = TALLIED.get(str(event.get("event")))
+        if kind is None:
+            return
+        self.last[str(data.get("host"))] = "ok" if kind == "failures" and data.get("ignore_errors") else kind
+        stats = (data.get("res") or {}).get("ansible_stats") or {}
+        reason = (stats.get("data") or {}).get(SKIPPED) if isinstance(stats, dict) else None
+        if reason:
+            self.skipped.append(str(reason))
 
     def stats(self) -> dict[str, dict[str, int]]:
-        return {key: dict(hosts) for key, hosts in self.counts.items()}
+        keys = ("ok", "changed", "failures", "skipped", "dark")
+        return {key: {host: 1 for host, last in self.last.items() if last == key} for key in keys}
 
 
-def outlived_output(events: list[dict[str, Any]], stats: dict[str, Any]) -> PlaybookResult:
+def outlived_output(events: list[dict[str, Any]], tally: HostTally) -> PlaybookResult:
     """ansible-runner waits 5 s for its terminal's end once ansible-playbook has exited, then raises
     pexpect's TIMEOUT instead of a result (https://github.com/ansible/ansible-runner/issues/1343): output
     left in the terminal, or a reader starved of CPU on a loaded controller. The run is over, but its
-    last event, the stats, is lost with it: the hosts' own task results, tallied as they came, say how
-    it went (no rc is known)."""
+    last event, the stats, is lost with it: each host's last task result, tallied as it came, says
+    how it went (no rc is known)."""
     said = "ended, but its output went on after ansible-playbook exited (pexpect TIMEOUT)"
-    if not any(stats.values()):
+    stats = tally.stats()
+    if not tally.last:
         return PlaybookResult(False, f"{said}: no host's result came", None, events, stats)
     ok = not any(stats.get(key) for key in ("failures", "dark"))
-    status = f"{said}: judged by its hosts' task results ({'successful' if ok else 'failed'})"
-    return PlaybookResult(ok, status, None, events, stats)
+    status = f"{said}: judged by each host's last task result ({'successful' if ok else 'failed'})"
+    return PlaybookResult(ok, status, None, events, stats, "; ".join(tally.skipped) if ok else "")

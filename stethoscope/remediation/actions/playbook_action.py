@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from stethoscope.diagnosis.findings import printable
+from stethoscope.priority import BACKGROUND_NICENESS
 from stethoscope.remediation.actions.means import Act, Means, Result
 from stethoscope.remediation.actions.notify import send_alert
 from stethoscope.remediation.actions.playbook import playbook_environment, run_playbook
@@ -63,7 +64,14 @@ def playbook(means: Means, act: Act) -> Result:
     envvars = playbook_environment(means.ctx.dsn, means.ctx.database, means.ctx.spool_dir)
     try:
         result = run_playbook(
-            name, means.ctx.inventory.path, node, extravars, envvars, means.playbook_timeout, untrusted
+            name,
+            means.ctx.inventory.path,
+            node,
+            extravars,
+            envvars,
+            means.playbook_timeout,
+            untrusted,
+            niceness=0 if draining else BACKGROUND_NICENESS,  # a node to isolate waits for nothing
         )
     except BaseException:
         if draining:
