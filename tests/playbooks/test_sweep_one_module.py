@@ -110,19 +110,18 @@ def test_no_lab_step_on_an_inventory_that_is_not_the_lab(tmp_path):
     assert (tmp_path / "one/lab/step").read_text().strip() == "0"
 
 
+def failed_sweep(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    command = [str(BIN / "ansible-playbook"), str(TOP / "playbooks/collect.yml")]
+    return subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+
+
 def test_one_host_with_no_collectors_fails_the_checks_before_any_module_runs(tmp_path):
     """The role's preflight, run once for every host's variables: node03's empty collectors list is
     named, and no host runs the module with variables unchecked."""
     env, inventory = lab(tmp_path, "one")
     text = inventory.read_text().replace("node03: {", "node03: {health_collect_collectors: [], ")
     inventory.write_text(text)
-    proc = subprocess.run(
-        [str(BIN / "ansible-playbook"), str(TOP / "playbooks/collect.yml")],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = failed_sweep(env)
     assert proc.returncode != 0 and "node03: health_collect_collectors is empty" in proc.stdout, proc.stdout
     assert "Sweep health facts" not in proc.stdout
 
@@ -133,13 +132,7 @@ def test_one_host_with_a_variable_of_the_wrong_type_fails_the_checks_naming_it(t
     env, inventory = lab(tmp_path, "one")
     bad = "health_collect_timeout: soon, health_collect_collectors: [gpu, bogus], "
     inventory.write_text(inventory.read_text().replace("node03: {", "node03: {" + bad))
-    proc = subprocess.run(
-        [str(BIN / "ansible-playbook"), str(TOP / "playbooks/collect.yml")],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = failed_sweep(env)
     assert proc.returncode != 0, proc.stdout
     # each error names the host, whether as the loop's item or as the option it was found in
     for error in ("'health_collect_timeout' is of type str", "Got no match for: bogus"):
