@@ -510,6 +510,11 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
         "summary 3.46 s, incidents 1.09 s, actions 0.80 s, top 1.11 s, diagnose 2.93 s",
     ),
     (
+        "summary_scale.json",
+        [("hourly_rollup_as_summary_reads", "median_cpu_seconds"), ("raw_final", "median_cpu_seconds")],
+        "0.005 CPU-s against 0.587, summary_scale.json",
+    ),
+    (
         "collect_vs_ping_512.json",
         [("seconds_median", "ping"), ("seconds_median", "collect"), ("collect_vs_ping",)],
         "ping 101.7 s, collect.yml 209.0 s (2.05x)",
