@@ -60,6 +60,7 @@ from stethoscope_training import episodes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import write_results
+from timing import timed
 
 STEP_S = 5
 HOURS = 24
@@ -233,21 +234,6 @@ def generate(store: Store, nodes: int, end_ms: int) -> int:
 
 
 BUDGET_SECONDS = {"cycle": 5.0, "rules": 3.0, "unknown": 0.5, "model": 1.5}
-
-
-def timed(repeat: int, call) -> dict:
-    """Median wall and CPU seconds of `repeat` calls (chdb runs in this process: its threads count)."""
-    wall, cpu = [], []
-    for _ in range(repeat):
-        started, used = time.perf_counter(), time.process_time()
-        call()
-        wall.append(time.perf_counter() - started)
-        cpu.append(time.process_time() - used)
-    return {
-        "seconds": [round(w, 3) for w in wall],
-        "median_seconds": round(stats.median(wall), 3),
-        "median_cpu_seconds": round(stats.median(cpu), 3),
-    }
 
 
 def rules_part(store: Store, rules: list, end_ms: int, repeat: int) -> dict:

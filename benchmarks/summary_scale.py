@@ -11,8 +11,6 @@ replayed sample in the data).
 from __future__ import annotations
 
 import argparse
-import resource
-import statistics
 import sys
 import tempfile
 import time
@@ -22,6 +20,7 @@ TOP = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOP))
 
 from provenance import write_results  # noqa: E402
+from timing import timed  # noqa: E402
 
 from stethoscope.catalog import default_catalog  # noqa: E402
 from stethoscope.report.summary import summarize  # noqa: E402
@@ -33,24 +32,6 @@ RAW = (
     "SELECT node_id, count(), uniqExact(metric_name, device, labels_key), toString(max(timestamp)) "
     "FROM {db}.metrics FINAL GROUP BY node_id ORDER BY node_id"
 )
-
-
-def cpu() -> float:
-    used = resource.getrusage(resource.RUSAGE_SELF)
-    return used.ru_utime + used.ru_stime
-
-
-def timed(repeat: int, read) -> tuple[dict[str, float], object]:
-    walls, cpus, answer = [], [], None
-    for _ in range(repeat):
-        started_cpu, started = cpu(), time.perf_counter()
-        answer = read()
-        walls.append(time.perf_counter() - started)
-        cpus.append(cpu() - started_cpu)
-    return {
-        "median_seconds": round(statistics.median(walls), 3),
-        "median_cpu_seconds": round(statistics.median(cpus), 3),
-    }, answer
 
 
 def main() -> None:
@@ -75,8 +56,10 @@ def main() -> None:
             f"FROM (SELECT number AS n FROM numbers({rows}))"
         )
         generated = round(time.perf_counter() - started, 1)
-        raw, raw_rows = timed(args.repeat, lambda: store.query(RAW.format(db=db)))
-        hourly, nodes = timed(args.repeat, lambda: summarize(store, default_catalog(), [], 0, findings=[]))
+        raw = timed(args.repeat, lambda: store.query(RAW.format(db=db)))
+        hourly = timed(args.repeat, lambda: summarize(store, default_catalog(), [], 0, findings=[]))
+        raw_rows = store.query(RAW.format(db=db))
+        nodes = summarize(store, default_catalog(), [], 0, findings=[])
         same = [(n.node_id, n.rows, n.series, n.last_seen) for n in nodes] == [tuple(r) for r in raw_rows]
     write_results(
         args.out,

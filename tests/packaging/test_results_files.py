@@ -512,7 +512,7 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
     (
         "summary_scale.json",
         [("hourly_rollup_as_summary_reads", "median_cpu_seconds"), ("raw_final", "median_cpu_seconds")],
-        "0.005 CPU-s against 0.587, summary_scale.json",
+        "0.006 CPU-s against 0.57, summary_scale.json",
     ),
     (
         "collect_vs_ping_512.json",
