@@ -22,7 +22,6 @@ sys.path.insert(0, str(TOP))
 from provenance import write_results  # noqa: E402
 from timing import timed  # noqa: E402
 
-from stethoscope.catalog import default_catalog  # noqa: E402
 from stethoscope.report.summary import summarize  # noqa: E402
 from stethoscope.store.client import Store  # noqa: E402
 
@@ -57,9 +56,9 @@ def main() -> None:
         )
         generated = round(time.perf_counter() - started, 1)
         raw = timed(args.repeat, lambda: store.query(RAW.format(db=db)))
-        hourly = timed(args.repeat, lambda: summarize(store, default_catalog(), [], 0, findings=[]))
+        hourly = timed(args.repeat, lambda: summarize(store, []))
         raw_rows = store.query(RAW.format(db=db))
-        nodes = summarize(store, default_catalog(), [], 0, findings=[])
+        nodes = summarize(store, [])
         same = [(n.node_id, n.rows, n.series, n.last_seen) for n in nodes] == [tuple(r) for r in raw_rows]
     write_results(
         args.out,

@@ -161,12 +161,12 @@ def model_of(args: argparse.Namespace, inventory: Inventory | None, command: str
     """The learned model a command runs beside the rules: None under --no-model. Its files missing
     or damaged is a configuration error (exit 2) naming the file: a diagnosis must not pass as
     healthy because the model never ran."""
-    if getattr(args, "no_model", False):
+    path = model_path_of(args)
+    if path is None:
         return None
     from stethoscope.model.inference import graphs_for
-    from stethoscope.model.metadata import ModelError, load, metadata_path
+    from stethoscope.model.metadata import ModelError, load
 
-    path = getattr(args, "model", None) or metadata_path()
     try:
         level = level_of(inventory.settings.get("stethoscope_model_level") if inventory else None)
     except ValueError as exc:
@@ -179,6 +179,15 @@ def model_of(args: argparse.Namespace, inventory: Inventory | None, command: str
         say(f"{command}: {exc}; --no-model diagnoses by the rules alone")
         raise SystemExit(EXIT_USAGE) from None
     return ModelUse(meta, level)
+
+
+def model_path_of(args: argparse.Namespace) -> Path | None:
+    """The learned model's metadata a command reads: --model, else the default; None under --no-model."""
+    if getattr(args, "no_model", False):
+        return None
+    from stethoscope.model.metadata import metadata_path
+
+    return Path(getattr(args, "model", None) or metadata_path())
 
 
 def checked_rules(path: Path | None, catalog: Catalog, command: str) -> LoadResult:

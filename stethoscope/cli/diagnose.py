@@ -18,9 +18,11 @@ from stethoscope.cli.common import (
     execution_options,
     fleet_of,
     hosts_of,
+    inventory_named,
     inventory_of,
     model_of,
     model_options,
+    model_path_of,
     say,
     spool_dir_of,
 )
@@ -131,6 +133,9 @@ def execution_context(args: argparse.Namespace, inventory: Inventory):
 
 
 def diagnose_command(args: argparse.Namespace) -> int:
+    served = served_as_loaded(args, args.rules)
+    if served is not None:
+        return _said(args, served[0])
     inventory = inventory_of(args)
     catalog = catalog_for(inventory)
     loaded = checked_rules(args.rules, catalog, "diagnose")
@@ -150,15 +155,55 @@ def diagnose_command(args: argparse.Namespace) -> int:
         except LockHeld as exc:
             say(f"diagnose: {exc}; nothing done")
             return EXIT_FAILED
+    return _said(args, result)
+
+
+def _said(args: argparse.Namespace, result: CycleResult) -> int:
+    """Print a diagnosis; its exit code."""
     say_cycle(result, args.json)
     if result.every_rule_failed:  # one rule failing is a finding; all of them, a failed run
         first = next(f for f in result.findings if f["rule_id"] == RULE_FAILED)
         say(f"diagnose: every rule failed ({result.rules}); the first: {first['message']}")
         return EXIT_FAILED
+    model = result.model
     if model is not None and model.error:  # the rules' findings are printed; the diagnosis is not whole
         say(f"diagnose: model {model.meta.name}: {model.error}")
         return EXIT_FAILED
     return EXIT_FINDINGS if worst(result.findings) >= SEVERITY_ORDER[args.fail_on] else EXIT_OK
+
+
+def served_as_loaded(
+    args: argparse.Namespace, rules: Path | None
+) -> tuple[CycleResult, list[str] | None] | None:
+    """serve's evaluation of "now" and the nodes it evaluates, taken before this command loads anything:
+    its inventory, catalog, rules, model and -e, read as bytes, are those serve loaded
+    (remediation.published.sources_digest), so its evaluation is the one this command would make.
+    None otherwise: the command loads them and compares what they evaluate (serves_evaluation)."""
+    from stethoscope.model.metadata import ModelError, load
+    from stethoscope.remediation.published import NAME, result_of, sources_digest
+    from stethoscope.store.client import Store
+
+    if args.at or any(getattr(args, option, False) for option in ("fresh", "execute", "plan")):
+        return None
+    model_path = model_path_of(args)
+    extra_vars = getattr(args, "extra_var", None) or []
+    digest = sources_digest(inventory_named(args), Path(rules or rules_dir()), model_path, extra_vars)
+    published = None if digest is None else Store(args.dsn, args.database).published(NAME)
+    if not isinstance(published, dict) or published.get("sources") != digest:
+        return None
+    model = None
+    if model_path is not None:
+        said = published.get("model")
+        try:
+            model = ModelUse(load(model_path), str(said["level"]))
+        except (ModelError, KeyError, TypeError):  # a damaged file: loading it says what is wrong
+            return None
+    result = result_of(published, str(published.get("key")), model, now_ms())
+    hosts = published.get("hosts")
+    if result is None or not (hosts is None or isinstance(hosts, list)):
+        return None
+    _say_taken(args.command, result)
+    return result, hosts
 
 
 def serves_evaluation(
@@ -179,12 +224,16 @@ def serves_evaluation(
     key = evaluation_key(rules, hosts_of(inventory), settings, model, jobs)
     result = result_of(published, key, model, now_ms())
     if result is not None:
-        age = max(0, (now_ms() - result.at_ms) // 1000)
-        say(
-            f"{args.command}: serve's evaluation of {iso(result.at_ms)} ({age} s ago; serve holds the "
-            "database and evaluates every cycle); --fresh evaluates now"
-        )
+        _say_taken(args.command, result)
     return result
+
+
+def _say_taken(command: str, result: CycleResult) -> None:
+    age = max(0, (now_ms() - result.at_ms) // 1000)
+    say(
+        f"{command}: serve's evaluation of {iso(result.at_ms)} ({age} s ago; serve holds the "
+        "database and evaluates every cycle); --fresh evaluates now"
+    )
 
 
 def _plan(

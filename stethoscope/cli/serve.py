@@ -21,6 +21,7 @@ from stethoscope.cli.common import (
     inventory_of,
     model_of,
     model_options,
+    model_path_of,
     said_as,
     say,
     spool_dir_of,
@@ -278,14 +279,17 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
     from stethoscope.diagnosis.ruleset import RuleSet
     from stethoscope.remediation.alertmanager import sink_of
     from stethoscope.remediation.lock import LockHeld
-    from stethoscope.remediation.published import evaluation_key
+    from stethoscope.remediation.published import Identity, evaluation_key, joined, loaded_once, rules_read
     from stethoscope.serve import Server
     from stethoscope.serve.scrape import scraper_of
 
+    # read before they are loaded: an edit meanwhile makes the digest not serve's, never the reverse
+    loaded = loaded_once(inventory_named(args), model_path_of(args), args.extra_var)
     inventory = inventory_of(args, required=True, command="serve")
     assert inventory is not None
     catalog = catalog_for(inventory)
-    rules = RuleSet(Path(args.rules or rules_dir()), catalog)
+    rules_path = Path(args.rules or rules_dir())
+    rules = RuleSet(rules_path, catalog)
     if not rules.rules:
         for message in rules.refresh():
             say(f"serve: {message}")
@@ -294,10 +298,13 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
         return EXIT_USAGE
 
     model = model_of(args, inventory, "serve")
+    sources: dict[str, str | None] = {"rules": None}  # the digest of the rules this cycle evaluates
 
     def current_rules() -> list:
+        read = rules_read(rules_path)
         for message in rules.refresh():
             say(f"serve: {message}")
+        sources["rules"] = read if rules.as_files else None
         return rules.rules
 
     store = Store(args.dsn, args.database)
@@ -324,8 +331,10 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
         log_format=args.log_format,
         replay_dir=replay_dir(),
         gate_http=_address(args.gate_listen, "--gate-listen") if args.gate_listen else None,
-        evaluation_key=lambda used: evaluation_key(
-            used, hosts_of(inventory), inventory.settings, model, cycles.jobs, judged
+        evaluation_key=lambda used: Identity(
+            evaluation_key(used, hosts_of(inventory), inventory.settings, model, cycles.jobs, judged),
+            None if judged else joined(loaded, sources["rules"]),
+            hosts_of(inventory),
         ),
         scraper=scraper_of(
             inventory,

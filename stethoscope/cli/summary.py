@@ -4,8 +4,10 @@ diagnose gives."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from stethoscope.cli.common import (
     FRESH_HELP,
@@ -42,29 +44,55 @@ def register(commands: Subcommands, parents: list[argparse.ArgumentParser]) -> N
 
 
 def summary_command(args: argparse.Namespace) -> int:
-    from stethoscope.cli.diagnose import serves_evaluation
-    from stethoscope.report.summary import initialised, render, summarize
-    from stethoscope.timeutil import iso, now_ms, to_ms
+    from stethoscope.cli.diagnose import served_as_loaded, serves_evaluation
+    from stethoscope.timeutil import now_ms, to_ms
 
     try:
         at_ms = to_ms(args.at) if args.at else now_ms()
     except ValueError:
         return usage(f"summary: --at {args.at!r} is neither ISO-8601 nor epoch seconds")
+    served = served_as_loaded(args, None)
+    if served is not None:
+        result, nodes = served
+        return _printed(args, at_ms, lambda store: unheld(result.findings), nodes)
     inventory = inventory_of(args)
     catalog = catalog_for(inventory)
     rules = checked_rules(None, catalog, "summary").rules
     model = model_of(args, inventory, "summary")
     published = None if args.at else serves_evaluation(args, inventory, rules, model)
-    findings = None if published is None else [f for f in published.findings if not f.get("held")]
+    nodes = hosts_of(inventory)
+
+    def findings(store: Store) -> list[dict[str, Any]]:
+        from stethoscope.diagnosis.findings import diagnose
+
+        if published is not None:
+            return unheld(published.findings)
+        return diagnose(store, rules, at_ms, catalog, nodes, fleet=fleet_of(inventory), model=model)
+
+    return _printed(args, at_ms, findings, nodes)
+
+
+def unheld(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """serve's findings as a dry run gives them: one serve holds open (not matched now) is not one."""
+    return [f for f in findings if not f.get("held")]
+
+
+def _printed(
+    args: argparse.Namespace,
+    at_ms: int,
+    findings: Callable[[Store], list[dict[str, Any]]],
+    nodes: list[str] | None,
+) -> int:
+    from stethoscope.report.summary import initialised, render, summarize
+    from stethoscope.timeutil import iso
+
     with Store(args.dsn, args.database) as store:
         if not initialised(store):
             return usage(
                 f"summary: no schema in {redact(store.dsn)} (database {store.database}): "
                 "run `stethoscope db init` first"
             )
-        summaries = summarize(
-            store, catalog, rules, at_ms, hosts_of(inventory), model, fleet_of(inventory), findings
-        )
+        summaries = summarize(store, findings(store), nodes)
     if args.json:
         return print_json({"at": iso(at_ms), "nodes": [asdict(summary) for summary in summaries]})
     print(render(summaries))

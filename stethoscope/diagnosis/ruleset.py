@@ -21,6 +21,7 @@ class RuleSet:
     path: Path
     catalog: Catalog
     files: dict[Path, _FileState] = field(default_factory=dict)
+    refused: set[Path] = field(default_factory=set)  # files whose present text did not load
 
     def refresh(self) -> list[str]:
         """Re-read new and changed files; the messages say what was reloaded, kept or dropped."""
@@ -28,6 +29,7 @@ class RuleSet:
         present = set(rule_files(self.path))
         for gone in sorted(set(self.files) - present):
             del self.files[gone]
+            self.refused.discard(gone)
             messages.append(f"{gone}: removed, its rules are dropped")
         for file in sorted(present):
             try:
@@ -39,6 +41,10 @@ class RuleSet:
             if known is not None and known.stamp == stamp:
                 continue
             loaded = load_rules(file, self.catalog)
+            if loaded.errors:
+                self.refused.add(file)
+            else:
+                self.refused.discard(file)
             if loaded.errors and known is not None:
                 known.stamp = stamp  # report the bad edit once, keep serving the last good rules
                 messages += [f"{e} (keeping the last good version)" for e in loaded.errors]
@@ -48,6 +54,13 @@ class RuleSet:
             if known is not None:
                 messages.append(f"{file}: reloaded, {len(loaded.rules)} rules")
         return messages
+
+    @property
+    def as_files(self) -> bool:
+        """Whether these rules are what the files say, as `load_rules` of the folder gives them: no file
+        kept at its last good version or loaded in part, no rule id in two files."""
+        ids = [rule.rule_id for state in self.files.values() for rule in state.rules]
+        return not self.refused and len(ids) == len(set(ids))
 
     @property
     def rules(self) -> list[Rule]:

@@ -4,13 +4,22 @@ busy. A command takes it only when it would evaluate what serve evaluates (the s
 inventory settings, model and job settings: `evaluation_key`) at "now", and only while it is fresh (no
 older than two of serve's intervals and half a minute); otherwise, or with `--fresh`, it evaluates
 itself. It is shown as the command's own dry run shows findings: what serve's actions did is not their
-outcome (`incidents` and `actions` say that)."""
+outcome (`incidents` and `actions` say that).
+
+A command given the files serve loaded, unchanged (`sources_digest`: serve's inventory, catalog, rules
+and model, read as bytes, and its `-e`), takes the evaluation without loading any of them: on a
+controller serve keeps busy, parsing them (Ansible's inventory, the rules, onnxruntime's graphs) was
+most of such a read's time."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection, Mapping, Sequence
+import os
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from stethoscope.diagnosis.findings import printable
@@ -23,6 +32,18 @@ NAME = "evaluation"  # the relay's document name
 SCHEMA = 1
 KEPT = ("held", "outcome", "silenced", "unread", "nodes")  # besides the printed fields
 STALE_INTERVALS, STALE_SLACK_MS = 2, 30_000
+PLUGIN = re.compile(rb"^plugin\s*:", re.MULTILINE)  # an inventory plugin's configuration (Ansible's auto)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What serve's evaluation is of: `key` (evaluation_key); `sources`, the digest of the files and
+    options it was loaded from (sources_digest; None where those cannot say it); `hosts`, the nodes it
+    evaluates (None: every stored node)."""
+
+    key: str
+    sources: str | None = None
+    hosts: list[str] | None = None
 
 
 def evaluation_key(
@@ -47,12 +68,81 @@ def evaluation_key(
     return digest.hexdigest()
 
 
-def document(result: CycleResult, key: str, interval_seconds: float) -> dict[str, Any]:
+def sources_digest(
+    inventory: Path | None, rules: Path, model: Path | None, extra_vars: Sequence[str]
+) -> str | None:
+    """The files and options a command's evaluation is loaded from, read as bytes, parsed not at all."""
+    return joined(loaded_once(inventory, model, extra_vars), rules_read(rules))
+
+
+def loaded_once(inventory: Path | None, model: Path | None, extra_vars: Sequence[str]) -> str | None:
+    """What serve loads once, at its start: the code, the inventory's files, the catalog, the model's
+    files (None: --no-model) and `-e`. None where the files cannot say what is loaded: an inventory
+    that runs a script or names an inventory plugin (their hosts come from elsewhere), or a file that
+    cannot be read."""
+    import stethoscope
+    from stethoscope.catalog import default_path
+    from stethoscope.inventory import inventory_files
+
+    digest = hashlib.sha256(f"{stethoscope.__version__} {Path(stethoscope.__file__).resolve()}".encode())
+    digest.update(json.dumps(list(extra_vars)).encode())
+    files, found = [default_path()], []
+    if inventory is not None:
+        if not inventory.exists():
+            return None
+        found = inventory_files(inventory)
+        if any(os.access(path, os.X_OK) for path in found):
+            return None
+    if model is not None:
+        files.append(model)
+        try:  # its graphs beside it: named and stamped, not read (tens of megabytes)
+            metadata = model.resolve()
+            beside = sorted(p for p in metadata.parent.iterdir() if p.is_file() and p != metadata)
+            digest.update(repr([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in beside]).encode())
+        except OSError:
+            return None
+    else:
+        digest.update(b"no model")
+    return _of_files(digest, [*files, *found], plugins_in=set(found))
+
+
+def rules_read(rules: Path) -> str | None:
+    """What serve re-reads every cycle: the rule files under `rules`."""
+    from stethoscope.bounded_yaml import is_stdin
+    from stethoscope.diagnosis.rules import rule_files
+
+    if is_stdin(rules) or not rules.exists():
+        return None
+    return _of_files(hashlib.sha256(b"rules"), rule_files(rules))
+
+
+def joined(*parts: str | None) -> str | None:
+    return None if None in parts else hashlib.sha256(" ".join(parts).encode()).hexdigest()  # type: ignore[arg-type]
+
+
+def _of_files(digest: Any, files: Iterable[Path], plugins_in: Collection[Path] = ()) -> str | None:
+    """`digest` over each file's path and bytes; None where one cannot be read, or one of `plugins_in`
+    configures an inventory plugin."""
+    for path in files:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        if path in plugins_in and path.suffix in (".yml", ".yaml") and PLUGIN.search(data):
+            return None
+        digest.update(f"{path.resolve()} {len(data)}\n".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def document(result: CycleResult, identity: Identity, interval_seconds: float) -> dict[str, Any]:
     """A cycle's result as serve publishes it (JSON)."""
     model = result.model
     return {
         "schema": SCHEMA,
-        "key": key,
+        "key": identity.key,
+        "sources": identity.sources,
+        "hosts": identity.hosts,
         "at_ms": result.at_ms,
         "interval_seconds": interval_seconds,
         "rules": result.rules,
@@ -61,7 +151,7 @@ def document(result: CycleResult, key: str, interval_seconds: float) -> dict[str
         "unread_rules": result.unread_rules,
         "model": None
         if model is None
-        else {"error": model.error, "ran": model.ran, "unjudged": model.unjudged},
+        else {"error": model.error, "ran": model.ran, "unjudged": model.unjudged, "level": model.level},
     }
 
 

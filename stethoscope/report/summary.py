@@ -7,12 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.engine import has_hourly_rollup
-from stethoscope.diagnosis.findings import diagnose
-from stethoscope.diagnosis.model_findings import ModelUse
-from stethoscope.diagnosis.rules import Rule
-from stethoscope.diagnosis.unknown import Fleet
 from stethoscope.store.client import Store
 from stethoscope.store.ttl import raw_ttl_seconds
 from stethoscope.terminal import terminal_safe
@@ -41,25 +36,16 @@ def initialised(store: Store) -> bool:
 
 
 def summarize(
-    store: Store,
-    catalog: Catalog,
-    rules: list[Rule],
-    at_ms: int,
-    nodes: Sequence[str] | None = None,
-    model: ModelUse | None = None,
-    fleet: Fleet | None = None,
-    findings: list[dict[str, Any]] | None = None,
+    store: Store, findings: list[dict[str, Any]], nodes: Sequence[str] | None = None
 ) -> list[NodeSummary]:
-    """Per node of the store (and of the inventory, `fleet`, that never reported): rows, series, last
-    sample and the findings `diagnose` gives (`findings`: as serve's last cycle gave them), those
-    about no host (the fleet, the controller, a switch) under a row of their own: the same findings,
-    one reading of "unhealthy"."""
+    """Per node of the store (and of `nodes`, the inventory's, those that never reported): samples,
+    series, last sample, and `findings` (what `diagnose` gives, or serve's last cycle gave), those about
+    no host (the fleet, the controller, a switch) under a row of their own: the same findings, one
+    reading of "unhealthy"."""
     totals = _totals(store, nodes)
     summaries = {node: NodeSummary(node, rows, series, last) for node, rows, series, last in totals}
-    for host in fleet.names if fleet is not None else []:
+    for host in nodes or []:
         summaries.setdefault(host, NodeSummary(host, 0, 0, ""))
-    if findings is None:
-        findings = diagnose(store, rules, at_ms, catalog, nodes, fleet=fleet, model=model)
     for finding in findings:
         # a correlated finding is about a switch or rack: listed under each node behind it
         named = [node for node in finding["nodes"] or [finding["node_id"]] if node in summaries]

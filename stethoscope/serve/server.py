@@ -37,7 +37,7 @@ from stethoscope.remediation.alertmanager import AlertmanagerSink
 from stethoscope.remediation.breaker_state import armed
 from stethoscope.remediation.cycle import CycleResult, Cycles
 from stethoscope.remediation.plan import preview, render_plan
-from stethoscope.remediation.published import NAME, document
+from stethoscope.remediation.published import NAME, Identity, document
 from stethoscope.remediation.rebaseline import Outstanding, outstanding
 from stethoscope.report import board
 from stethoscope.serve.exposition import Exposition, Scrape
@@ -94,7 +94,7 @@ class Server:
         log_format: str = "text",
         replay_dir: Path | None = None,
         gate_http: tuple[str, int] | None = None,
-        evaluation_key: Callable[[list[Rule]], str] | None = None,
+        evaluation_key: Callable[[list[Rule]], Identity] | None = None,
         scraper: Scraper | None = None,
         alert_sink: AlertmanagerSink | None = None,
     ):

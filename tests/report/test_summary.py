@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 
-from stethoscope.catalog import default_catalog
 from stethoscope.report.summary import summarize
 from stethoscope.store.batch import MetricColumns
 from stethoscope.store.client import Store
@@ -61,12 +60,12 @@ def test_summary_counts_each_nodes_samples_from_the_hourly_rollup_without_readin
     ]  # fmt: skip
     store.insert_metrics(MetricColumns.from_rows(rows))
     store.insert_metrics(MetricColumns.from_rows(rows[:1]))  # a spool replay of one sample
-    (node,) = summarize(store, default_catalog(), [], now, findings=[])
+    (node,) = summarize(store, [])
     assert (node.node_id, node.rows, node.series) == ("node01", 7, 2)
     assert node.last_seen.startswith(iso(now)[:16].replace("T", " "))
     # a database from before the rollup: the raw rows, each stored row once
     store.command(f"DROP TABLE {store.database}.metrics_hourly_mv")
     store.command(f"DROP TABLE {store.database}.metrics_hourly")
     with Store(store.dsn, store.database) as before_the_rollup:
-        (raw,) = summarize(before_the_rollup, default_catalog(), [], now, findings=[])
+        (raw,) = summarize(before_the_rollup, [])
     assert (raw.rows, raw.series, raw.last_seen) == (6, 2, node.last_seen)

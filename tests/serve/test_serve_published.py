@@ -11,8 +11,11 @@ import pytest
 from test_execute import db, rules, worn
 from test_serve_relay import _cli, serve
 
+from stethoscope.diagnosis.rules import rule_files
+from stethoscope.diagnosis.ruleset import RuleSet
+from stethoscope.paths import rules_dir
 from stethoscope.remediation.cycle import CycleResult
-from stethoscope.remediation.published import document, result_of
+from stethoscope.remediation.published import Identity, document, result_of, sources_digest
 from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
@@ -54,6 +57,79 @@ def test_diagnose_and_summary_beside_serve_answer_from_its_last_cycle(tmp_path, 
     assert "critical" in row(fresh_summary.stdout, "node05")
 
 
+def test_beside_serve_a_read_from_serves_files_loads_none_of_them(tmp_path, db, node03_worn, serve):
+    """A command given serve's inventory, rules and model takes serve's evaluation by a digest of those
+    files, parsing none of them: the inventory through Ansible, the rules through Jinja2, the model
+    through onnxruntime were most of such a read's CPU on a controller serve keeps busy. An inventory
+    edited since serve read it is not serve's: evaluated here."""
+    inventory = tmp_path / "serve-hosts.yml"
+    given = ("--inventory", str(inventory), "--no-model")
+    for command in (("diagnose", "--json"), ("summary",)):
+        done = _cli(db, *command, *given, env={"PYTHONPROFILEIMPORTTIME": "1"})
+        assert SERVES in done.stderr, done.stderr[-2000:]
+        assert done.returncode == (1 if command[0] == "diagnose" else 0)
+        assert not imported(done.stderr) & {"ansible", "jinja2", "onnxruntime"}, command
+    assert critical(_cli(db, "diagnose", "--json", *given).stdout) == {"node03"}
+    assert "critical" in row(_cli(db, "summary", *given).stdout, "node03")
+
+    inventory.write_text(inventory.read_text() + "    node99: {stethoscope_node_key: 99}\n")
+    edited = _cli(db, "diagnose", "--json", *given)
+    assert edited.returncode == 1 and SERVES not in edited.stderr, edited.stderr
+
+
+def imported(importtime: str) -> set[str]:
+    """The top-level packages a `-X importtime` log names."""
+    lines = [line for line in importtime.splitlines() if line.startswith("import time:")]
+    return {line.rpartition("|")[2].strip().split(".")[0] for line in lines}
+
+
+def test_the_sources_digest_follows_the_files_and_refuses_what_files_cannot_say(tmp_path):
+    inventory = tmp_path / "inventory"
+    (inventory / "group_vars").mkdir(parents=True)
+    (inventory / "hosts.yml").write_text("all:\n  hosts:\n    node01:\n")
+    first = sources_digest(inventory, rules_dir(), None, [])
+    assert first is not None and first == sources_digest(inventory, rules_dir(), None, [])
+    (inventory / "group_vars" / "all.yml").write_text("stethoscope_sweep_interval: 600\n")
+    settings = sources_digest(inventory, rules_dir(), None, [])
+    assert settings not in (None, first)
+    warmup = ["stethoscope_job_warmup=10m"]
+    assert sources_digest(inventory, rules_dir(), None, warmup) not in (None, settings)
+    one_rule = rule_files(rules_dir())[0]
+    assert sources_digest(inventory, one_rule, None, []) not in (None, settings)
+
+    plugin = inventory / "cloud.aws_ec2.yml"  # an inventory plugin's hosts come from elsewhere
+    plugin.write_text("plugin: amazon.aws.aws_ec2\nregions: [eu-west-1]\n")
+    assert sources_digest(inventory, rules_dir(), None, []) is None
+    plugin.unlink()
+    script = inventory / "cmdb.py"  # and a script's from whatever it prints
+    script.write_text("#!/bin/sh\necho '{}'\n")
+    script.chmod(0o755)
+    assert sources_digest(inventory, rules_dir(), None, []) is None
+    script.unlink()
+    assert sources_digest(inventory, rules_dir(), None, []) == settings
+    assert sources_digest(tmp_path / "absent", rules_dir(), None, []) is None
+
+
+def test_a_rule_set_holding_a_bad_edit_is_not_its_files(tmp_path):
+    """serve keeps a bad edit's last good rules: its evaluation is then not what its files say, and it
+    publishes no sources digest (a command beside it loads the files and says what is wrong)."""
+    from stethoscope.catalog import Catalog
+
+    path = tmp_path / "rules"
+    path.mkdir()
+    good = rule_files(rules_dir())[0].read_text()
+    (path / "a.yml").write_text(good)
+    rules = RuleSet(path, Catalog.load())
+    rules.refresh()
+    assert rules.rules and rules.as_files
+    (path / "a.yml").write_text(good + "\n- {rule_id: broken}\n")
+    rules.refresh()
+    assert rules.rules and not rules.as_files
+    (path / "a.yml").write_text(good)
+    rules.refresh()
+    assert rules.as_files
+
+
 def critical(printed: str) -> set[str]:
     return {f["node_id"] for f in json.loads(printed) if f["severity"] == "critical"}
 
@@ -70,7 +146,7 @@ def test_a_stale_or_foreign_evaluation_is_not_taken():
         "confidence": 1.0, "level": "L2", "first_seen": "", "message": "m", "evidence": "{}",
         "actions": ["log"], "outcome": "log ok", "txn_id": "t1",
     }  # fmt: skip
-    published = document(CycleResult(at, [finding], 1, True), "key", 60.0)
+    published = document(CycleResult(at, [finding], 1, True), Identity("key"), 60.0)
     taken = result_of(json.loads(json.dumps(published)), "key", None, at + 10_000)
     assert taken is not None and taken.rules == 1 and not taken.executing
     (shown,) = taken.findings
