@@ -36,6 +36,7 @@ from stethoscope.timeutil import iso
 
 HUNG_RULE = "job.hung"
 WARMUP_SETTING = "stethoscope_job_warmup"
+JOB_SETTINGS = (WARMUP_SETTING,)  # what JobWatch.of reads
 DEFAULT_WARMUP_SECONDS = 600
 MAX_WARMUP_SECONDS = 86400
 SILENT_MIN_SECONDS = 120  # a checkpoint or an evaluation pass of a minute or two is no hang

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from stethoscope.diagnosis.findings import printable
-from stethoscope.diagnosis.job_watch import JobWatch
+from stethoscope.diagnosis.job_watch import JOB_SETTINGS, JobWatch
 from stethoscope.diagnosis.model_findings import ModelUse
 from stethoscope.diagnosis.rules import Rule
 from stethoscope.remediation.cycle import CycleResult
@@ -77,7 +77,8 @@ def sources_digest(
 
 def loaded_once(inventory: Path | None, model: Path | None, extra_vars: Sequence[str]) -> str | None:
     """What serve loads once, at its start: the code, the inventory's files, the catalog, the model's
-    files (None: --no-model) and `-e`. None where the files cannot say what is loaded: an inventory
+    files (None: --no-model) and the `-e` an evaluation reads (the job settings; the executor's, such
+    as a ticket URL, change no finding). None where the files cannot say what is loaded: an inventory
     that runs a script or names an inventory plugin (their hosts come from elsewhere), or a file that
     cannot be read."""
     import stethoscope
@@ -85,7 +86,8 @@ def loaded_once(inventory: Path | None, model: Path | None, extra_vars: Sequence
     from stethoscope.inventory import inventory_files
 
     digest = hashlib.sha256(f"{stethoscope.__version__} {Path(stethoscope.__file__).resolve()}".encode())
-    digest.update(json.dumps(list(extra_vars)).encode())
+    read = [pair for pair in extra_vars if "=" not in pair or pair.partition("=")[0].strip() in JOB_SETTINGS]
+    digest.update(json.dumps(read).encode())
     files, found = [default_path()], []
     if inventory is not None:
         if not inventory.exists():

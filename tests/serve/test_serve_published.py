@@ -94,6 +94,8 @@ def test_the_sources_digest_follows_the_files_and_refuses_what_files_cannot_say(
     assert settings not in (None, first)
     warmup = ["stethoscope_job_warmup=10m"]
     assert sources_digest(inventory, rules_dir(), None, warmup) not in (None, settings)
+    ticket = ["stethoscope_ticket_url=http://127.0.0.1:9/"]  # the executor's: no finding changes
+    assert sources_digest(inventory, rules_dir(), None, ticket) == settings
     one_rule = rule_files(rules_dir())[0]
     assert sources_digest(inventory, one_rule, None, []) not in (None, settings)
 
