@@ -5,7 +5,8 @@ p95 of 50 calls, and never exits 3 for a lock).
 serve runs on the lab as on a controller (the embedded database held by serve, its own sweeps of
 collect.yml, a diagnosis cycle every interval); once its first sweep is stored, each read command runs
 `--calls` times as the operator runs it (a new `stethoscope` process each call, which reaches the
-store through serve's relay), the commands interleaved. Reported per command: p50/p95/max seconds
+store through serve's relay), the commands interleaved, the rounds spread over at least `--spread`
+seconds (so that reads land while serve sweeps, evaluates and acts, however fast they are). Reported per command: p50/p95/max seconds
 of the whole call (process start included), its exit codes, calls that exited 3 or printed a lock
 error; and, as the reference, the same commands run directly on the database after serve stopped.
 
@@ -134,6 +135,13 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--direct-calls", type=int, default=5, help="per command, after serve stopped")
+    parser.add_argument(
+        "--spread",
+        type=float,
+        default=300.0,
+        help="seconds each command's calls are spread over at least (default 300: reads fast enough "
+        "to end before serve's next sweep would measure a quiet controller)",
+    )
     parser.add_argument("--sweep-interval", type=int, default=120)
     parser.add_argument("--interval", type=float, default=60, help="seconds between diagnosis cycles")
     parser.add_argument("--execute", action="store_true", help="serve acts (real slurmctld, Jira stand-in)")
@@ -209,7 +217,8 @@ def main() -> None:
         reads_env = {**env, "STETHOSCOPE_INVENTORY": str(inventory)}  # as README's operator sets it
         measure_started = time.monotonic()
         beside: dict[str, list[tuple[float, int, bool, bool]]] = {name: [] for name in READS}
-        for _ in range(args.calls):
+        for round_ in range(args.calls):
+            time.sleep(max(0.0, measure_started + round_ * args.spread / args.calls - time.monotonic()))
             for name, words in READS.items():
                 beside[name].append(call(cli, words, reads_env, tmp))
         measured_seconds = time.monotonic() - measure_started
@@ -249,6 +258,7 @@ def main() -> None:
             for samples in beside.values()
         ),
         "measured_seconds": round(measured_seconds, 1),
+        "spread_seconds": args.spread,
         "serve_cycles_meanwhile": sum(1 for r in cycles if r.get("event") == "cycle"),
         "serve_sweeps": last.get("sweeps"),
     }
