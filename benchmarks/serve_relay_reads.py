@@ -6,9 +6,10 @@ serve runs on the lab as on a controller (the embedded database held by serve, i
 collect.yml, a diagnosis cycle every interval); once its first sweep is stored, each read command runs
 `--calls` times as the operator runs it (a new `stethoscope` process each call, which reaches the
 store through serve's relay), the commands interleaved, the rounds spread over at least `--spread`
-seconds (so that reads land while serve sweeps, evaluates and acts, however fast they are). Reported per command: p50/p95/max seconds
-of the whole call (process start included), its exit codes, calls that exited 3 or printed a lock
-error; and, as the reference, the same commands run directly on the database after serve stopped.
+seconds (so that reads land while serve sweeps, evaluates and acts, however fast they are). Reported
+per command: p50/p95/max seconds of the whole call (process start included), its exit codes, calls
+that exited 3 or printed a lock error; and, as the reference, the same commands run directly on the
+database after serve stopped.
 
 With `--execute`, serve acts (a real slurmctld from tools/slurm_lab.py holds the lab's nodes, a
 loopback Jira stand-in takes the tickets), so the reads run while its first executing cycles drain,
