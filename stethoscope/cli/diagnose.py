@@ -194,9 +194,11 @@ def served_as_loaded(
     model = None
     if model_path is not None:
         said = published.get("model")
+        if not isinstance(said, dict) or "level" not in said:
+            return None
         try:
             model = ModelUse(load(model_path), str(said["level"]))
-        except (ModelError, KeyError, TypeError):  # a damaged file: loading it says what is wrong
+        except ModelError:  # a damaged file: loading it says what is wrong
             return None
     result = result_of(published, str(published.get("key")), model, now_ms())
     hosts = published.get("hosts")

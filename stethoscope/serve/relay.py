@@ -5,7 +5,8 @@ A unix socket beside the database (`<db>.serve.sock`, mode 0600; nothing listens
 holder file (store/holder.py) so that Store.open finds it (store/relay_client.py). Only processes of
 serve's own user are answered: the kernel tells each peer's uid (SO_PEERCRED). Each connection has a
 thread and a reader handle of its own (chdb runs several at once, benchmarks/chdb_threads.py), so a
-command's reads do not wait behind the cycle. The wire is store/relay_wire.py; a statement's error
+command's reads do not wait behind the cycle; the handle is made before the connection comes
+(serve/spare_readers.py). The wire is store/relay_wire.py; a statement's error
 goes back as its text, a broken message gets an error answer and ends only its own connection.
 """
 
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stethoscope.serve.spare_readers import SpareReaders
 from stethoscope.store import holder, relay_wire
 from stethoscope.store.client import Store, StoreError
 from stethoscope.store.dsn import ConfigError, embedded_path, is_embedded
@@ -58,8 +60,10 @@ class Relay:
         self._listener: socket.socket | None = None
         self._connections: dict[socket.socket, threading.Thread] = {}
         self._own_folder: Path | None = None  # the temporary folder the socket lies in, if not beside
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the connections
+        self._making = threading.Lock()  # a reader being made: serve's handle stays open meanwhile
         self._stopping = threading.Event()
+        self._spares = SpareReaders(self._reader)
 
     def start(self) -> Relay:
         """Listen and name the socket in the holder file. OSError when the socket cannot be made;
@@ -83,13 +87,14 @@ class Relay:
         self._listener, self.path = listener, path
         self._own_folder = path.parent if path.parent.name.startswith("stethoscope-relay-") else None
         threading.Thread(target=self._accept, name="stethoscope-relay", daemon=True).start()
+        self._spares.start()
         holder.HolderFile(db_path).advertise(str(path))
         return self
 
     def stop(self, wait: float = 10.0) -> None:
         """Stop answering: the holder file no longer names the socket, the listener and every
         connection close, and their threads end (a statement under way gets up to `wait` seconds)."""
-        with self._lock:  # no reader is taken after this: serve's handle closes next
+        with self._making, self._lock:  # no reader is made after this: serve's handle closes next
             self._stopping.set()
         if self._listener is None or self.path is None:
             return
@@ -108,6 +113,7 @@ class Relay:
                 connection.shutdown(socket.SHUT_RDWR)
         for thread in connections.values():
             thread.join(wait)
+        self._spares.close(wait)
 
     def _accept(self) -> None:
         assert self._listener is not None
@@ -148,7 +154,7 @@ class Relay:
                     relay_wire.send(connection, *self._published(message[0]))
                     continue
                 if reader is None:
-                    reader = self._reader()
+                    reader = self._spares.take()
                     if reader is None:
                         return
                 header, body = answer(reader, *message)
@@ -174,7 +180,7 @@ class Relay:
 
     def _reader(self) -> Store | None:
         """A reader handle for one connection; None once serve stops (its handle is about to close)."""
-        with self._lock:
+        with self._making:
             return None if self._stopping.is_set() else self.store.reader()
 
 
