@@ -3,7 +3,16 @@ operator's commands in CPU priority: on a controller a 64-host fan-out, or a few
 hold every core for seconds, and the commands typed beside serve must not wait behind them. Only the
 ansible-playbook process (and the forks and modules it starts) is lowered, never a thread of serve:
 a drain's playbook, serve's diagnosis and the reader of a playbook's output keep their priority.
-Background work still has every core the moment no one else wants one."""
+Background work still has every core the moment no one else wants one.
+
+Where the kernel shares CPU time between sessions before it weighs niceness (autogroup, on by default
+in Debian's and Ubuntu's kernels), a niceness counts only inside its own session, and each of a
+playbook's processes that does the work leads a session of its own: ansible-runner starts
+ansible-playbook on a terminal of its own, and every fork of ansible-playbook (a worker: the host's
+connection, its module on a local host) calls os.setsid. At their groups' niceness 0 a sweep's 16
+workers took as much CPU each as the operator's whole shell. So the launcher lowers its own session's
+group (only when it leads that session: never serve's), and runs ansible-playbook with os.setsid
+wrapped so that each new session's group takes the process's niceness."""
 
 from __future__ import annotations
 
@@ -13,6 +22,20 @@ import shutil
 from pathlib import Path
 
 BACKGROUND_NICENESS = 19
+# run as `python -c BOOTSTRAP <ansible-playbook> ARGS...`: the playbook's sessions take its niceness
+BOOTSTRAP = """import os, runpy, sys
+_setsid = os.setsid
+def setsid():
+    _setsid()
+    try:
+        with open("/proc/self/autogroup", "w") as group:
+            group.write(str(os.nice(0)))
+    except OSError:
+        pass
+os.setsid = setsid
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 def niced_path(folder: str | Path, niceness: int, path: str) -> str:
@@ -25,7 +48,31 @@ def niced_path(folder: str | Path, niceness: int, path: str) -> str:
     launchers = Path(folder) / "niced-bin"
     launchers.mkdir(mode=0o700)
     launcher = launchers / "ansible-playbook"
-    script = f'#!/bin/sh\nexec nice -n {int(niceness)} {shlex.quote(real)} "$@"\n'
+    python = _interpreter(Path(real))
+    run = [python, "-c", BOOTSTRAP, real] if python else [real]
+    script = (
+        "#!/bin/sh\n"
+        'session() { echo "$6"; }\n'
+        'if [ "$(session $(cat /proc/$$/stat 2>/dev/null))" = "$$" ]; then\n'
+        f"  echo {int(niceness)} 2>/dev/null > /proc/$$/autogroup\n"
+        "fi\n"
+        f'exec nice -n {int(niceness)} {shlex.join(run)} "$@"\n'
+    )
     launcher.write_text(script, encoding="utf-8")
     os.chmod(launcher, 0o700)
     return os.pathsep.join([str(launchers), path])
+
+
+def _interpreter(script: Path) -> str | None:
+    """The Python a script's `#!` line names, None where it names none (a binary, a shim)."""
+    try:
+        with script.open("rb") as file:
+            first = file.readline(512).decode("utf-8", "replace")
+    except OSError:
+        return None
+    words = first[2:].split() if first.startswith("#!") else []
+    if len(words) == 2 and Path(words[0]).name == "env":  # #!/usr/bin/env python3
+        words = [shutil.which(words[1]) or ""]
+    if len(words) == 1 and Path(words[0]).name.startswith("python"):
+        return words[0]
+    return None

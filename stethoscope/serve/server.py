@@ -56,7 +56,6 @@ from stethoscope.terminal import terminal_safe
 from stethoscope.timeutil import iso
 
 log = logging.getLogger(__name__)
-GIL_SWITCH_SECONDS = 0.0005  # Python's default: 0.005
 
 
 @dataclass
@@ -133,10 +132,6 @@ class Server:
 
     # life -------------------------------------------------------------------------------------
     def start(self) -> Server:
-        # The threads that answer commands (relay, HTTP) wait for the GIL behind serve's busy ones (the
-        # cycle's Python, the board, playbook output): at Python's 5 ms per hand-over, a relayed
-        # statement waited seconds on a loaded controller.
-        sys.setswitchinterval(GIL_SWITCH_SECONDS)
         if self.http_address is not None:  # first: a busy address refuses the start, nothing held
             self.httpd = bind(self.http_address, handler(self))
         if self.gate_address is not None:
