@@ -187,8 +187,11 @@ def served_as_loaded(
         return None
     model_path = model_path_of(args)
     extra_vars = getattr(args, "extra_var", None) or []
-    digest = sources_digest(inventory_named(args), Path(rules or rules_dir()), model_path, extra_vars)
-    published = None if digest is None else Store(args.dsn, args.database).published(NAME)
+    store = Store(args.dsn, args.database)
+    digest = sources_digest(
+        store.database, inventory_named(args), Path(rules or rules_dir()), model_path, extra_vars
+    )
+    published = None if digest is None else store.published(NAME)
     if not isinstance(published, dict) or published.get("sources") != digest:
         return None
     model = None

@@ -284,7 +284,9 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
     from stethoscope.serve.scrape import scraper_of
 
     # read before they are loaded: an edit meanwhile makes the digest not serve's, never the reverse
-    loaded = loaded_once(inventory_named(args), model_path_of(args), args.extra_var)
+    loaded = loaded_once(
+        Store(args.dsn, args.database).database, inventory_named(args), model_path_of(args), args.extra_var
+    )
     inventory = inventory_of(args, required=True, command="serve")
     assert inventory is not None
     catalog = catalog_for(inventory)

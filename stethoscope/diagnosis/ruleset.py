@@ -3,6 +3,7 @@ invalid edit keeps that file's last good rules (and says what is wrong with the 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from stethoscope.diagnosis.rules import Rule, load_rules, rule_files
 
 @dataclass
 class _FileState:
-    stamp: tuple[int, int]
+    stamp: bytes  # a digest of the text loaded: an edit that keeps the size and time is still one
     rules: list[Rule]
 
 
@@ -33,10 +34,9 @@ class RuleSet:
             messages.append(f"{gone}: removed, its rules are dropped")
         for file in sorted(present):
             try:
-                stat = file.stat()
+                stamp = hashlib.sha256(file.read_bytes()).digest()
             except OSError:
                 continue
-            stamp = (stat.st_mtime_ns, stat.st_size)
             known = self.files.get(file)
             if known is not None and known.stamp == stamp:
                 continue
@@ -58,9 +58,10 @@ class RuleSet:
     @property
     def as_files(self) -> bool:
         """Whether these rules are what the files say, as `load_rules` of the folder gives them: no file
-        kept at its last good version or loaded in part, no rule id in two files."""
+        kept at its last good version or loaded in part, no rule id in two files, and some rule (none
+        is a configuration error to a command that loads them)."""
         ids = [rule.rule_id for state in self.files.values() for rule in state.rules]
-        return not self.refused and len(ids) == len(set(ids))
+        return bool(ids) and not self.refused and len(ids) == len(set(ids))
 
     @property
     def rules(self) -> list[Rule]:

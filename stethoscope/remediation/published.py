@@ -32,7 +32,9 @@ NAME = "evaluation"  # the relay's document name
 SCHEMA = 1
 KEPT = ("held", "outcome", "silenced", "unread", "nodes")  # besides the printed fields
 STALE_INTERVALS, STALE_SLACK_MS = 2, 30_000
-PLUGIN = re.compile(rb"^plugin\s*:", re.MULTILINE)  # an inventory plugin's configuration (Ansible's auto)
+PLUGIN = re.compile(
+    rb"^[\"']?plugin[\"']?\s*:", re.MULTILINE
+)  # an inventory plugin's configuration (Ansible's auto)
 
 
 @dataclass(frozen=True)
@@ -69,28 +71,37 @@ def evaluation_key(
 
 
 def sources_digest(
-    inventory: Path | None, rules: Path, model: Path | None, extra_vars: Sequence[str]
+    database: str, inventory: Path | None, rules: Path, model: Path | None, extra_vars: Sequence[str]
 ) -> str | None:
     """The files and options a command's evaluation is loaded from, read as bytes, parsed not at all."""
-    return joined(loaded_once(inventory, model, extra_vars), rules_read(rules))
+    return joined(loaded_once(database, inventory, model, extra_vars), rules_read(rules))
 
 
-def loaded_once(inventory: Path | None, model: Path | None, extra_vars: Sequence[str]) -> str | None:
-    """What serve loads once, at its start: the code, the inventory's files, the catalog, the model's
-    files (None: --no-model) and the `-e` an evaluation reads (the job settings; the executor's, such
-    as a ticket URL, change no finding). None where the files cannot say what is loaded: an inventory
-    that runs a script or names an inventory plugin (their hosts come from elsewhere), or a file that
-    cannot be read."""
+def loaded_once(
+    database: str, inventory: Path | None, model: Path | None, extra_vars: Sequence[str]
+) -> str | None:
+    """What serve loads once, at its start: the database it evaluates, the code (each module's size and
+    time), Ansible's settings (ANSIBLE_* and the ansible.cfg it reads), the inventory's files, the
+    catalog and the stream's metric sets, the model's files (None: --no-model) and the `-e` an
+    evaluation reads (the job settings, and any pair no key or no `=`: refused, exit 2; the executor's,
+    such as a ticket URL, change no finding). None where the files cannot say what is loaded: an
+    inventory that runs a script, names an inventory plugin (their hosts come from elsewhere) or holds
+    a linked folder, or a file that cannot be read."""
     import stethoscope
     from stethoscope.catalog import default_path
     from stethoscope.inventory import inventory_files
+    from stethoscope.telemetry.metric_set import default_path as metric_sets_path
 
-    digest = hashlib.sha256(f"{stethoscope.__version__} {Path(stethoscope.__file__).resolve()}".encode())
-    read = [pair for pair in extra_vars if "=" not in pair or pair.partition("=")[0].strip() in JOB_SETTINGS]
+    package = Path(stethoscope.__file__).resolve().parent
+    digest = hashlib.sha256(f"{database} {stethoscope.__version__} {package}".encode())
+    code = sorted(package.rglob("*.py"))
+    digest.update(repr([(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in code]).encode())
+    digest.update(repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("ANSIBLE_"))).encode())
+    read = [pair for pair in extra_vars if pair.partition("=")[0].strip() in ("", *JOB_SETTINGS)]
     digest.update(json.dumps(read).encode())
-    files, found = [default_path()], []
+    files, found = [default_path(), metric_sets_path(), *_ansible_config()], []
     if inventory is not None:
-        if not inventory.exists():
+        if not inventory.exists() or _linked_folder(inventory):
             return None
         found = inventory_files(inventory)
         if any(os.access(path, os.X_OK) for path in found):
@@ -119,7 +130,27 @@ def rules_read(rules: Path) -> str | None:
 
 
 def joined(*parts: str | None) -> str | None:
+    """One digest of several, None where one is."""
     return None if None in parts else hashlib.sha256(" ".join(parts).encode()).hexdigest()  # type: ignore[arg-type]
+
+
+def _ansible_config() -> list[Path]:
+    """The ansible.cfg Ansible reads here: $ANSIBLE_CONFIG, ./ansible.cfg, ~/.ansible.cfg, /etc's."""
+    named = os.environ.get("ANSIBLE_CONFIG")
+    candidates = [Path(named)] if named else []
+    candidates += [Path("ansible.cfg"), Path.home() / ".ansible.cfg", Path("/etc/ansible/ansible.cfg")]
+    return next(([path] for path in candidates if path.is_file()), [])
+
+
+def _linked_folder(inventory: Path) -> bool:
+    """Whether the inventory's folders hold a linked folder (Ansible follows it, the digest would not)."""
+    folder = inventory if inventory.is_dir() else inventory.parent
+    roots = [folder / "group_vars", folder / "host_vars"] + ([inventory] if inventory.is_dir() else [])
+    for root in roots:
+        for top, folders, _files in os.walk(root):
+            if any((Path(top) / name).is_symlink() for name in folders):
+                return True
+    return False
 
 
 def _of_files(digest: Any, files: Iterable[Path], plugins_in: Collection[Path] = ()) -> str | None:

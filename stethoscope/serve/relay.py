@@ -87,15 +87,16 @@ class Relay:
         self._listener, self.path = listener, path
         self._own_folder = path.parent if path.parent.name.startswith("stethoscope-relay-") else None
         threading.Thread(target=self._accept, name="stethoscope-relay", daemon=True).start()
-        self._spares.start()
         holder.HolderFile(db_path).advertise(str(path))
+        self._spares.start()
         return self
 
     def stop(self, wait: float = 10.0) -> None:
         """Stop answering: the holder file no longer names the socket, the listener and every
         connection close, and their threads end (a statement under way gets up to `wait` seconds)."""
-        with self._making, self._lock:  # no reader is made after this: serve's handle closes next
+        with self._making, self._lock:  # no reader is made or taken after this: serve's handle closes next
             self._stopping.set()
+        self._spares.close(wait)
         if self._listener is None or self.path is None:
             return
         holder.HolderFile(embedded_path(self.store.dsn)).advertise(None)
@@ -113,7 +114,6 @@ class Relay:
                 connection.shutdown(socket.SHUT_RDWR)
         for thread in connections.values():
             thread.join(wait)
-        self._spares.close(wait)
 
     def _accept(self) -> None:
         assert self._listener is not None

@@ -9,7 +9,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from stethoscope.store.client import Store, StoreError
+from stethoscope.store.client import Store
 from stethoscope.store.dsn import redact
 
 log = logging.getLogger(__name__)
@@ -30,8 +30,11 @@ class SpareReaders:
         return self
 
     def take(self) -> Store | None:
-        """A ready reader, else one made now (StoreError where the store fails); None once serve stops."""
+        """A ready reader, else one made now (StoreError where the store fails); None once closed or
+        serve stops."""
         with self._lock:
+            if self._closed:
+                return None
             spare = self._ready.pop() if self._ready else None
         self._wanted.set()
         return spare if spare is not None else self._make()
@@ -54,7 +57,7 @@ class SpareReaders:
             while self._missing():
                 try:
                     made = self._make()
-                except StoreError as exc:  # the next connection makes its own and says why
+                except Exception as exc:  # the next connection makes its own and says why
                     log.warning("relay: no spare reader: %s", redact(str(exc)))
                     break
                 if made is None:

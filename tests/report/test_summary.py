@@ -62,6 +62,8 @@ def test_summary_counts_each_nodes_samples_from_the_hourly_rollup_without_readin
     store.insert_metrics(MetricColumns.from_rows(rows[:1]))  # a spool replay of one sample
     (node,) = summarize(store, [])
     assert (node.node_id, node.rows, node.series) == ("node01", 7, 2)
+    listed = summarize(store, [], ["node01", "node09"])  # the inventory's node09 never reported
+    assert [(s.node_id, s.rows) for s in listed] == [("node01", 7), ("node09", 0)]
     assert node.last_seen.startswith(iso(now)[:16].replace("T", " "))
     # a database from before the rollup: the raw rows, each stored row once
     store.command(f"DROP TABLE {store.database}.metrics_hourly_mv")

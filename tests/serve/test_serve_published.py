@@ -6,6 +6,7 @@ themselves with --fresh, with other rules or inventory, or when serve's evaluati
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from test_execute import db, rules, worn
@@ -72,6 +73,12 @@ def test_beside_serve_a_read_from_serves_files_loads_none_of_them(tmp_path, db, 
     assert critical(_cli(db, "diagnose", "--json", *given).stdout) == {"node03"}
     assert "critical" in row(_cli(db, "summary", *given).stdout, "node03")
 
+    elsewhere = tmp_path / "elsewhere" / "hosts.yml"  # the same hosts and settings from another file:
+    elsewhere.parent.mkdir()  # loaded, compared by what they evaluate, and taken
+    elsewhere.write_text(inventory.read_text())
+    compared = _cli(db, "diagnose", "--json", "--inventory", str(elsewhere), "--no-model")
+    assert SERVES in compared.stderr and critical(compared.stdout) == {"node03"}, compared.stderr
+
     inventory.write_text(inventory.read_text() + "    node99: {stethoscope_node_key: 99}\n")
     edited = _cli(db, "diagnose", "--json", *given)
     assert edited.returncode == 1 and SERVES not in edited.stderr, edited.stderr
@@ -87,29 +94,35 @@ def test_the_sources_digest_follows_the_files_and_refuses_what_files_cannot_say(
     inventory = tmp_path / "inventory"
     (inventory / "group_vars").mkdir(parents=True)
     (inventory / "hosts.yml").write_text("all:\n  hosts:\n    node01:\n")
-    first = sources_digest(inventory, rules_dir(), None, [])
-    assert first is not None and first == sources_digest(inventory, rules_dir(), None, [])
+    first = sources_digest("stethoscope", inventory, rules_dir(), None, [])
+    assert first is not None and first == sources_digest("stethoscope", inventory, rules_dir(), None, [])
     (inventory / "group_vars" / "all.yml").write_text("stethoscope_sweep_interval: 600\n")
-    settings = sources_digest(inventory, rules_dir(), None, [])
+    settings = sources_digest("stethoscope", inventory, rules_dir(), None, [])
     assert settings not in (None, first)
     warmup = ["stethoscope_job_warmup=10m"]
-    assert sources_digest(inventory, rules_dir(), None, warmup) not in (None, settings)
+    assert sources_digest("stethoscope", inventory, rules_dir(), None, warmup) not in (None, settings)
     ticket = ["stethoscope_ticket_url=http://127.0.0.1:9/"]  # the executor's: no finding changes
-    assert sources_digest(inventory, rules_dir(), None, ticket) == settings
+    assert sources_digest("stethoscope", inventory, rules_dir(), None, ticket) == settings
     one_rule = rule_files(rules_dir())[0]
-    assert sources_digest(inventory, one_rule, None, []) not in (None, settings)
+    assert sources_digest("stethoscope", inventory, one_rule, None, []) not in (None, settings)
 
     plugin = inventory / "cloud.aws_ec2.yml"  # an inventory plugin's hosts come from elsewhere
     plugin.write_text("plugin: amazon.aws.aws_ec2\nregions: [eu-west-1]\n")
-    assert sources_digest(inventory, rules_dir(), None, []) is None
+    assert sources_digest("stethoscope", inventory, rules_dir(), None, []) is None
     plugin.unlink()
     script = inventory / "cmdb.py"  # and a script's from whatever it prints
     script.write_text("#!/bin/sh\necho '{}'\n")
     script.chmod(0o755)
-    assert sources_digest(inventory, rules_dir(), None, []) is None
+    assert sources_digest("stethoscope", inventory, rules_dir(), None, []) is None
     script.unlink()
-    assert sources_digest(inventory, rules_dir(), None, []) == settings
-    assert sources_digest(tmp_path / "absent", rules_dir(), None, []) is None
+    assert sources_digest("stethoscope", inventory, rules_dir(), None, []) == settings
+    assert sources_digest("stethoscope", inventory, rules_dir(), None, ["=x"]) != settings  # refused: exit 2
+    assert sources_digest("other", inventory, rules_dir(), None, []) != settings  # another database's
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (inventory / "group_vars" / "gpu").symlink_to(shared)  # Ansible follows it; a digest of files would not
+    assert sources_digest("stethoscope", inventory, rules_dir(), None, []) is None
+    assert sources_digest("stethoscope", tmp_path / "absent", rules_dir(), None, []) is None
 
 
 def test_a_rule_set_holding_a_bad_edit_is_not_its_files(tmp_path):
@@ -130,6 +143,15 @@ def test_a_rule_set_holding_a_bad_edit_is_not_its_files(tmp_path):
     (path / "a.yml").write_text(good)
     rules.refresh()
     assert rules.as_files
+    same_size = good.replace("level: L", "level: X", 1)  # same size, and the time put back
+    stamp = (path / "a.yml").stat()
+    (path / "a.yml").write_text(same_size)
+    os.utime(path / "a.yml", ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    rules.refresh()
+    assert not rules.as_files  # read, and refused: never the old rules under the new text's digest
+    (path / "a.yml").write_text("---\n[]\n")
+    rules.refresh()
+    assert not rules.rules and not rules.as_files  # no rule: a command loading them exits 2
 
 
 def critical(printed: str) -> set[str]:

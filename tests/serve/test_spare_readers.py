@@ -65,9 +65,17 @@ def test_with_no_spare_left_a_connection_makes_its_own_and_none_is_made_after_cl
     assert all(h.closed for h in maker.made if h not in (first, second))
 
 
-def test_serve_stopping_ends_the_refills():
+def refilling() -> int:
+    return sum(1 for thread in threading.enumerate() if thread.name == "stethoscope-relay-spares")
+
+
+def test_serve_stopping_ends_the_refills_and_nothing_is_taken_after_close():
+    before = refilling()
     maker = SlowMaker(0.05)
     spares = SpareReaders(maker, keep=2).start()
+    until(lambda: len(maker.made) == 2)
     maker.stopped.set()
-    assert spares.take() is None  # serve stops: no reader for a new connection
     spares.close(wait=2.0)
+    assert spares.take() is None  # a ready spare is not handed out once serve stops
+    until(lambda: refilling() == before)
+    assert all(h.closed for h in maker.made)
