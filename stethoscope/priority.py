@@ -22,8 +22,9 @@ import shutil
 from pathlib import Path
 
 BACKGROUND_NICENESS = 19
-# run as `python -c BOOTSTRAP <ansible-playbook> ARGS...`: the playbook's sessions take its niceness
-BOOTSTRAP = """import os, runpy, sys
+# run as `python niced_sessions.py <ansible-playbook> ARGS...`: the playbook's sessions take its niceness
+BOOTSTRAP = """# written by stethoscope (stethoscope/priority.py)
+import os, runpy, sys
 _setsid = os.setsid
 def setsid():
     _setsid()
@@ -41,7 +42,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def niced_path(folder: str | Path, niceness: int, path: str) -> str:
     """A PATH whose first folder (made in `folder`) holds an `ansible-playbook` that runs the one of
     `path` at `niceness`: ansible-runner starts `ansible-playbook` by name, from its PATH. The
-    launcher holds only that int and that file's path. `path` itself when none is found there."""
+    launcher holds only that int, that file's path and its Python's (through BOOTSTRAP, beside it, which
+    lowers each session it starts). `path` itself when none is found there."""
     real = shutil.which("ansible-playbook", path=path)
     if real is None:
         return path
@@ -49,7 +51,9 @@ def niced_path(folder: str | Path, niceness: int, path: str) -> str:
     launchers.mkdir(mode=0o700)
     launcher = launchers / "ansible-playbook"
     python = _interpreter(Path(real))
-    run = [python, "-c", BOOTSTRAP, real] if python else [real]
+    bootstrap = launchers / "niced_sessions.py"
+    bootstrap.write_text(BOOTSTRAP, encoding="utf-8")
+    run = [python, str(bootstrap), real] if python else [real]
     script = (
         "#!/bin/sh\n"
         'session() { echo "$6"; }\n'
