@@ -499,7 +499,15 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
     (
         "serve_relay_reads_nice10.json",
         [("beside_serve", "summary", "p95_seconds"), ("beside_serve", "incidents", "p95_seconds")],
-        "summary 2.79 s,\n  incidents 1.79 s",
+        "summary 2.79 s, incidents 1.79 s",
+    ),
+    (
+        "serve_relay_reads_nice19.json",
+        [
+            ("beside_serve", read, "p95_seconds")
+            for read in ("summary", "incidents", "actions", "top", "diagnose")
+        ],
+        "summary 3.46 s, incidents 1.09 s, actions 0.80 s, top 1.11 s,\n  diagnose 2.93 s",
     ),
     (
         "serve_relay_reads.json",
@@ -507,7 +515,23 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
             ("beside_serve", read, "p95_seconds")
             for read in ("summary", "incidents", "actions", "top", "diagnose")
         ],
-        "summary 3.46 s, incidents 1.09 s, actions 0.80 s, top 1.11 s, diagnose 2.93 s",
+        "summary 0.30 s, incidents 0.43 s, actions 0.30 s, top 0.42 s, diagnose\n  0.26 s",
+    ),
+    (
+        "serve_relay_reads_spares.json",
+        [
+            ("beside_serve", read, "p95_seconds")
+            for read in ("summary", "incidents", "actions", "top", "diagnose")
+        ],
+        "summary 3.17 s,\n  incidents 4.26 s, actions 1.61 s, top 2.43 s, diagnose 1.22 s",
+    ),
+    (
+        "serve_relay_reads_digest.json",
+        [
+            ("beside_serve", read, "p95_seconds")
+            for read in ("summary", "incidents", "actions", "top", "diagnose")
+        ],
+        "summary 2.01 s, incidents 2.78 s, actions 2.26 s, top 2.69 s,\n  diagnose 1.10 s",
     ),
     (
         "summary_scale.json",
