@@ -6,10 +6,10 @@ older than two of serve's intervals and half a minute); otherwise, or with `--fr
 itself. It is shown as the command's own dry run shows findings: what serve's actions did is not their
 outcome (`incidents` and `actions` say that).
 
-A command given the files serve loaded, unchanged (`sources_digest`: serve's inventory, catalog, rules
-and model, read as bytes, and its `-e`), takes the evaluation without loading any of them: on a
-controller serve keeps busy, parsing them (Ansible's inventory, the rules, onnxruntime's graphs) was
-most of such a read's time."""
+A command given the files and options serve loaded, unchanged (`sources_digest`: its inventory,
+catalog, rules and model read as bytes, its code, database and job settings), takes the evaluation
+without loading any of them: on a controller serve keeps busy, parsing them (Ansible's inventory, the
+rules, onnxruntime's graphs) was most of such a read's time."""
 
 from __future__ import annotations
 
@@ -32,9 +32,8 @@ NAME = "evaluation"  # the relay's document name
 SCHEMA = 1
 KEPT = ("held", "outcome", "silenced", "unread", "nodes")  # besides the printed fields
 STALE_INTERVALS, STALE_SLACK_MS = 2, 30_000
-PLUGIN = re.compile(
-    rb"^[\"']?plugin[\"']?\s*:", re.MULTILINE
-)  # an inventory plugin's configuration (Ansible's auto)
+# an inventory plugin's configuration (Ansible's auto plugin)
+PLUGIN = re.compile(rb"^[\"']?plugin[\"']?\s*:", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -94,8 +93,11 @@ def loaded_once(
 
     package = Path(stethoscope.__file__).resolve().parent
     digest = hashlib.sha256(f"{database} {stethoscope.__version__} {package}".encode())
-    code = sorted(package.rglob("*.py"))
-    digest.update(repr([(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in code]).encode())
+    try:  # an upgrade under way: no digest
+        code = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(package.rglob("*.py"))]
+    except OSError:
+        return None
+    digest.update(repr(code).encode())
     digest.update(repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("ANSIBLE_"))).encode())
     read = [pair for pair in extra_vars if pair.partition("=")[0].strip() in ("", *JOB_SETTINGS)]
     digest.update(json.dumps(read).encode())
@@ -131,7 +133,9 @@ def rules_read(rules: Path) -> str | None:
 
 def joined(*parts: str | None) -> str | None:
     """One digest of several, None where one is."""
-    return None if None in parts else hashlib.sha256(" ".join(parts).encode()).hexdigest()  # type: ignore[arg-type]
+    if any(part is None for part in parts):
+        return None
+    return hashlib.sha256(" ".join(str(part) for part in parts).encode()).hexdigest()
 
 
 def _ansible_config() -> list[Path]:
