@@ -526,6 +526,11 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
         "summary 3.17 s,\n  incidents 4.26 s, actions 1.61 s, top 2.43 s, diagnose 1.22 s",
     ),
     (
+        "serve_relay_reads_inject.json",
+        [("fault_injected", "seconds_to_drain"), ("fault_injected", "seconds_to_ticket")],
+        "drained in 78.9 s and\n  ticketed in 89.9 s",
+    ),
+    (
         "serve_relay_reads_digest.json",
         [
             ("beside_serve", read, "p95_seconds")
