@@ -197,6 +197,9 @@ def _scoring_of_set(number: int) -> list[tuple]:
     ]
 
 
+# serve_relay_reads.py's p95 per read command, in the order the docs quote them
+READS = ("summary", "incidents", "actions", "top", "diagnose")
+READS_P95 = [("beside_serve", read, "p95_seconds") for read in READS]
 QUOTES: list[tuple[str, list[tuple], str]] = [
     *(
         (HISTORY, [("scorings", {"fresh_set": n}, key) for key in keys], text)
@@ -503,26 +506,17 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
     ),
     (
         "serve_relay_reads_nice19.json",
-        [
-            ("beside_serve", read, "p95_seconds")
-            for read in ("summary", "incidents", "actions", "top", "diagnose")
-        ],
+        READS_P95,
         "summary 3.46 s, incidents 1.09 s, actions 0.80 s, top 1.11 s,\n  diagnose 2.93 s",
     ),
     (
         "serve_relay_reads.json",
-        [
-            ("beside_serve", read, "p95_seconds")
-            for read in ("summary", "incidents", "actions", "top", "diagnose")
-        ],
+        READS_P95,
         "summary 0.30 s, incidents 0.43 s, actions 0.30 s, top 0.42 s, diagnose\n  0.26 s",
     ),
     (
         "serve_relay_reads_spares.json",
-        [
-            ("beside_serve", read, "p95_seconds")
-            for read in ("summary", "incidents", "actions", "top", "diagnose")
-        ],
+        READS_P95,
         "summary 3.17 s,\n  incidents 4.26 s, actions 1.61 s, top 2.43 s, diagnose 1.22 s",
     ),
     (
@@ -532,10 +526,7 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
     ),
     (
         "serve_relay_reads_digest.json",
-        [
-            ("beside_serve", read, "p95_seconds")
-            for read in ("summary", "incidents", "actions", "top", "diagnose")
-        ],
+        READS_P95,
         "summary 2.01 s, incidents 2.78 s, actions 2.26 s, top 2.69 s,\n  diagnose 1.10 s",
     ),
     (
