@@ -207,7 +207,7 @@ def served_as_loaded(
     hosts = published.get("hosts")
     if result is None or not (hosts is None or isinstance(hosts, list)):
         return None
-    _say_taken(args.command, result)
+    _say_taken(args.command, result, bool(published.get("acting")))
     return result, hosts
 
 
@@ -229,15 +229,20 @@ def serves_evaluation(
     key = evaluation_key(rules, hosts_of(inventory), settings, model, jobs)
     result = result_of(published, key, model, now_ms())
     if result is not None:
-        _say_taken(args.command, result)
+        _say_taken(args.command, result, bool(published.get("acting")))
     return result
 
 
-def _say_taken(command: str, result: CycleResult) -> None:
+def _say_taken(command: str, result: CycleResult, acting: bool) -> None:
     age = max(0, (now_ms() - result.at_ms) // 1000)
+    does = (
+        "evaluates and acts every cycle: `incidents` and `actions` say what it did"
+        if acting
+        else "evaluates every cycle"
+    )
     say(
         f"{command}: serve's evaluation of {iso(result.at_ms)} ({age} s ago; serve holds the "
-        "database and evaluates every cycle); --fresh evaluates now"
+        f"database and {does}); --fresh evaluates now"
     )
 
 

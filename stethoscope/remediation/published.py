@@ -182,6 +182,7 @@ def document(result: CycleResult, identity: Identity, interval_seconds: float) -
         "hosts": identity.hosts,
         "at_ms": result.at_ms,
         "interval_seconds": interval_seconds,
+        "acting": result.executing,  # said beside it: this dry run's findings are those serve acts on
         "rules": result.rules,
         "findings": [printable(f, KEPT) for f in result.findings],
         "failed_rules": result.failed_rules,

@@ -171,6 +171,7 @@ def test_a_stale_or_foreign_evaluation_is_not_taken():
         "actions": ["log"], "outcome": "log ok", "txn_id": "t1",
     }  # fmt: skip
     published = document(CycleResult(at, [finding], 1, True), Identity("key"), 60.0)
+    assert published["acting"] is True  # said beside it: the dry run printed is what serve acts on
     taken = result_of(json.loads(json.dumps(published)), "key", None, at + 10_000)
     assert taken is not None and taken.rules == 1 and not taken.executing
     (shown,) = taken.findings
