@@ -10,7 +10,7 @@ import os
 
 import pytest
 from test_execute import db, rules, worn
-from test_serve_relay import _cli, serve
+from test_serve_relay import _cli, serve, serving
 
 from stethoscope.diagnosis.rules import rule_files
 from stethoscope.diagnosis.ruleset import RuleSet
@@ -82,6 +82,19 @@ def test_beside_serve_a_read_from_serves_files_loads_none_of_them(tmp_path, db, 
     inventory.write_text(inventory.read_text() + "    node99: {stethoscope_node_key: 99}\n")
     edited = _cli(db, "diagnose", "--json", *given)
     assert edited.returncode == 1 and SERVES not in edited.stderr, edited.stderr
+
+
+def test_beside_serve_running_the_model_a_read_takes_its_state_with_the_evaluation(tmp_path, db, node03_worn):
+    """The model's name, level and what it could not classify come with serve's evaluation: printed as
+    a fresh evaluation prints them, without onnxruntime loaded."""
+    given = ("--inventory", str(tmp_path / "serve-hosts.yml"))
+    with serving(tmp_path, db):
+        served = _cli(db, "diagnose", *given, env={"PYTHONPROFILEIMPORTTIME": "1"})
+        fresh = _cli(db, "diagnose", "--fresh", *given)
+    assert SERVES in served.stderr and SERVES not in fresh.stderr, served.stderr[-2000:]
+    assert not imported(served.stderr) & {"ansible", "jinja2", "onnxruntime"}
+    assert served.returncode == fresh.returncode == 1, fresh.stderr
+    assert served.stdout.splitlines()[0] == fresh.stdout.splitlines()[0]  # the findings and the model
 
 
 def imported(importtime: str) -> set[str]:

@@ -5,6 +5,7 @@ gets an error answer and serve answers others; only serve's own user may connect
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -71,7 +72,16 @@ def incidents(tmp_path, db, http_standin):
 
 @pytest.fixture
 def serve(tmp_path, db):
-    """`serve` as a process on the test's embedded database, its first cycle done; stopped after."""
+    """`serve` as a process on the test's embedded database (rules only), its first cycle done;
+    stopped after."""
+    with serving(tmp_path, db, "--no-model") as proc:
+        yield proc
+
+
+@contextlib.contextmanager
+def serving(tmp_path: Path, db: str, *options: str):
+    """`serve` with `options` on the test's embedded database, its inventory tmp_path/serve-hosts.yml,
+    from its first cycle done until the block ends."""
     inventory = tmp_path / "serve-hosts.yml"
     keys = "\n".join(f"    {node}: {{stethoscope_node_key: {i}}}" for i, node in enumerate(NODES, 1))
     inventory.write_text(f"---\nall:\n  hosts:\n{keys}\n")
@@ -79,7 +89,7 @@ def serve(tmp_path, db):
     secret.write_bytes(SECRET + b"\n")
     command = [
         sys.executable, "-m", "stethoscope.cli", "--dsn", db, "--spool-dir", str(tmp_path / "serve-spool"),
-        "serve", "--inventory", str(inventory), "--secret-file", str(secret), "--no-sweep", "--no-model",
+        "serve", "--inventory", str(inventory), "--secret-file", str(secret), "--no-sweep", *options,
         "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--interval", "3600", "--log-format", "json",
     ]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=TOP)
