@@ -10,9 +10,10 @@ in Debian's and Ubuntu's kernels), a niceness counts only inside its own session
 playbook's processes that does the work leads a session of its own: ansible-runner starts
 ansible-playbook on a terminal of its own, and every fork of ansible-playbook (a worker: the host's
 connection, its module on a local host) calls os.setsid. At their groups' niceness 0 a sweep's 16
-workers took as much CPU each as the operator's whole shell. So the launcher lowers its own session's
-group (only when it leads that session: never serve's), and runs ansible-playbook with os.setsid
-wrapped so that each new session's group takes the process's niceness."""
+workers took as much CPU each as the operator's whole shell. So the launcher runs ansible-playbook
+through BOOTSTRAP, which lowers its own session's group (only when it leads that session: never
+serve's) and wraps os.setsid so that each new session's group takes the process's niceness. An
+ansible-playbook that is no Python script (a binary shim) gets its niceness only."""
 
 from __future__ import annotations
 
@@ -25,15 +26,19 @@ BACKGROUND_NICENESS = 19
 # run as `python niced_sessions.py <ansible-playbook> ARGS...`: the playbook's sessions take its niceness
 BOOTSTRAP = """# written by stethoscope (stethoscope/priority.py)
 import os, runpy, sys
-_setsid = os.setsid
-def setsid():
-    _setsid()
+def lower():  # this session's group takes this process's niceness
     try:
         with open("/proc/self/autogroup", "w") as group:
             group.write(str(os.nice(0)))
     except OSError:
         pass
+_setsid = os.setsid
+def setsid():
+    _setsid()
+    lower()
 os.setsid = setsid
+if os.getsid(0) == os.getpid():  # ansible-runner's terminal: a session of its own
+    lower()
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -54,14 +59,7 @@ def niced_path(folder: str | Path, niceness: int, path: str) -> str:
     bootstrap = launchers / "niced_sessions.py"
     bootstrap.write_text(BOOTSTRAP, encoding="utf-8")
     run = [python, str(bootstrap), real] if python else [real]
-    script = (
-        "#!/bin/sh\n"
-        'session() { echo "$6"; }\n'
-        'if [ "$(session $(cat /proc/$$/stat 2>/dev/null))" = "$$" ]; then\n'
-        f"  echo {int(niceness)} 2>/dev/null > /proc/$$/autogroup\n"
-        "fi\n"
-        f'exec nice -n {int(niceness)} {shlex.join(run)} "$@"\n'
-    )
+    script = f'#!/bin/sh\nexec nice -n {int(niceness)} {shlex.join(run)} "$@"\n'
     launcher.write_text(script, encoding="utf-8")
     os.chmod(launcher, 0o700)
     return os.pathsep.join([str(launchers), path])

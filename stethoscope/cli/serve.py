@@ -333,7 +333,7 @@ def _serve(args: argparse.Namespace, keyring: Keyring, sets: dict[int, MetricSet
         log_format=args.log_format,
         replay_dir=replay_dir(),
         gate_http=_address(args.gate_listen, "--gate-listen") if args.gate_listen else None,
-        evaluation_key=lambda used: Identity(
+        identity=lambda used: Identity(
             evaluation_key(used, hosts_of(inventory), inventory.settings, model, cycles.jobs, judged),
             None if judged else joined(loaded, sources["rules"]),
             hosts_of(inventory),

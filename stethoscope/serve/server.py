@@ -94,7 +94,7 @@ class Server:
         log_format: str = "text",
         replay_dir: Path | None = None,
         gate_http: tuple[str, int] | None = None,
-        evaluation_key: Callable[[list[Rule]], Identity] | None = None,
+        identity: Callable[[list[Rule]], Identity] | None = None,
         scraper: Scraper | None = None,
         alert_sink: AlertmanagerSink | None = None,
     ):
@@ -120,7 +120,7 @@ class Server:
         self.gate_address = gate_http  # --gate-listen: GET /gate/<node> only, for the nodes
         self.gate_httpd: ThreadingHTTPServer | None = None
         self.relay: Relay | None = None
-        self.evaluation_key = evaluation_key  # rules -> what the commands beside serve compare (published)
+        self.identity = identity  # rules -> what the commands beside serve compare (published)
         self.started = time.time()
         self._stored_at_last: tuple[int, float] = (0, time.monotonic())
         self.exposition = Exposition(self)
@@ -241,8 +241,8 @@ class Server:
         self.state.last_error = None
         self.state.last = result
         self.state.findings = result.findings
-        if self.evaluation_key is not None:  # diagnose and summary beside serve answer from it
-            self.state.published = document(result, self.evaluation_key(rules), self.interval)
+        if self.identity is not None:  # diagnose and summary beside serve answer from it
+            self.state.published = document(result, self.identity(rules), self.interval)
         self._read_upkeep()
         room = room_for(self.store, self.cycles)  # the breaker caps the gates' failures
         self.verdicts.publish(result.findings, at_ms, result.executing, room)
