@@ -377,9 +377,10 @@ class Probe(threading.Thread):
 
 
 class DiagnosisLoop(threading.Thread):
-    """The diagnosis cycle's rules (evaluate_all over the shipped rules) back to back on the store."""
+    """The diagnosis cycle's rules (evaluate_all over the shipped rules) on the store, a cycle begun
+    every `every` seconds (serve's `--interval`), or back to back with 0."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, every: float = 0.0) -> None:
         from stethoscope.catalog import Catalog
         from stethoscope.diagnosis.rules import load_rules
         from stethoscope.paths import project_root
@@ -387,7 +388,7 @@ class DiagnosisLoop(threading.Thread):
         super().__init__(name="diagnosis", daemon=True)
         loaded = load_rules(project_root() / "rules", Catalog.load())
         assert not loaded.errors, loaded.errors
-        self.store, self.rules = store, loaded.rules
+        self.store, self.rules, self.every = store, loaded.rules, every
         self.walls: list[float] = []
         self.cpus: list[float] = []
         self.failures = 0
@@ -402,12 +403,14 @@ class DiagnosisLoop(threading.Thread):
             self.walls.append(time.time() - wall)
             self.cpus.append(time.thread_time() - cpu)
             self.failures += len(evaluation.failures)
+            self.stop.wait(max(0.0, wall + self.every - time.time()))
 
     def figures(self) -> dict:
         import numpy as np
 
         return {
             "rules": len(self.rules),
+            "every_s": self.every,
             "cycles": len(self.walls),
             "cycle_wall_s_median": round(float(np.median(self.walls)), 2) if self.walls else None,
             "cycle_wall_s_max": round(max(self.walls), 2) if self.walls else None,
@@ -440,9 +443,12 @@ def cpu_by_thread_name(before: dict, after: dict, seconds: float) -> dict[str, f
     return {name: round(100 * cpu / seconds, 1) for name, cpu in sorted(spent.items(), key=lambda kv: -kv[1])}
 
 
-def fleet(nodes: int, gpus: int, duration: float, diagnose: bool) -> dict:
-    """One collector at its defaults (as `stethoscope collect` starts it) for `nodes` nodes of `gpus`
-    GPU parts each; with `diagnose`, the rules evaluated back to back on the same store meanwhile."""
+def fleet(
+    nodes: int, gpus: int, duration: float, diagnose: bool, flush_interval: float | None, every: float
+) -> dict:
+    """One collector (as `stethoscope collect` starts it, flushing every `flush_interval`) for `nodes`
+    nodes of `gpus` GPU parts each; with `diagnose`, the rules evaluated on the same store meanwhile,
+    a cycle begun every `every` seconds (0: back to back)."""
     from stethoscope.store.client import Store
     from stethoscope.store.spool import Spool
     from stethoscope.store.writer import Writer
@@ -457,9 +463,10 @@ def fleet(nodes: int, gpus: int, duration: float, diagnose: bool) -> dict:
     holder.ensure_schema()
     keyring = Keyring({i: node_name(i) for i in range(nodes)}, [SECRET])
     clock = CommitClock(Writer(holder.dsn, work / "spool", timeout=WRITE_TIMEOUT).write)
-    collector = Collector(keyring, {metric_set.id: metric_set}, clock).start()
+    settings = {} if flush_interval is None else {"flush_interval": flush_interval}
+    collector = Collector(keyring, {metric_set.id: metric_set}, clock, **settings).start()
     probe = Probe(holder.reader())
-    beside = DiagnosisLoop(holder) if diagnose else None
+    beside = DiagnosisLoop(holder, every) if diagnose else None
     drops0 = _udp_rcvbuf_errors()
     usage0, threads0 = resource.getrusage(resource.RUSAGE_SELF), thread_cpu()
     clock.since_ms = probe.since_ms = int(time.time() * 1000)
@@ -542,7 +549,7 @@ def fleets(args: argparse.Namespace) -> int:
     runs = []
     for nodes in (int(n) for n in args.nodes.split(",")):
         for diagnose in (False, True) if args.diagnose_beside else (False,):
-            run = fleet(nodes, args.gpus, args.duration, diagnose)
+            run = fleet(nodes, args.gpus, args.duration, diagnose, args.flush_interval, args.diagnose_every)
             runs.append(run)
             print(json.dumps(run), flush=True)
     held = [run["nodes"] for run in runs if run["held"]]
@@ -564,6 +571,18 @@ def main() -> int:
         "--diagnose-beside",
         action="store_true",
         help="each fleet twice: alone, then with the diagnosis cycle on the store meanwhile",
+    )
+    parser.add_argument(
+        "--diagnose-every",
+        type=float,
+        default=0.0,
+        help="with --diagnose-beside, begin a cycle every these many seconds (serve: 60); 0: back to back",
+    )
+    parser.add_argument(
+        "--flush-interval",
+        type=float,
+        default=None,
+        help="the collector's flush interval in seconds (default: the collector's own)",
     )
     parser.add_argument(
         "--generate", nargs=3, metavar=("HOST:PORT", "NODES", "SECONDS"), help=argparse.SUPPRESS
