@@ -19,7 +19,13 @@ from stethoscope.store import holder
 from stethoscope.store.batch import METRIC_COLUMNS, Batch, MetricColumns
 from stethoscope.store.dsn import ConfigError, database_of, embedded_path, is_embedded, redact, resolve_dsn
 from stethoscope.store.errors import SchemaMissing, StoreError
-from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS, cluster_ddl, hourly_backfill, single_node_ddl
+from stethoscope.store.schema import (
+    DEFAULT_RAW_TTL_DAYS,
+    VIEW_SELECTS,
+    cluster_ddl,
+    hourly_backfill,
+    single_node_ddl,
+)
 
 # clickhouse-connect logs a traceback for every failed insert; our callers report the error themselves.
 logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)
@@ -376,15 +382,39 @@ class Store:
 
     # schema -----------------------------------------------------------------------------------
     def ensure_schema(self) -> None:
-        """Create the schema unless the metrics table is already there (writers call this), and the
-        tables added since on a database from before them (`evaluations`, `silences`)."""
-        exists = self.query(
-            "SELECT count() FROM system.tables WHERE database = {db:String} "
-            "AND name IN ('metrics', 'evaluations', 'silences')",
+        """Create the schema unless the metrics table is already there (writers call this), the
+        tables added since on a database from before them (`evaluations`, `silences`), and bring its
+        rollup views to the current query."""
+        found = self.query(
+            "SELECT countIf(name IN ('metrics', 'evaluations', 'silences')), "
+            "countIf(engine = 'MaterializedView' AND position(as_select, 'any(labels)') > 0) "
+            "FROM system.tables WHERE database = {db:String}",
             {"db": self.database},
         )
-        if not exists or exists[0][0] < 3:
+        tables, older_views = found[0] if found else (0, 0)
+        if tables < 3:
             self.init_schema()
+        elif older_views:
+            self.refresh_views()
+
+    def refresh_views(self) -> list[str]:
+        """A single server's rollup views given the current query in place (ALTER ... MODIFY QUERY: no
+        insert meanwhile goes uncounted). A cluster's views (on `metrics_local`) are left to `db init
+        --cluster` and docs/design.md "Storage"."""
+        engine = self.query(
+            "SELECT engine FROM system.tables WHERE database = {db:String} AND name = 'metrics'",
+            {"db": self.database},
+        )
+        if not engine or engine[0][0] == "Distributed":
+            return []
+        statements = [
+            f"ALTER TABLE {self.database}.{view} MODIFY QUERY "
+            + select.format(db=self.database, source="metrics")
+            for view, select in VIEW_SELECTS.items()
+        ]
+        for statement in statements:
+            self.command(statement)
+        return statements
 
     def init_schema(self, raw_ttl_days: int = DEFAULT_RAW_TTL_DAYS) -> list[str]:
         before = self._tables()
@@ -396,6 +426,13 @@ class Store:
             # exists first, so a row written meanwhile is counted twice rather than lost
             statements.append(hourly_backfill(self.database))
             self.command(statements[-1])
+        older = self.query(
+            "SELECT count() FROM system.tables WHERE database = {db:String} "
+            "AND engine = 'MaterializedView' AND position(as_select, 'any(labels)') > 0",
+            {"db": self.database},
+        )
+        if older and older[0][0]:
+            statements.extend(self.refresh_views())
         return statements
 
     def _tables(self) -> set[str]:

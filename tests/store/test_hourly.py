@@ -86,3 +86,61 @@ def test_cluster_ddl_has_the_hourly_rollup_and_clickhouse_parses_it(store):
     hourly_statements = [s for s in statements if "metrics_hourly" in s]
     assert any("ReplicatedAggregatingMergeTree('/clickhouse/tables/{shard}/" in s for s in hourly_statements)
     assert any("TO " + store.database + ".metrics_hourly_local" in s for s in hourly_statements)
+
+
+def test_labels_in_another_order_are_one_series_in_both_rollups(store):
+    """The rollups group by the labels map beside its canonical key (cheaper than aggregating the map):
+    the same labels in another order are still one series, counted once per row."""
+    batch = MetricColumns()
+    batch.append("n1", "ib_port_rcv_errors_total", "mlx5_0", {"port": "1", "lid": "7"}, 3, T0 + 60_000)
+    batch.append("n1", "ib_port_rcv_errors_total", "mlx5_0", {"lid": "7", "port": "1"}, 5, T0 + 120_000)
+    store.insert_metrics(batch)
+    assert [row[3:8] for row in hourly(store, "n1")] == [(3, 5, T0 + 120_000, 5, 2)]
+    daily = store.query(
+        f"SELECT labels_key, sum(samples), argMaxMerge(last_value) FROM {store.database}.metrics_daily "
+        "WHERE node_id = 'n1' GROUP BY node_id, metric_name, device, labels_key, day"
+    )
+    assert [row[1:] for row in daily] == [(2, 5)]
+
+
+# the views' queries as databases made before 2026-12-07 hold them (stethoscope/store/schema.py then)
+OLDER_VIEW_SELECTS = {
+    "metrics_daily_mv": "SELECT node_id, metric_name, device, any(labels) AS labels, labels_key, "
+    "toDate(timestamp) AS day, min(value) AS min_value, max(value) AS max_value, "
+    "avgState(value) AS avg_value, "
+    "argMaxState(value, timestamp) AS last_value, count() AS samples FROM {db}.metrics "
+    "GROUP BY node_id, metric_name, device, labels_key, day",
+    "metrics_hourly_mv": "SELECT node_id, metric_name, device, any(labels) AS labels, labels_key, "
+    "toStartOfHour(timestamp) AS hour, min(value) AS min_value, max(value) AS max_value, "
+    "argMaxState(timestamp, (value, -toUnixTimestamp64Milli(timestamp))) AS max_at, "
+    "avgState(value) AS avg_value, argMaxState(value, timestamp) AS last_value, "
+    "min(timestamp) AS first_at, max(timestamp) AS last_at, count() AS samples FROM {db}.metrics "
+    "GROUP BY node_id, metric_name, device, labels_key, hour",
+}
+
+
+def view_selects(store) -> dict[str, str]:
+    rows = store.query(
+        "SELECT name, as_select FROM system.tables "
+        "WHERE database = {db:String} AND engine = 'MaterializedView'",
+        {"db": store.database},
+    )
+    return dict(rows)
+
+
+def test_a_writer_brings_the_rollup_views_of_an_older_database_to_the_current_query(store, tmp_path):
+    """A database made before the rollups grouped by the labels map aggregates it with any(): the same
+    results at five times the insert's cost. The first write that opens it (ensure_schema) changes each
+    view's query in place (no insert goes uncounted meanwhile)."""
+    for name, older in OLDER_VIEW_SELECTS.items():
+        store.command(f"ALTER TABLE {store.database}.{name} MODIFY QUERY {older.format(db=store.database)}")
+    assert all("any(labels)" in select for select in view_selects(store).values())
+    writer = Writer(store.dsn, tmp_path / "spool")
+    store.close()
+    batch = rows_from_result("n1", sweep("n1", 61, 4), "run", T0)
+    assert writer.write(batch).stored == 2
+    store.open()
+    upgraded = view_selects(store)
+    assert set(upgraded) == set(OLDER_VIEW_SELECTS)
+    assert not any("any(labels)" in select for select in upgraded.values())
+    assert hourly(store, "n1") == raw(store, "n1")
