@@ -1,0 +1,66 @@
+"""bounded_run.run_bounded: a tool's run with a limit, as `timeout -k GRACE LIMIT` gave it (the collectors
+read rc 124 as "ran past its limit"), its whole process group ended, its output kept."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from ansible_collections.aicluster.stethoscope.plugins.module_utils.bounded_run import TIMED_OUT, run_bounded
+
+SH = "/bin/sh"
+
+
+def test_a_tool_that_ends_gives_its_status_and_both_streams():
+    rc, out, err = run_bounded([SH, "-c", "echo out; echo err >&2; exit 3"], 5, {"PATH": os.defpath})
+    assert (rc, out, err) == (3, "out\n", "err\n")
+
+
+def test_a_tool_past_its_limit_is_ended_with_124_and_what_it_printed_kept():
+    began = time.monotonic()
+    rc, out, _ = run_bounded([SH, "-c", "echo partial; exec sleep 30"], 0.5, {"PATH": os.defpath})
+    assert (rc, out) == (TIMED_OUT, "partial\n")
+    assert time.monotonic() - began < 5
+
+
+def test_a_tool_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    began = time.monotonic()
+    rc, _, _ = run_bounded(
+        [SH, "-c", "trap '' TERM; sleep 30; sleep 30"], 0.5, {"PATH": os.defpath}, grace=0.5
+    )
+    assert rc == TIMED_OUT
+    assert time.monotonic() - began < 5
+
+
+def test_the_tools_children_end_with_it(tmp_path):
+    """A hung tool's helper (a child it started) does not outlive the limit: the group is signalled."""
+    pidfile = tmp_path / "child.pid"
+    script = f'sleep 30 & echo $! > "{pidfile}"; wait'
+    rc, _, _ = run_bounded([SH, "-c", script], 0.5, {"PATH": os.defpath})
+    assert rc == TIMED_OUT
+    child = int(pidfile.read_text())
+    for _ in range(50):
+        if not running(child):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the tool's child {child} still runs")
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):  # gone
+        return False
+    return state != "Z"
+
+
+def test_bytes_that_are_not_utf8_are_kept_not_refused():
+    rc, out, _ = run_bounded([SH, "-c", r"printf 'GPU \377\n'"], 5, {"PATH": os.defpath})
+    assert rc == 0 and out.encode("utf-8", "surrogateescape") == b"GPU \xff\n"
+
+
+def test_the_environment_is_the_one_given():
+    _, out, _ = run_bounded([SH, "-c", 'echo "$LC_ALL"'], 5, {"PATH": os.defpath, "LC_ALL": "C"})
+    assert out == "C\n"
