@@ -516,6 +516,21 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
         "ping 9.37 s, collect.yml\n  18.11 s (1.93x)",
     ),
     (
+        "collect_vs_ping_64_bounded_run.json",
+        [
+            ("seconds_median", "ping"),
+            ("seconds_median", "collect"),
+            ("collect_vs_ping",),
+            ("seconds_median", "reference"),
+            ("reference_vs_ping",),
+            ("cpu_seconds_median", "collect"),
+            ("cpu_seconds_median", "reference"),
+            ("cpu_seconds_median", "ping"),
+        ],
+        "ping 12.1 s, collect.yml 20.01 s (1.65x) against 21.89 s (1.81x), its processes' CPU 35.7 s\n"
+        "  against 39.21 s (ping 23.17 s)",
+    ),
+    (
         "collect_vs_ping_64_checks_once.json",
         [("seconds_median", "ping"), ("seconds_median", "collect"), ("collect_vs_ping",)],
         "ping 9.24 s,\n  collect.yml 15.83 s (1.71x)",
