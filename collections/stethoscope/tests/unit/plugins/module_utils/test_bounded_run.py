@@ -1,0 +1,1 @@
+../../../../../../tests/plugins/module_utils/test_bounded_run.py
