@@ -200,6 +200,11 @@ METRIC_INSERT_SETTINGS = {"optimize_on_insert": 0, "parallel_view_processing": 1
 METRIC_TABLES = ("metrics", "fault_windows")
 
 
+# (dsn, database) whose rollup views this process has brought to the current query: a writer reads the
+# views' queries once, not on every write
+_VIEWS_CHECKED: set[tuple[str, str]] = set()
+
+
 class Store:
     def __init__(
         self,
@@ -384,36 +389,47 @@ class Store:
     def ensure_schema(self) -> None:
         """Create the schema unless the metrics table is already there (writers call this), the
         tables added since on a database from before them (`evaluations`, `silences`), and bring its
-        rollup views to the current query."""
-        found = self.query(
-            "SELECT countIf(name IN ('metrics', 'evaluations', 'silences')), "
-            "countIf(engine = 'MaterializedView' AND position(as_select, 'any(labels)') > 0) "
-            "FROM system.tables WHERE database = {db:String}",
+        rollup views to the current query (once a process: see upgrade_views)."""
+        exists = self.query(
+            "SELECT count() FROM system.tables WHERE database = {db:String} "
+            "AND name IN ('metrics', 'evaluations', 'silences')",
             {"db": self.database},
         )
-        tables, older_views = found[0] if found else (0, 0)
-        if tables < 3:
+        if not exists or exists[0][0] < 3:
             self.init_schema()
-        elif older_views:
-            self.refresh_views()
+        elif (self.dsn, self.database) not in _VIEWS_CHECKED:
+            self.upgrade_views(strict=False)
 
-    def refresh_views(self) -> list[str]:
-        """A single server's rollup views given the current query in place (ALTER ... MODIFY QUERY: no
-        insert meanwhile goes uncounted). A cluster's views (on `metrics_local`) are left to `db init
-        --cluster` and docs/design.md "Storage"."""
-        engine = self.query(
-            "SELECT engine FROM system.tables WHERE database = {db:String} AND name = 'metrics'",
+    def upgrade_views(self, strict: bool = True) -> list[str]:
+        """Give each rollup view of the older query (`any(labels)`, schema.py) the current one in place
+        (ALTER ... MODIFY QUERY: no insert meanwhile goes uncounted); the statements run. A cluster's
+        views (on `metrics_local`, changed ON CLUSTER) are left as they are: docs/design.md "Storage"
+        gives the statement. Not `strict` (a writer's check), a refusal (no ALTER grant, an older
+        server) is a warning: the older view stores the same rows, at a slower insert."""
+        rows = self.query(
+            "SELECT name, engine, as_select FROM system.tables WHERE database = {db:String} "
+            "AND name IN ('metrics', 'metrics_daily_mv', 'metrics_hourly_mv')",
             {"db": self.database},
         )
-        if not engine or engine[0][0] == "Distributed":
-            return []
+        clustered = any(name == "metrics" and engine == "Distributed" for name, engine, _ in rows)
+        older = [name for name, _, select in rows if name in VIEW_SELECTS and "any(labels)" in select]
         statements = [
             f"ALTER TABLE {self.database}.{view} MODIFY QUERY "
-            + select.format(db=self.database, source="metrics")
-            for view, select in VIEW_SELECTS.items()
+            + VIEW_SELECTS[view].format(db=self.database, source="metrics")
+            for view in ([] if clustered else older)
         ]
-        for statement in statements:
-            self.command(statement)
+        try:
+            for statement in statements:
+                self.command(statement)
+        except StoreError as exc:
+            if strict:
+                raise
+            logging.getLogger(__name__).warning(
+                "%s: the rollup views keep their older query (the same rows, a slower insert): %s",
+                redact(self.dsn),
+                exc,
+            )
+        _VIEWS_CHECKED.add((self.dsn, self.database))
         return statements
 
     def init_schema(self, raw_ttl_days: int = DEFAULT_RAW_TTL_DAYS) -> list[str]:
@@ -426,13 +442,7 @@ class Store:
             # exists first, so a row written meanwhile is counted twice rather than lost
             statements.append(hourly_backfill(self.database))
             self.command(statements[-1])
-        older = self.query(
-            "SELECT count() FROM system.tables WHERE database = {db:String} "
-            "AND engine = 'MaterializedView' AND position(as_select, 'any(labels)') > 0",
-            {"db": self.database},
-        )
-        if older and older[0][0]:
-            statements.extend(self.refresh_views())
+        statements.extend(self.upgrade_views())
         return statements
 
     def _tables(self) -> set[str]:

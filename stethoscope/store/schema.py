@@ -276,8 +276,8 @@ def tables(
 
 
 # The views group by the labels map beside its canonical key rather than take any(labels): the same
-# rows, a third of the cost (any() over a Map was 85 % of a stream insert's time). The same labels in
-# another order give two rows of one key in an insert; the table's merges and every read fold them.
+# rows, and a 53,000-row stream insert 0.18 s instead of 0.36 s (0.05 s without the views). The same
+# labels in another order give two rows of one key in an insert; the merges and every read fold them.
 DAILY_SELECT = """SELECT node_id, metric_name, device, labels, labels_key, toDate(timestamp) AS day,
   min(value) AS min_value, max(value) AS max_value, avgState(value) AS avg_value,
   argMaxState(value, timestamp) AS last_value, count() AS samples

@@ -4,6 +4,12 @@ database from before it, backfilled from them; max, its time and last equal what
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
+from stethoscope.catalog import Catalog
+from stethoscope.report.top import Window, top
 from stethoscope.store.batch import MetricColumns
 from stethoscope.store.result_rows import rows_from_result
 from stethoscope.store.writer import Writer
@@ -95,7 +101,13 @@ def test_labels_in_another_order_are_one_series_in_both_rollups(store):
     batch.append("n1", "ib_port_rcv_errors_total", "mlx5_0", {"port": "1", "lid": "7"}, 3, T0 + 60_000)
     batch.append("n1", "ib_port_rcv_errors_total", "mlx5_0", {"lid": "7", "port": "1"}, 5, T0 + 120_000)
     store.insert_metrics(batch)
+    # two rollup rows of one key until a merge: what every reader folds
+    assert store.query(f"SELECT count() FROM {store.database}.metrics_hourly WHERE node_id = 'n1'") == [(2,)]
     assert [row[3:8] for row in hourly(store, "n1")] == [(3, 5, T0 + 120_000, 5, 2)]
+    window = Window(T0, T0 + HOUR)  # one whole hour: `top` reads it from metrics_hourly
+    from_rollup = top(store, Catalog.load(), "ib_port_rcv_errors_total", window)
+    assert from_rollup == top(store, Catalog.load(), "ib_port_rcv_errors_total", window, via="raw")
+    assert [(entry.node_id, entry.value) for entry in from_rollup] == [("n1", 2)]
     daily = store.query(
         f"SELECT labels_key, sum(samples), argMaxMerge(last_value) FROM {store.database}.metrics_daily "
         "WHERE node_id = 'n1' GROUP BY node_id, metric_name, device, labels_key, day"
@@ -128,19 +140,48 @@ def view_selects(store) -> dict[str, str]:
     return dict(rows)
 
 
-def test_a_writer_brings_the_rollup_views_of_an_older_database_to_the_current_query(store, tmp_path):
-    """A database made before the rollups grouped by the labels map aggregates it with any(): the same
-    results at five times the insert's cost. The first write that opens it (ensure_schema) changes each
-    view's query in place (no insert goes uncounted meanwhile)."""
+def older_views(store) -> None:
     for name, older in OLDER_VIEW_SELECTS.items():
         store.command(f"ALTER TABLE {store.database}.{name} MODIFY QUERY {older.format(db=store.database)}")
     assert all("any(labels)" in select for select in view_selects(store).values())
-    writer = Writer(store.dsn, tmp_path / "spool")
+
+
+def test_a_writer_process_brings_the_rollup_views_of_an_older_database_to_the_current_query(store, tmp_path):
+    """A database made before the rollups grouped by the labels map aggregates it with any(): the same
+    results at twice the insert's cost. The first write of a process that opens it (ensure_schema:
+    here `stethoscope ingest`) changes each view's query in place (no insert goes uncounted)."""
+    older_views(store)
+    row = {"node_id": "n1", "metric_name": "gpu_temperature_celsius", "device": "gpu0", "labels": {}}
+    (tmp_path / "rows.ndjson").write_text(json.dumps({**row, "value": 61, "timestamp": T0 // 1000}) + "\n")
     store.close()
-    batch = rows_from_result("n1", sweep("n1", 61, 4), "run", T0)
-    assert writer.write(batch).stored == 2
+    ingest = [
+        sys.executable,
+        "-m",
+        "stethoscope.cli",
+        "--dsn",
+        store.dsn,
+        "--spool-dir",
+        str(tmp_path / "spool"),
+    ]
+    result = subprocess.run(
+        [*ingest, "ingest", str(tmp_path / "rows.ndjson")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
     store.open()
     upgraded = view_selects(store)
     assert set(upgraded) == set(OLDER_VIEW_SELECTS)
     assert not any("any(labels)" in select for select in upgraded.values())
-    assert hourly(store, "n1") == raw(store, "n1")
+    assert hourly(store, "n1") == raw(store, "n1") and len(raw(store, "n1")) == 1
+
+
+def test_db_init_brings_older_views_to_the_current_query_and_makes_a_missing_one(store):
+    older_views(store)
+    store.command(f"DROP TABLE {store.database}.metrics_daily_mv")
+    statements = store.init_schema()
+    assert [s.split(" MODIFY QUERY")[0] for s in statements if "MODIFY QUERY" in s] == [
+        f"ALTER TABLE {store.database}.metrics_hourly_mv"
+    ]
+    upgraded = view_selects(store)
+    assert set(upgraded) == set(OLDER_VIEW_SELECTS)
+    assert not any("any(labels)" in select for select in upgraded.values())
+    assert not any("MODIFY QUERY" in s for s in store.init_schema())  # current now: nothing to change

@@ -140,11 +140,11 @@ def test_storage_runs_fio_for_real_three_times(tmp_path):
 
 def test_fio_may_run_its_whole_runtime(tmp_path):
     """fio runs for `runtime` by design: its limit is longer than the modules' `timeout` (their default of
-    30 s would kill any fio run of the role's default length). Here a fio that takes 3 s under a
-    `timeout` of 1 s is not killed."""
+    30 s would kill any fio run of the role's default length), with room to lay out the file: a fio of
+    `runtime` 1 s that takes 7 s under a `timeout` of 1 s is not killed."""
     bindir, log = tmp_path / "bin", tmp_path / "tools.log"
     capture = FIXTURES / "public/fio/fio-3.1_randread_4k_qd32_samsung_pm883_sata.json"
-    fake_tools(bindir, log, {"fio": f'sleep 3; cat "{capture}"'})
+    fake_tools(bindir, log, {"fio": f'sleep 7; cat "{capture}"'})
     args = {"filename": str(tmp_path / "scratch.fio"), "runtime": 1, "repetitions": 1, "timeout": 1}
     result = run_module(tmp_path, "bench_storage", args, bindir)
     assert not result["failed"], result.get("msg")
