@@ -185,3 +185,21 @@ def test_db_init_brings_older_views_to_the_current_query_and_makes_a_missing_one
     assert set(upgraded) == set(OLDER_VIEW_SELECTS)
     assert not any("any(labels)" in select for select in upgraded.values())
     assert not any("MODIFY QUERY" in s for s in store.init_schema())  # current now: nothing to change
+
+
+def test_db_init_says_which_views_it_brought_to_the_current_query(store):
+    command = [sys.executable, "-m", "stethoscope.cli", "--dsn", store.dsn, "db", "init"]
+    views = [f"{store.database}.metrics_daily_mv", f"{store.database}.metrics_hourly_mv"]
+    older_views(store)
+    store.close()
+    said = subprocess.run(command, capture_output=True, text=True)
+    assert said.returncode == 0, said.stderr
+    assert f"rollup views given the current query: {', '.join(views)}" in said.stdout
+    again = subprocess.run([*command, "--json"], capture_output=True, text=True)
+    assert again.returncode == 0 and json.loads(again.stdout)["views_upgraded"] == []  # current now
+    store.open()
+    older_views(store)
+    store.close()
+    said = subprocess.run([*command, "--json"], capture_output=True, text=True)
+    assert sorted(json.loads(said.stdout)["views_upgraded"]) == views
+    store.open()
