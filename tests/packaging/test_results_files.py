@@ -527,8 +527,8 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
             ("cpu_seconds_median", "reference"),
             ("cpu_seconds_median", "ping"),
         ],
-        "ping 12.1 s, collect.yml 20.01 s (1.65x) against 21.89 s (1.81x), its processes' CPU 35.7 s\n"
-        "  against 39.21 s (ping 23.17 s)",
+        "ping 9.96 s,\n  collect.yml 16.57 s (1.66x) against 17.3 s (1.74x), its processes' CPU 29.8 s "
+        "against 31.48 s\n  (ping 19.21 s)",
     ),
     (
         "collect_vs_ping_64_checks_once.json",
