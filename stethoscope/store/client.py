@@ -21,6 +21,7 @@ from stethoscope.store.dsn import ConfigError, database_of, embedded_path, is_em
 from stethoscope.store.errors import SchemaMissing, StoreError
 from stethoscope.store.schema import (
     DEFAULT_RAW_TTL_DAYS,
+    OLDER_VIEW_MARK,
     VIEW_SELECTS,
     cluster_ddl,
     hourly_backfill,
@@ -401,18 +402,18 @@ class Store:
             self.upgrade_views(strict=False)
 
     def upgrade_views(self, strict: bool = True) -> list[str]:
-        """Give each rollup view of the older query (`any(labels)`, schema.py) the current one in place
+        """Give each rollup view of the older query (schema.OLDER_VIEW_MARK) the current one in place
         (ALTER ... MODIFY QUERY: no insert meanwhile goes uncounted); the statements run. A cluster's
         views (on `metrics_local`, changed ON CLUSTER) are left as they are: docs/design.md "Storage"
         gives the statement. Not `strict` (a writer's check), a refusal (no ALTER grant, an older
         server) is a warning: the older view stores the same rows, at a slower insert."""
         rows = self.query(
-            "SELECT name, engine, as_select FROM system.tables WHERE database = {db:String} "
-            "AND name IN ('metrics', 'metrics_daily_mv', 'metrics_hourly_mv')",
-            {"db": self.database},
+            "SELECT name, engine, as_select FROM system.tables "
+            "WHERE database = {db:String} AND has({names:Array(String)}, name)",
+            {"db": self.database, "names": ["metrics", *VIEW_SELECTS]},
         )
         clustered = any(name == "metrics" and engine == "Distributed" for name, engine, _ in rows)
-        older = [name for name, _, select in rows if name in VIEW_SELECTS and "any(labels)" in select]
+        older = [name for name, _, select in rows if name in VIEW_SELECTS and OLDER_VIEW_MARK in select]
         statements = [
             f"ALTER TABLE {self.database}.{view} MODIFY QUERY "
             + VIEW_SELECTS[view].format(db=self.database, source="metrics")

@@ -306,8 +306,10 @@ HOURLY_VIEW = (
 )
 
 
-# Each view's query on one server, to bring an older database's views to it (Store.ensure_schema).
+# Each view's query on one server, to bring an older database's views to it (Store.upgrade_views), and
+# what marks a view of the older query (before 2026-12-07).
 VIEW_SELECTS = {"metrics_daily_mv": DAILY_SELECT, "metrics_hourly_mv": HOURLY_SELECT}
+OLDER_VIEW_MARK = "any(labels)"
 
 
 def hourly_backfill(db: str) -> str:
