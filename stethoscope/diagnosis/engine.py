@@ -7,7 +7,8 @@ enclosing device where every member names the same kind of device, from the cata
 gpu2/link3 belongs to gpu2), `any` unions them. Benchmark metrics are read from `bench_results`;
 windows longer than the raw TTL (the store's own, read once per `evaluate_all`) read the
 `metrics_daily` rollup (one sample a day, its last value) for the days before the evaluation time's
-own, whose raw rows are read up to it.
+own, whose whole hours are read from `metrics_hourly` (one sample an hour) and the rest from its raw
+rows, up to it.
 Samples are read once per (series, timestamp), however often a row was replayed. `aggregate: any`
 compares each sample of the window on its own (a state bit that comes and goes between evaluations is
 still seen): the series matches when `min_matches` samples pass, its value is the bits those samples
@@ -211,21 +212,39 @@ class QueryBuilder:
 
     def daily_source(self, condition: Condition, start: str, end: str) -> str:
         """`source` past the raw TTL: one row a day from metrics_daily for the days that ended by
-        `end`, and the raw rows of the day `end` falls in, up to `end`. The rollup's row for that
-        day holds the whole day, so at a past instant (`diagnose --at`, the audit) it would read
-        what came after it."""
+        `end`, then of the day `end` falls in (the rollup's row for it holds the whole day, so at a
+        past instant, `diagnose --at` or the audit, it would read what came after it) one row an hour
+        from metrics_hourly for its whole hours, and the raw rows of the hours the window's ends cut.
+        An increase reads that day's raw rows whole (a counter's reset inside an hour is seen there), as
+        does a read without the hourly rollup (`rollup` false)."""
         day_value = {"max": "max(max_value)", "min": "min(min_value)"}.get(
             condition.aggregate, "argMaxMerge(last_value)"
         )
         day_start = "toDateTime64(day, 3, 'UTC')"
         daily_where = [*self.filters(condition), f"{day_start} > {start}", f"day < toDate({end}, 'UTC')"]
-        today = f"toDateTime64(toDate({end}, 'UTC'), 3, 'UTC')"
-        partial = [*self.filters(condition), f"timestamp <= {end}", f"timestamp > greatest({start}, {today})"]
-        return (
+        today = f"greatest({start}, toDateTime64(toDate({end}, 'UTC'), 3, 'UTC'))"
+        days = (
             f"SELECT node_id, device, labels_key, {day_value} AS value, {day_start} AS timestamp, '' AS cls "
             f"FROM {self.database}.metrics_daily WHERE {' AND '.join(daily_where)} "
-            f"GROUP BY node_id, device, labels_key, day UNION ALL {self.raw_source(partial)}"
+            "GROUP BY node_id, device, labels_key, day"
         )
+        if condition.aggregate in INCREASES or not self.rollup:
+            partial = [*self.filters(condition), f"timestamp <= {end}", f"timestamp > {today}"]
+            return f"{days} UNION ALL {self.raw_source(partial)}"
+        # (today, end]: the whole hours [first, last) between raw stretches (today, first) and [last, end]
+        first = f"toStartOfHour({today}) + toIntervalHour(1)"
+        last = f"greatest(toStartOfHour({end} + toIntervalMillisecond(1)), {first})"
+        head = [*self.filters(condition), f"timestamp > {today}", f"timestamp < {first}"]
+        head.append(f"timestamp <= {end}")
+        tail = [*self.filters(condition), f"timestamp >= {last}", f"timestamp <= {end}"]
+        hourly_where = [*self.filters(condition), f"hour >= {first}", f"hour < {last}"]
+        hours = (
+            f"SELECT node_id, device, labels_key, {day_value} AS value, max(last_at) AS timestamp, '' AS cls "
+            f"FROM {self.database}.metrics_hourly WHERE {' AND '.join(hourly_where)} "
+            "GROUP BY node_id, device, labels_key, hour"
+        )
+        raw = " UNION ALL ".join(self.raw_source(where) for where in (head, tail))
+        return f"{days} UNION ALL {hours} UNION ALL {raw}"
 
     def increase(self, condition: Condition, start: str, end: str) -> str:
         """(node_id, device, labels_key, cls, cur, n) for delta and rate: the increase from the last
