@@ -7,8 +7,8 @@ enclosing device where every member names the same kind of device, from the cata
 gpu2/link3 belongs to gpu2), `any` unions them. Benchmark metrics are read from `bench_results`;
 windows longer than the raw TTL (the store's own, read once per `evaluate_all`) read the
 `metrics_daily` rollup (one sample a day, its last value) for the days before the evaluation time's
-own, whose whole hours are read from `metrics_hourly` (one sample an hour) and the rest from its raw
-rows, up to it.
+own, whose raw rows are read up to it (for `last`, `max` and `min`, its whole hours from
+`metrics_hourly` instead, one row an hour: the same answer).
 Samples are read once per (series, timestamp), however often a row was replayed. `aggregate: any`
 compares each sample of the window on its own (a state bit that comes and goes between evaluations is
 still seen): the series matches when `min_matches` samples pass, its value is the bits those samples
@@ -47,8 +47,9 @@ from stethoscope.diagnosis.shared_reads import LOWER_IS_WORSE, sole_condition, u
 from stethoscope.diagnosis.spans import spans
 from stethoscope.store.client import SchemaMissing, Store, StoreError
 from stethoscope.store.dsn import ConfigError
-from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS
+from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS, HOURLY_TTL_DAYS
 from stethoscope.store.ttl import raw_ttl_seconds as stored_raw_ttl_seconds
+from stethoscope.timeutil import now_ms
 
 log = logging.getLogger(__name__)
 _OPERATORS = {">": ">", ">=": ">=", "<": "<", "<=": "<=", "==": "=", "!=": "!="}
@@ -212,30 +213,28 @@ class QueryBuilder:
 
     def daily_source(self, condition: Condition, start: str, end: str) -> str:
         """`source` past the raw TTL: one row a day from metrics_daily for the days that ended by
-        `end`, then of the day `end` falls in (the rollup's row for it holds the whole day, so at a
-        past instant, `diagnose --at` or the audit, it would read what came after it) one row an hour
-        from metrics_hourly for its whole hours, and the raw rows of the hours the window's ends cut.
-        An increase reads that day's raw rows whole (a counter's reset inside an hour is seen there), as
-        does a read without the hourly rollup (`rollup` false)."""
+        `end`, then the rows of the day `end` falls in, up to `end` (the rollup's row for that day holds
+        the whole day, so at a past instant, `diagnose --at` or the audit, it would read what came after
+        it): its raw rows, or, where that gives the raw rows' own answer (`hours_answer`), its whole
+        hours from metrics_hourly and the raw rows of the hours the window's ends cut."""
         day_value = {"max": "max(max_value)", "min": "min(min_value)"}.get(
             condition.aggregate, "argMaxMerge(last_value)"
         )
         day_start = "toDateTime64(day, 3, 'UTC')"
         daily_where = [*self.filters(condition), f"{day_start} > {start}", f"day < toDate({end}, 'UTC')"]
-        today = f"greatest({start}, toDateTime64(toDate({end}, 'UTC'), 3, 'UTC'))"
+        midnight = f"toDateTime64(toDate({end}, 'UTC'), 3, 'UTC')"
         days = (
             f"SELECT node_id, device, labels_key, {day_value} AS value, {day_start} AS timestamp, '' AS cls "
             f"FROM {self.database}.metrics_daily WHERE {' AND '.join(daily_where)} "
             "GROUP BY node_id, device, labels_key, day"
         )
-        if condition.aggregate in INCREASES or not self.rollup:
-            partial = [*self.filters(condition), f"timestamp <= {end}", f"timestamp > {today}"]
-            return f"{days} UNION ALL {self.raw_source(partial)}"
-        # (today, end]: the whole hours [first, last) between raw stretches (today, first) and [last, end]
-        first = f"toStartOfHour({today}) + toIntervalHour(1)"
+        today = [*self.filters(condition), f"timestamp >= {midnight}", f"timestamp > {start}"]
+        if not self.hours_answer(condition):
+            return f"{days} UNION ALL {self.raw_source([*today, f'timestamp <= {end}'])}"
+        # the whole hours [first, last) between the raw stretches [midnight, first) and [last, end]
+        first = f"greatest({midnight}, toStartOfHour({start}) + toIntervalHour(1))"
         last = f"greatest(toStartOfHour({end} + toIntervalMillisecond(1)), {first})"
-        head = [*self.filters(condition), f"timestamp > {today}", f"timestamp < {first}"]
-        head.append(f"timestamp <= {end}")
+        head = [*today, f"timestamp < {first}", f"timestamp <= {end}"]
         tail = [*self.filters(condition), f"timestamp >= {last}", f"timestamp <= {end}"]
         hourly_where = [*self.filters(condition), f"hour >= {first}", f"hour < {last}"]
         hours = (
@@ -245,6 +244,21 @@ class QueryBuilder:
         )
         raw = " UNION ALL ".join(self.raw_source(where) for where in (head, tail))
         return f"{days} UNION ALL {hours} UNION ALL {raw}"
+
+    def hours_answer(self, condition: Condition) -> bool:
+        """Whether an hour's one row from metrics_hourly (its last value at its last sample, its max or
+        its min) answers for the hour as its raw rows would: for `last`, `max` and `min` without a count
+        of samples, where the rollup still holds the evaluation's day (its TTL is fixed, the raw TTL is
+        not). Another aggregate (an average, each sample of `any`, a counter's resets inside an hour)
+        needs every raw row."""
+        recent = self.params["at"] > now_ms() - (HOURLY_TTL_DAYS - 1) * 86_400_000
+        return (
+            self.rollup
+            and recent
+            and condition.aggregate in ("last", "max", "min")
+            and condition.min_samples <= 1
+            and condition.baseline is None
+        )
 
     def increase(self, condition: Condition, start: str, end: str) -> str:
         """(node_id, device, labels_key, cls, cur, n) for delta and rate: the increase from the last

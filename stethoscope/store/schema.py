@@ -13,6 +13,7 @@ LABELS_KEY = "labels_key String MATERIALIZED toString(mapSort(labels))"
 # The raw TTL (metrics, facts) of a new database unless `db init --ttl-days` says otherwise; an existing
 # database keeps its own, which the rules read back from it each cycle (store.ttl).
 DEFAULT_RAW_TTL_DAYS = 30
+HOURLY_TTL_DAYS = 90  # metrics_hourly's: fixed, whatever the raw TTL
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ METRIC_ORDER = "(node_id, metric_name, device, labels_key, timestamp)"
 def tables(
     raw_ttl_days: int = DEFAULT_RAW_TTL_DAYS,
     daily_ttl_days: int = 730,
-    hourly_ttl_days: int = 90,
+    hourly_ttl_days: int = HOURLY_TTL_DAYS,
     fault_ttl_days: int = 730,
 ) -> list[Table]:
     return [

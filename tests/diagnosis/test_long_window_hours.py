@@ -1,14 +1,17 @@
 """A window longer than the raw TTL reads one row a day from metrics_daily for the days before the
-evaluation time's own; of that day, the whole hours come from metrics_hourly (one row an hour) and only
-the raw rows of the hours cut by the window's ends are read. At 200 nodes a 5-second series' day of raw
-rows was a fifth of the cycle's CPU time (benchmarks/diagnosis_cycle.py, ssd_reallocated_growth).
+evaluation time's own; of that day, for `last`, `max` and `min`, the whole hours come from
+metrics_hourly (one row an hour, the hour's whole answer for those) and only the raw rows of the hours
+the window's ends cut are read; every other aggregate reads that day's raw rows. At 200 nodes a
+5-second series' day of raw rows cost a `last` over 31 days more than the rest of its rule
+(benchmarks/diagnosis_cycle.py, ssd_reallocated_growth).
 
-Each test empties `metrics` after writing (its rollups keep their rows): what is still found was read
-from a rollup, what is lost was read from the raw rows."""
+Tests that empty `metrics` after writing (its rollups keep their rows) tell where a read comes from:
+what is still found was read from a rollup, what is lost was read from the raw rows."""
 
 from __future__ import annotations
 
 import textwrap
+import uuid
 
 import pytest
 
@@ -16,20 +19,23 @@ from stethoscope.catalog import Catalog
 from stethoscope.diagnosis.engine import evaluate
 from stethoscope.diagnosis.rules import load_rules
 from stethoscope.store.batch import MetricColumns
+from stethoscope.store.client import Store
 from stethoscope.timeutil import now_ms
 
 CATALOG = Catalog.load()
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
+MIDNIGHT = (now_ms() // DAY_MS - 1) * DAY_MS  # yesterday's
 # an evaluation at 18:30 UTC of yesterday: its day holds 18 whole hours before the one it cuts
-AT = (now_ms() // DAY_MS - 1) * DAY_MS + 18 * HOUR_MS + 30 * 60_000
-
-
+AT = MIDNIGHT + 18 * HOUR_MS + 30 * 60_000
+THIRTEEN = MIDNIGHT + 13 * HOUR_MS  # the start of a whole hour of that day
 COUNTER, GAUGE = "smart_reallocated_sector_ct", "disk_temperature_celsius"
 
 
-def long_rule(tmp_path, aggregate: str, operator: str = ">", threshold: float = 0):
-    metric = COUNTER if aggregate in ("last", "growth_percent") else GAUGE
+def long_rule(
+    tmp_path, aggregate: str, operator: str = ">", threshold: float = 0, extra: str = "", window="35d"
+):
+    metric = COUNTER if aggregate == "growth_percent" else GAUGE
     path = tmp_path / "rule.yml"
     path.write_text(
         textwrap.dedent(
@@ -39,7 +45,7 @@ def long_rule(tmp_path, aggregate: str, operator: str = ">", threshold: float = 
             severity: warning
             trigger:
               - {{metric: {metric}, operator: "{operator}", threshold: {threshold},
-                 window: 35d, aggregate: {aggregate}}}
+                 window: {window}, aggregate: {aggregate}{extra}}}
             """
         )
     )
@@ -56,21 +62,22 @@ def write(store, samples: list[tuple[int, float]]) -> None:
     store.insert_metrics(batch)
 
 
-def found(store, rule, at: int = AT) -> dict[str, float]:
-    return {m.node_id: round(m.value, 6) for m in evaluate(store, rule, at)}
+def found(store, rule, at: int = AT, via: str = "rollup") -> dict[str, float]:
+    return {m.node_id: round(m.value, 6) for m in evaluate(store, rule, at, via=via)}
 
 
 def raw_rows_gone(store) -> None:
     store.command(f"TRUNCATE TABLE {store.database}.metrics")
 
 
-@pytest.mark.parametrize("aggregate", ["last", "max"])
-def test_the_days_whole_hours_are_read_from_the_hourly_rollup(tmp_path, store, aggregate):
+@pytest.mark.parametrize("aggregate, expected", [("last", 5.0), ("max", 40.0), ("min", 5.0)])
+def test_the_days_whole_hours_are_read_from_the_hourly_rollup(tmp_path, store, aggregate, expected):
     rule = long_rule(tmp_path, aggregate)
-    write(store, [(AT - 5 * HOUR_MS, 7.0)])  # 13:30, a whole hour of the day
+    write(store, [(AT - 3 * DAY_MS, 20.0), (THIRTEEN + 10 * 60_000, 40.0), (THIRTEEN + 50 * 60_000, 5.0)])
     before = found(store, rule)
     raw_rows_gone(store)
-    assert before == found(store, rule) == {"n1": 7.0}
+    assert before == found(store, rule) == {"n1": expected}
+    assert found(store, rule, via="raw") == {"n1": 20.0}  # without the hourly rollup: the raw rows
 
 
 def test_the_hour_the_evaluation_cuts_is_read_from_the_raw_rows(tmp_path, store):
@@ -83,7 +90,7 @@ def test_the_hour_the_evaluation_cuts_is_read_from_the_raw_rows(tmp_path, store)
 
 def test_an_evaluation_in_the_days_first_hour_reads_its_raw_rows_to_the_end(tmp_path, store):
     rule = long_rule(tmp_path, "last")
-    at = AT - 18 * HOUR_MS  # 00:30: no whole hour of the day yet
+    at = MIDNIGHT + 30 * 60_000  # 00:30: no whole hour of the day yet
     write(store, [(at - 3 * DAY_MS, 7.0), (at, 9.0), (at + 1, 50.0)])
     assert found(store, rule, at) == {"n1": 9.0}
 
@@ -94,26 +101,52 @@ def test_a_sample_after_the_evaluation_time_is_not_read(tmp_path, store):
     assert found(store, rule) == {"n1": 7.0}
 
 
+@pytest.mark.parametrize("aggregate, expected", [("last", 9.0), ("growth_percent", 28.571429)])
+def test_a_sample_at_the_days_midnight_is_read(tmp_path, store, aggregate, expected):
+    """Neither the day before's rollup row nor the day's own holds it: it is the day's first sample."""
+    rule = long_rule(tmp_path, aggregate, ">=", 0)
+    write(store, [(AT - 3 * DAY_MS, 7.0), (MIDNIGHT, 9.0)])
+    assert found(store, rule) == {"n1": expected}
+
+
 @pytest.mark.parametrize(
     "aggregate, expected",
     [("last", 30.0), ("max", 30.0), ("min", 10.0), ("growth_percent", 200.0)],
 )
 def test_last_max_min_and_growth_read_as_from_the_raw_rows(tmp_path, store, aggregate, expected):
-    """Every sample in hours of its own: one value an hour is each hour's whole answer."""
     rule = long_rule(tmp_path, aggregate, ">=", 0)
     write(store, [(AT - 3 * DAY_MS, 10.0), (AT - 9 * HOUR_MS, 20.0), (AT - 2 * HOUR_MS, 30.0)])
     assert found(store, rule) == {"n1": expected}
 
 
-def test_a_whole_hour_stands_for_its_last_value(tmp_path, store):
-    """As a day does: an average over 35 days weighs one value an hour of the evaluation's day, not every
-    sample of it (a 5-second series would otherwise outweigh a month of days)."""
-    rule = long_rule(tmp_path, "avg")
-    hour = AT - 5 * HOUR_MS - 30 * 60_000  # 13:00
-    write(
-        store,
-        [(AT - 3 * DAY_MS, 10.0), (hour + 60_000, 100.0), (hour + 120_000, 100.0), (hour + 180_000, 30.0)],
-    )
-    assert found(store, rule) == {"n1": 20.0}
-    # a database without metrics_hourly (`via="raw"`, as engine._via reads it) weighs every raw row
-    assert {m.node_id: m.value for m in evaluate(store, rule, AT, via="raw")} == {"n1": 60.0}
+@pytest.mark.parametrize(
+    "aggregate, operator, threshold, extra, expected",
+    [
+        ("avg", ">", 0, "", 60.0),  # (10 + 100 + 100 + 30) / 4: every sample of the hour
+        ("any", ">", 90, "", 100.0),  # the hour's last value is 30
+        ("max", ">", 0, ", min_samples: 3", 100.0),  # three samples in one hour
+        ("growth_percent", ">", 0, "", 200.0),  # from the day's raw rows: (30 - 10) / 10
+    ],
+)
+def test_every_other_aggregate_reads_the_days_raw_rows(
+    tmp_path, store, aggregate, operator, threshold, extra, expected
+):
+    rule = long_rule(tmp_path, aggregate, operator, threshold, extra)
+    samples = [(THIRTEEN + minute * 60_000, value) for minute, value in ((1, 100.0), (2, 100.0), (3, 30.0))]
+    write(store, [(AT - 3 * DAY_MS, 10.0), *samples])
+    assert found(store, rule) == {"n1": expected}
+    raw_rows_gone(store)
+    assert found(store, rule) != {"n1": expected}
+
+
+def test_a_day_past_the_hourly_rollups_ttl_reads_its_raw_rows(tmp_path, tmp_dsn):
+    """`db init --ttl-days 120` keeps raw rows longer than metrics_hourly's fixed 90 days: an evaluation
+    100 days back with a window past that TTL reads the raw rows, which still hold that day, not the
+    rollup, which has let it go."""
+    rule = long_rule(tmp_path, "last", window="130d")
+    at = AT - 100 * DAY_MS
+    with Store(tmp_dsn, f"t_{uuid.uuid4().hex[:8]}") as store:
+        store.init_schema(120)
+        write(store, [(at - 3 * DAY_MS, 7.0), (at - 5 * HOUR_MS, 9.0)])
+        store.command(f"TRUNCATE TABLE {store.database}.metrics_hourly")  # its TTL, come early
+        assert found(store, rule, at) == {"n1": 9.0}

@@ -458,6 +458,16 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
         "4.7 s each at the median) still\n  every sample and 0 spooled, p99 1.51 s",
     ),
     (
+        "stream_scale_gpu_parts_26a5d4f.json",
+        [
+            ("runs", {"nodes": 2000, "diagnosis_beside": False}, "sample_to_queryable", "commit", "p99_s"),
+            ("runs", {"nodes": 2000, "diagnosis_beside": True}, "sample_to_queryable", "commit", "p99_s"),
+            ("runs", {"nodes": 2000, "diagnosis_beside": True}, "diagnosis", "cycle_wall_s_median"),
+            ("runs", {"nodes": 2000, "diagnosis_beside": False}, "process_cpu_percent_of_one_core"),
+        ],
+        "1.55 s alone, 2.93 s\n  beside cycles of 7.0 s, 105 % of a core",
+    ),
+    (
         "stream_scale_gpu_parts_again.json",
         [
             ("runs", {"nodes": 2000, "diagnosis_beside": False}, "sample_to_queryable", "commit", "p99_s"),
