@@ -7,8 +7,9 @@ enclosing device where every member names the same kind of device, from the cata
 gpu2/link3 belongs to gpu2), `any` unions them. Benchmark metrics are read from `bench_results`;
 windows longer than the raw TTL (the store's own, read once per `evaluate_all`) read the
 `metrics_daily` rollup (one sample a day, its last value) for the days before the evaluation time's
-own, whose raw rows are read up to it (for `last`, `max` and `min`, its whole hours from
-`metrics_hourly` instead, one row an hour: the same answer).
+own, whose raw rows are read up to it (for `last`, `max` and `min` without `min_samples` or a
+baseline, its whole hours from `metrics_hourly` instead, one row an hour: the same answer, where that
+rollup keeps what the raw rows keep).
 Samples are read once per (series, timestamp), however often a row was replayed. `aggregate: any`
 compares each sample of the window on its own (a state bit that comes and goes between evaluations is
 still seen): the series matches when `min_matches` samples pass, its value is the bits those samples
@@ -49,7 +50,6 @@ from stethoscope.store.client import SchemaMissing, Store, StoreError
 from stethoscope.store.dsn import ConfigError
 from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS, HOURLY_TTL_DAYS
 from stethoscope.store.ttl import raw_ttl_seconds as stored_raw_ttl_seconds
-from stethoscope.timeutil import now_ms
 
 log = logging.getLogger(__name__)
 _OPERATORS = {">": ">", ">=": ">=", "<": "<", "<=": "<=", "==": "=", "!=": "!="}
@@ -216,7 +216,8 @@ class QueryBuilder:
         `end`, then the rows of the day `end` falls in, up to `end` (the rollup's row for that day holds
         the whole day, so at a past instant, `diagnose --at` or the audit, it would read what came after
         it): its raw rows, or, where that gives the raw rows' own answer (`hours_answer`), its whole
-        hours from metrics_hourly and the raw rows of the hours the window's ends cut."""
+        hours from metrics_hourly and the raw rows of the hours the window's ends cut (the head is
+        empty where `start` is before midnight, as for every window past a raw TTL of whole days)."""
         day_value = {"max": "max(max_value)", "min": "min(min_value)"}.get(
             condition.aggregate, "argMaxMerge(last_value)"
         )
@@ -245,16 +246,18 @@ class QueryBuilder:
         raw = " UNION ALL ".join(self.raw_source(where) for where in (head, tail))
         return f"{days} UNION ALL {hours} UNION ALL {raw}"
 
+    def hourly_keeps(self) -> bool:
+        """Whether metrics_hourly may stand in for raw rows: it is read (`rollup`) and its fixed TTL
+        keeps every hour the raw TTL keeps (`db init --ttl-days 120` keeps raw rows longer)."""
+        return self.rollup and self.raw_ttl_seconds <= HOURLY_TTL_DAYS * 86400
+
     def hours_answer(self, condition: Condition) -> bool:
         """Whether an hour's one row from metrics_hourly (its last value at its last sample, its max or
         its min) answers for the hour as its raw rows would: for `last`, `max` and `min` without a count
-        of samples, where the rollup still holds the evaluation's day (its TTL is fixed, the raw TTL is
-        not). Another aggregate (an average, each sample of `any`, a counter's resets inside an hour)
-        needs every raw row."""
-        recent = self.params["at"] > now_ms() - (HOURLY_TTL_DAYS - 1) * 86_400_000
+        of samples, where the rollup keeps what the raw rows keep (`hourly_keeps`). Another aggregate
+        (an average, each sample of `any`, a counter's resets inside an hour) needs every raw row."""
         return (
-            self.rollup
-            and recent
+            self.hourly_keeps()
             and condition.aggregate in ("last", "max", "min")
             and condition.min_samples <= 1
             and condition.baseline is None
@@ -336,11 +339,12 @@ class QueryBuilder:
 
     def hourly_reads(self, condition: Condition, deep: int) -> bool:
         """Whether the increase may read whole hours from metrics_hourly: its reach stays within the
-        raw TTL (else the raw rows would have expired where the rollup still answers), and it counts
-        samples only to see that there are some (the rollup may count a replayed row twice)."""
+        raw TTL (else the raw rows would have expired where the rollup still answers) and the rollup
+        keeps what the raw rows keep (`hourly_keeps`), and it counts samples only to see that there
+        are some (the rollup may count a replayed row twice)."""
         reach = condition.window_seconds + deep
         return (
-            self.rollup
+            self.hourly_keeps()
             and not self.daily(condition)
             and not condition.metric.startswith("bench_")
             and condition.min_samples <= 1

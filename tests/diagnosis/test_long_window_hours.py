@@ -70,10 +70,11 @@ def raw_rows_gone(store) -> None:
     store.command(f"TRUNCATE TABLE {store.database}.metrics")
 
 
-@pytest.mark.parametrize("aggregate, expected", [("last", 5.0), ("max", 40.0), ("min", 5.0)])
+@pytest.mark.parametrize("aggregate, expected", [("last", 12.0), ("max", 40.0), ("min", 5.0)])
 def test_the_days_whole_hours_are_read_from_the_hourly_rollup(tmp_path, store, aggregate, expected):
     rule = long_rule(tmp_path, aggregate)
-    write(store, [(AT - 3 * DAY_MS, 20.0), (THIRTEEN + 10 * 60_000, 40.0), (THIRTEEN + 50 * 60_000, 5.0)])
+    hour = [(THIRTEEN + minute * 60_000, value) for minute, value in ((10, 40.0), (30, 5.0), (50, 12.0))]
+    write(store, [(AT - 3 * DAY_MS, 20.0), *hour])
     before = found(store, rule)
     raw_rows_gone(store)
     assert before == found(store, rule) == {"n1": expected}
@@ -93,6 +94,18 @@ def test_an_evaluation_in_the_days_first_hour_reads_its_raw_rows_to_the_end(tmp_
     at = MIDNIGHT + 30 * 60_000  # 00:30: no whole hour of the day yet
     write(store, [(at - 3 * DAY_MS, 7.0), (at, 9.0), (at + 1, 50.0)])
     assert found(store, rule, at) == {"n1": 9.0}
+
+
+def test_an_evaluation_at_midnight_reads_the_day_before_once_and_its_sample_at_midnight(tmp_path, store):
+    rule = long_rule(tmp_path, "avg")
+    write(store, [(MIDNIGHT - 1, 10.0), (MIDNIGHT, 30.0)])
+    assert found(store, rule, MIDNIGHT) == {"n1": 20.0}
+
+
+def test_an_evaluation_on_the_hour_reads_its_sample_at_that_instant(tmp_path, store):
+    rule = long_rule(tmp_path, "last")
+    write(store, [(THIRTEEN - 30 * 60_000, 7.0), (THIRTEEN, 9.0)])
+    assert found(store, rule, THIRTEEN) == {"n1": 9.0}
 
 
 def test_a_sample_after_the_evaluation_time_is_not_read(tmp_path, store):
@@ -139,14 +152,47 @@ def test_every_other_aggregate_reads_the_days_raw_rows(
     assert found(store, rule) != {"n1": expected}
 
 
-def test_a_day_past_the_hourly_rollups_ttl_reads_its_raw_rows(tmp_path, tmp_dsn):
-    """`db init --ttl-days 120` keeps raw rows longer than metrics_hourly's fixed 90 days: an evaluation
-    100 days back with a window past that TTL reads the raw rows, which still hold that day, not the
-    rollup, which has let it go."""
-    rule = long_rule(tmp_path, "last", window="130d")
-    at = AT - 100 * DAY_MS
+@pytest.fixture
+def kept_120_days(tmp_dsn):
+    """`db init --ttl-days 120`: raw rows outlive metrics_hourly's fixed 90 days."""
     with Store(tmp_dsn, f"t_{uuid.uuid4().hex[:8]}") as store:
         store.init_schema(120)
-        write(store, [(at - 3 * DAY_MS, 7.0), (at - 5 * HOUR_MS, 9.0)])
-        store.command(f"TRUNCATE TABLE {store.database}.metrics_hourly")  # its TTL, come early
-        assert found(store, rule, at) == {"n1": 9.0}
+        yield store
+
+
+def hourly_expired(store) -> None:
+    store.command(f"TRUNCATE TABLE {store.database}.metrics_hourly")  # its TTL, come early
+
+
+def test_with_raw_rows_kept_longer_than_the_hourly_rollup_a_long_window_reads_them(tmp_path, kept_120_days):
+    """An evaluation 100 days back with a window past that TTL reads the raw rows, which still hold its
+    day, not the rollup, which has let it go."""
+    rule = long_rule(tmp_path, "last", window="130d")
+    at = AT - 100 * DAY_MS
+    write(kept_120_days, [(at - 3 * DAY_MS, 7.0), (at - 5 * HOUR_MS, 9.0)])
+    hourly_expired(kept_120_days)
+    assert found(kept_120_days, rule, at) == {"n1": 9.0}
+
+
+def test_with_raw_rows_kept_longer_than_the_hourly_rollup_an_increase_reads_them(tmp_path, kept_120_days):
+    """The whole hours of an increase come from the raw rows too: 100 days back the rollup has none."""
+    path = tmp_path / "delta.yml"
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            rule_id: rising
+            description: test
+            severity: warning
+            trigger:
+              - {{metric: {COUNTER}, operator: ">", threshold: 0, window: 3h, aggregate: delta}}
+            """
+        )
+    )
+    (rule,) = load_rules(path, CATALOG).rules
+    at = AT - 100 * DAY_MS  # at 18:30: 15:30..18:30 holds the whole hours 16:00 and 17:00
+    reset = at - 2 * HOUR_MS  # 16:30: the counter starts again from 0
+    times = range(at - 5 * HOUR_MS, at + 1, 10 * 60_000)  # every 10 minutes from 13:30
+    write(kept_120_days, [(t, 50.0 + i if t < reset else (t - reset) / 600_000) for i, t in enumerate(times)])
+    hourly_expired(kept_120_days)
+    # 15:30 to 16:20: 5 steps of 1; the reset to 0 at 16:30; 12 steps of 1 to 18:30
+    assert found(kept_120_days, rule, at) == {"n1": 17.0}
