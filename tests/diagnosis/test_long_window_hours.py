@@ -1,9 +1,9 @@
 """A window longer than the raw TTL reads one row a day from metrics_daily for the days before the
 evaluation time's own; of that day, for `last`, `max` and `min`, the whole hours come from
 metrics_hourly (one row an hour, the hour's whole answer for those) and only the raw rows of the hours
-the window's ends cut are read; every other aggregate reads that day's raw rows. At 200 nodes a
-5-second series' day of raw rows cost a `last` over 31 days more than the rest of its rule
-(benchmarks/diagnosis_cycle.py, ssd_reallocated_growth).
+the window's ends cut are read; every other aggregate reads that day's raw rows. A 5-second series'
+day of raw rows made ssd_reallocated_growth (31 days) the costliest rule of a cycle at 200 nodes
+(benchmarks/diagnosis_cycle.py: 0.67 s of a rule-by-rule pass, 0.17 s now).
 
 Tests that empty `metrics` after writing (its rollups keep their rows) tell where a read comes from:
 what is still found was read from a rollup, what is lost was read from the raw rows."""

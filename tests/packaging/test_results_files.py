@@ -482,7 +482,7 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
             ("runs", {"nodes": 2000, "diagnosis_beside": True}, "sample_to_queryable", "commit", "p99_s"),
             ("runs", {"nodes": 2000, "diagnosis_beside": False}, "process_cpu_seconds_per_million_rows"),
         ],
-        "p99 2.09 s alone, 12.3 s beside, 23.4 CPU-s per million rows",
+        "p99 2.09 s alone, 12.3 s\n  beside, 23.4 CPU-s per million rows",
     ),
     (
         "store_latency.json",
