@@ -526,7 +526,7 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
     (
         "board_scale.json",
         [("render_s",), ("nodes",), ("days",)],
-        "(7.2 s for 2,000 nodes x 7 days,\n  board_scale.json;",
+        "(3.9 s for 2,000 nodes x 7 days,\n  board_scale.json;",
     ),
     (
         "collect_vs_ping_64.json",
