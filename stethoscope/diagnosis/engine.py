@@ -216,8 +216,7 @@ class QueryBuilder:
         `end`, then the rows of the day `end` falls in, up to `end` (the rollup's row for that day holds
         the whole day, so at a past instant, `diagnose --at` or the audit, it would read what came after
         it): its raw rows, or, where that gives the raw rows' own answer (`hours_answer`), its whole
-        hours from metrics_hourly and the raw rows of the hours the window's ends cut (the head is
-        empty where `start` is before midnight, as for every window past a raw TTL of whole days)."""
+        hours from metrics_hourly and the raw rows after them."""
         day_value = {"max": "max(max_value)", "min": "min(min_value)"}.get(
             condition.aggregate, "argMaxMerge(last_value)"
         )
@@ -229,22 +228,31 @@ class QueryBuilder:
             f"FROM {self.database}.metrics_daily WHERE {' AND '.join(daily_where)} "
             "GROUP BY node_id, device, labels_key, day"
         )
-        today = [*self.filters(condition), f"timestamp >= {midnight}", f"timestamp > {start}"]
         if not self.hours_answer(condition):
+            today = [*self.filters(condition), f"timestamp >= {midnight}", f"timestamp > {start}"]
             return f"{days} UNION ALL {self.raw_source([*today, f'timestamp <= {end}'])}"
-        # the whole hours [first, last) between the raw stretches [midnight, first) and [last, end]
-        first = f"greatest({midnight}, toStartOfHour({start}) + toIntervalHour(1))"
-        last = f"greatest(toStartOfHour({end} + toIntervalMillisecond(1)), {first})"
-        head = [*today, f"timestamp < {first}", f"timestamp <= {end}"]
-        tail = [*self.filters(condition), f"timestamp >= {last}", f"timestamp <= {end}"]
-        hourly_where = [*self.filters(condition), f"hour >= {first}", f"hour < {last}"]
+        # the day's reach, (midnight - 1 ms, at], split as an increase's is (spans.py): its whole hours,
+        # then the raw rows after the last of them (a window past the raw TTL starts days before)
+        at = self.params["at"]
+        before_midnight = at - at % 86_400_000 - 1
+        day = spans(before_midnight, before_midnight, at)
+        (first, last), (_, tail) = day.inside, day.raw[2]
+        hourly_where = [*self.filters(condition), self.between(first, last)]
         hours = (
             f"SELECT node_id, device, labels_key, {day_value} AS value, max(last_at) AS timestamp, '' AS cls "
             f"FROM {self.database}.metrics_hourly WHERE {' AND '.join(hourly_where)} "
             "GROUP BY node_id, device, labels_key, hour"
         )
-        raw = " UNION ALL ".join(self.raw_source(where) for where in (head, tail))
+        raw = self.raw_source([*self.filters(condition), self.between(last, tail, "timestamp")])
         return f"{days} UNION ALL {hours} UNION ALL {raw}"
+
+    def instant(self, t: int) -> str:
+        """The epoch millisecond `t` as a query parameter, a DateTime64."""
+        return f"fromUnixTimestamp64Milli({self.param(t, 'Int64')}, 'UTC')"
+
+    def between(self, first: int, last: int, column: str = "hour") -> str:
+        """`column` in [first, last), epoch milliseconds."""
+        return f"{column} >= {self.instant(first)} AND {column} < {self.instant(last)}"
 
     def hourly_keeps(self) -> bool:
         """Whether metrics_hourly may stand in for raw rows: it is read (`rollup`) and its fixed TTL
@@ -362,11 +370,7 @@ class QueryBuilder:
         reach = spans(start - deep * 1000, start, at)
         db, series = self.database, "node_id, device, labels_key"
 
-        def ms(t: int) -> str:
-            return f"fromUnixTimestamp64Milli({self.param(t, 'Int64')}, 'UTC')"
-
-        def hours(first: int, last: int, column: str = "hour") -> str:
-            return f"{column} >= {ms(first)} AND {column} < {ms(last)}"
+        ms, hours = self.instant, self.between
 
         (b0, b1), (i0, i1) = reach.before, reach.inside
         moving = (

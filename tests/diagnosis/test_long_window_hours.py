@@ -1,7 +1,7 @@
 """A window longer than the raw TTL reads one row a day from metrics_daily for the days before the
 evaluation time's own; of that day, for `last`, `max` and `min`, the whole hours come from
-metrics_hourly (one row an hour, the hour's whole answer for those) and only the raw rows of the hours
-the window's ends cut are read; every other aggregate reads that day's raw rows. A 5-second series'
+metrics_hourly (one row an hour, the hour's whole answer for those) and only the raw rows of the hour
+the evaluation time cuts are read; every other aggregate reads that day's raw rows. A 5-second series'
 day of raw rows made ssd_reallocated_growth (31 days) the costliest rule of a cycle at 200 nodes
 (benchmarks/diagnosis_cycle.py: 0.67 s of a rule-by-rule pass, 0.17 s now).
 
