@@ -185,12 +185,32 @@ class SlurmCluster:
         fields = dict(token.split("=", 1) for token in head.split() if "=" in token)
         return {"state": fields.get("State", ""), "reason": reason}
 
-    def undrain_all(self) -> None:
-        """Every node back without DRAIN or DOWN: each test starts from a cluster nobody has drained."""
-        for line in self.scontrol("-o", "show", "node").stdout.splitlines():
-            name = line.split()[0].partition("=")[2] if line.startswith("NodeName=") else ""
-            if name and any(flag in self.node(name)["state"] for flag in ("DRAIN", "DOWN")):
+    def undrain_all(self, seconds: float = 60) -> None:
+        """Every node back without DRAIN or DOWN: each test starts from a cluster nobody has drained.
+        Checked, not assumed: a slurmctld busy past scontrol's MessageTimeout (a loaded 2-core
+        machine) fails a RESUME, which would leave a node drained for the next test."""
+        deadline = time.monotonic() + seconds
+        while True:
+            shown = self.scontrol("-o", "show", "node")
+            out = [] if shown.returncode else self._out_of_service(shown.stdout)
+            if shown.returncode == 0 and not out:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Slurm kept nodes out of service: {out or shown.stderr.strip()}")
+            for name in out:
                 self.scontrol("update", f"NodeName={name}", "State=RESUME")
+            time.sleep(0.3)
+
+    @staticmethod
+    def _out_of_service(shown: str) -> list[str]:
+        """The nodes whose State carries DRAIN or DOWN, from `scontrol -o show node`."""
+        out = []
+        for line in shown.splitlines():
+            head = line.partition(" Reason=")[0]  # a reason is free text
+            fields = dict(token.split("=", 1) for token in head.split() if "=" in token)
+            if any(flag in fields.get("State", "") for flag in ("DRAIN", "DOWN")):
+                out.append(fields["NodeName"])
+        return out
 
     def stop(self) -> None:
         for pid_file in ("slurmd.pid", "slurmctld.pid", "munged.pid"):

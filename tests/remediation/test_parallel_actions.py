@@ -24,7 +24,8 @@ def test_four_findings_playbooks_overlap_and_each_findings_steps_stay_in_order(t
     settings = execute_args(tmp_path, "stethoscope_breaker_fraction=0.5")  # 4 of 8 may go
     env = {**os.environ, **slurm.env}
     findings, _ = diagnose(tmp_path, db, rules(tmp_path, actions), *settings, env=env)
-    assert {f["outcome"] for f in findings} == {"playbook:remediate/drain.yml ok, log ok"}
+    why = table(db, "SELECT target, action, status, detail FROM DB.actions FINAL")  # said if it fails
+    assert {f["outcome"] for f in findings} == {"playbook:remediate/drain.yml ok, log ok"}, why
     assert all("DRAIN" in slurm.node(node)["state"] for node in NODES)
     rows = table(
         db,
