@@ -236,8 +236,9 @@ def slurm_controller(tmp_path_factory):
 
 @pytest.fixture
 def slurm(slurm_controller):
-    """The session's Slurm controller, with no node drained when the test starts."""
+    """The session's Slurm controller, with no node drained and no reservation when the test starts."""
     slurm_controller.undrain_all()
+    slurm_controller.clear_reservations()
     return slurm_controller
 
 

@@ -169,14 +169,16 @@ class SlurmCluster:
             time.sleep(0.3)
         raise RuntimeError(f"{name} never reached {prefix}: {self.node(name)}")
 
-    def scontrol(self, *argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [_tool("scontrol"), *argv],
-            capture_output=True,
-            text=True,
-            env={**os.environ, **self.env},
-            check=False,
-        )
+    def scontrol(self, *argv: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+        """scontrol's run; one that outlasts `timeout` seconds reads as failed (exit 124)."""
+        command = [_tool("scontrol"), *argv]
+        try:
+            environment = {**os.environ, **self.env}
+            return subprocess.run(
+                command, capture_output=True, text=True, env=environment, check=False, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(command, 124, "", f"scontrol timed out after {timeout:.0f} s")
 
     def node(self, name: str) -> dict[str, str]:
         """State and Reason of one node, as `scontrol -o show node` prints them."""
@@ -188,18 +190,33 @@ class SlurmCluster:
     def undrain_all(self, seconds: float = 60) -> None:
         """Every node back without DRAIN or DOWN: each test starts from a cluster nobody has drained.
         Checked, not assumed: a slurmctld busy past scontrol's MessageTimeout (a loaded 2-core
-        machine) fails a RESUME, which would leave a node drained for the next test."""
+        machine) fails the node listing or a RESUME, which left a node drained for the next test."""
         deadline = time.monotonic() + seconds
         while True:
-            shown = self.scontrol("-o", "show", "node")
+            shown = self.scontrol("-o", "show", "node", timeout=max(1.0, deadline - time.monotonic()))
             out = [] if shown.returncode else self._out_of_service(shown.stdout)
             if shown.returncode == 0 and not out:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Slurm kept nodes out of service: {out or shown.stderr.strip()}")
             for name in out:
-                self.scontrol("update", f"NodeName={name}", "State=RESUME")
+                self.scontrol("update", f"NodeName={name}", "State=RESUME", timeout=10)
             time.sleep(0.3)
+
+    def clear_reservations(self) -> None:
+        """No reservation left by a test before (a maintenance window silences its nodes' findings)."""
+        for _attempt in range(3):
+            shown = self.scontrol("-o", "show", "reservation", timeout=30)
+            names = [
+                line.split()[0].partition("=")[2]
+                for line in shown.stdout.splitlines()
+                if line.startswith("ReservationName=")
+            ]
+            if shown.returncode == 0 and not names:
+                return
+            for name in names:
+                self.scontrol("delete", f"reservationname={name}", timeout=10)
+        raise RuntimeError(f"Slurm kept reservations: {shown.stdout.strip() or shown.stderr.strip()}")
 
     @staticmethod
     def _out_of_service(shown: str) -> list[str]:

@@ -57,6 +57,7 @@ def db_ddl(args: argparse.Namespace) -> int:
 
 def db_init(args: argparse.Namespace) -> int:
     from stethoscope.store.cluster import init_cluster_schema, refuse_embedded, refuse_other_layout
+    from stethoscope.store.sort_keys import node_first_tables
     from stethoscope.store.ttl import DEFAULT_RAW_TTL_DAYS, change_raw_ttl, raw_ttl_days
 
     store = Store(args.dsn, args.database)
@@ -74,6 +75,7 @@ def db_init(args: argparse.Namespace) -> int:
         changed = []
         if before is not None and args.ttl_days is not None and args.ttl_days != before:
             changed = change_raw_ttl(store, args.ttl_days, args.cluster)
+        node_first = node_first_tables(store)
         replayed = Spool(spool_dir_of(args)).replay(store)
     if args.json:
         say_spool_problems(replayed)
@@ -86,6 +88,7 @@ def db_init(args: argparse.Namespace) -> int:
                 "raw_ttl_changed_from": before if changed else None,
                 "tables_changed": changed,
                 "views_upgraded": upgraded,
+                "sorted_node_first": node_first,
                 "replayed": replay_record(replayed),
             }
         )
@@ -98,6 +101,11 @@ def db_init(args: argparse.Namespace) -> int:
     if upgraded:
         print(
             f"rollup views given the current query: {', '.join(upgraded)} (the same rows, a cheaper insert)"
+        )
+    if node_first:
+        print(
+            f"sorted node first, as created before 2026-12-07: {', '.join(node_first)} (kept: the rules "
+            'read them at the old cost; a new database is sorted metric first, docs/design.md "Storage")'
         )
     print_replay(replayed)
     return EXIT_OK

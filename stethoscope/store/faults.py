@@ -75,8 +75,9 @@ def _window_params(fault: Fault) -> dict:
 
 
 def copy_window(store: Store, fault: Fault) -> int:
-    """INSERT ... SELECT of the node's raw rows before impact. Idempotent: fault_windows has the raw
-    table's sorting key, so a row copied twice collapses, and reads use FINAL."""
+    """INSERT ... SELECT of the node's raw rows before impact. Idempotent: fault_windows's sorting key
+    holds the raw table's columns (node first: it is read by node), so a row copied twice collapses,
+    and reads use FINAL."""
     db = store.database
     params = _window_params(fault)
     (count,) = store.query(f"SELECT count() FROM {db}.metrics FINAL WHERE {_window_filter()}", params)[0]

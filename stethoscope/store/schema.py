@@ -37,10 +37,10 @@ METRIC_COLUMNS = (
     "timestamp DateTime64(3, 'UTC')",
     LABELS_KEY,
 )
-# the raw table metric first: a rule reads one metric on every node, which node first made a generic
-# exclusion search over every mark of the day's parts at each query's planning (16 ms at 200 nodes,
-# 125 ms at 2,000, every read of every cycle); metric first, a binary search. The rollups too (a read
-# of one metric no longer reads every granule). fault_windows is read by node.
+# the raw table metric first: a rule reads one metric on every node, and node first the primary-key
+# search at each query's planning walked every mark of the day's parts (16 ms at 200 nodes, 125 ms at
+# 2,000, every read of every cycle); metric first, the metric's rows are one range of each part. The
+# rollups too (a read of one metric no longer reads every granule). fault_windows is read by node.
 METRIC_ORDER = "(metric_name, node_id, device, labels_key, timestamp)"
 FAULT_WINDOW_ORDER = "(node_id, metric_name, device, labels_key, timestamp)"
 

@@ -1,7 +1,7 @@
 """The lab Slurm's reset between tests (tools/slurm_lab.py undrain_all) holds when slurmctld is slow
-to answer, as on a 2-core CI machine under the suite's load: a RESUME that timed out is not taken
-for done, which left a node drained for the next test (one drain reported `skipped`, drained by
-someone else)."""
+to answer, as on a 2-core CI machine under the suite's load: a node listing or a RESUME that timed out
+is not taken for done, which left a node drained for the next test (one drain reported `skipped`,
+drained by someone else)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,13 @@ def test_undrain_all_waits_out_a_slurmctld_that_answers_nothing_for_longer_than_
     finally:
         resumed.join()
     assert "DRAIN" not in own_slurm.node("node01")["state"], own_slurm.node("node01")
+
+
+def test_a_reservation_a_test_left_is_gone_before_the_next_test(own_slurm):
+    made = own_slurm.scontrol(
+        "create", "reservation", "reservationname=left_behind", "flags=maint", "nodes=node03",
+        "starttime=now", "duration=60", "user=root",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    own_slurm.clear_reservations()
+    assert "left_behind" not in own_slurm.scontrol("-o", "show", "reservation").stdout
