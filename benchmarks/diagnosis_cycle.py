@@ -4,7 +4,8 @@
 rows) in <= 5 s on a 2-core machine, all parts together: rules <= 3 s, UNKNOWN <= 0.5 s, the learned
 model <= 1.5 s. Reports the cycle, then each part on its own: the rules (as the cycle reads them, one
 thread per core up to 4 on handles of their own; so again with no family of rules sharing a query
-(diagnosis/shared_reads.py); then one rule after another on one handle, with the
+(diagnosis/shared_reads.py); so again for an inventory of the N nodes, as `serve --inventory` reads
+them (`nodes`); then one rule after another on one handle, with the
 slowest 5; and so again with every increase read from the raw rows only, the engine before
 metrics_hourly stood in for whole hours), UNKNOWN, and the learned model (features, both graphs,
 explanation and path for every node, over the last 10 minutes of stream that the data also holds).
@@ -251,6 +252,13 @@ def rules_without_families(store: Store, rules: list, end_ms: int, repeat: int) 
     return {"readers": readers, **timing, "queries": len(rules)}
 
 
+def rules_for_an_inventory(store: Store, rules: list, end_ms: int, repeat: int, hosts: list[str]) -> dict:
+    """`rules_part` as `serve --inventory` reads them: only its hosts (`nodes`), here every node."""
+    readers = readers_wanted()
+    timing = timed(repeat, lambda: evaluate_all(store, rules, end_ms, nodes=hosts, readers=readers))
+    return {"readers": readers, **timing, "hosts": len(hosts)}
+
+
 def reads(rules: list) -> dict:
     """How many queries the cycle makes for the rules: a family of rules sharing its read is one."""
     return {"queries": len(units(rules))}
@@ -349,6 +357,7 @@ def one_size(nodes: int, repeat: int, data: Path | None) -> dict:
         stored = store.query(f"SELECT count() FROM {store.database}.metrics")[0][0]
         names = [f"node{i:04d}" for i in range(nodes)] + ["ghost0", "ghost1"]
         fleet = Fleet(tuple(Host(name, name) for name in names))
+        hosts = names[:nodes]  # the inventory's hosts that report
         # the ghosts' first sight, past their grace
         diagnose(store, [], end_ms - 600_000, catalog, fleet=fleet)
         findings: list[dict] = []
@@ -362,6 +371,7 @@ def one_size(nodes: int, repeat: int, data: Path | None) -> dict:
         parts = {
             "rules": rules_part(store, loaded.rules, end_ms, repeat),
             "rules_without_families": rules_without_families(store, loaded.rules, end_ms, repeat),
+            "rules_for_an_inventory": rules_for_an_inventory(store, loaded.rules, end_ms, repeat, hosts),
             "rules_one_at_a_time": rules_one_at_a_time(store, loaded.rules, end_ms, repeat, "rollup"),
             "rules_raw_rows_only": rules_one_at_a_time(store, loaded.rules, end_ms, repeat, "raw"),
             "unknown": unknown_part(store, catalog, end_ms, fleet, repeat),

@@ -86,7 +86,7 @@ def learned_intervals(
     """(metric, from the stream) -> the spacing in seconds its series show (the SPREAD quantile over
     the series that showed theirs: two samples or more in at least half of their hours) in the last
     `hours`, of `nodes` only where given (another cluster sharing the database is not this one)."""
-    where = "WHERE has({nodes:Array(String)}, node_id)" if nodes is not None else ""
+    where = "WHERE node_id IN {nodes:Array(String)}" if nodes is not None else ""
     per_series = (
         f"SELECT metric_name, source = 'stream' AS stream, {SPACING_SQL} AS spacing "
         f"FROM ({hours_sql(store.database)}) {where} GROUP BY node_id, metric_name, device, source "

@@ -166,8 +166,9 @@ class QueryBuilder:
 
     def filters(self, condition: Condition) -> list[str]:
         where = [f"metric_name = {self.param(condition.metric, 'String')}"]
-        if self.nodes:  # only the inventory's hosts: their peers too, for a fleet baseline
-            where.append("has({nodes:Array(String)}, node_id)")
+        if self.nodes:  # only the inventory's hosts (their peers too, for a fleet baseline): a set, which
+            # has() is not (it scans the array on every row: minutes a cycle at 2,000 nodes)
+            where.append("node_id IN {nodes:Array(String)}")
         if condition.labels:
             where.append(self.labelled(condition.labels))
         if self.any_labels:

@@ -122,7 +122,7 @@ def rank_reports(
     params: dict[str, Any] = {"metrics": sorted(job_metrics()), "from": at_ms - seconds * 1000, "at": at_ms}
     common = ["metric_name IN {metrics:Array(String)}", "labels['job'] != ''"]
     if nodes is not None:
-        common.append("has({nodes:Array(String)}, node_id)")
+        common.append("node_id IN {nodes:Array(String)}")
         params["nodes"] = sorted(nodes)
     series = "node_id, labels['job'] AS job, labels['rank'] AS rank, metric_name"
     raw_from = "{from:Int64}"
@@ -252,7 +252,7 @@ def _node_part(store: Store, where: str, select: str) -> str:
     aggregated per node by `select`."""
     samples = (
         "SELECT node_id, metric_name, timestamp, any(value) AS value "
-        f"FROM {store.database}.metrics WHERE has({{nodes:Array(String)}}, node_id) "
+        f"FROM {store.database}.metrics WHERE node_id IN {{nodes:Array(String)}} "
         "AND metric_name IN ('gpu_utilization_percent', 'gpu_memory_used_mib') AND device = 'node' "
         f"AND labels['source'] = 'stream' AND {where} GROUP BY node_id, metric_name, timestamp"
     )

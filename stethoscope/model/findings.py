@@ -164,7 +164,7 @@ def read_topology(store: Store, nodes: Sequence[str] | None = None) -> dict[str,
     """The latest rack and switch of each node in the `nodes` table (of `nodes` only, when given)."""
     where, params = "", {}
     if nodes is not None:
-        where, params = "WHERE has({nodes:Array(String)}, node_id) ", {"nodes": sorted(nodes)}
+        where, params = "WHERE node_id IN {nodes:Array(String)} ", {"nodes": sorted(nodes)}
     rows = store.query(
         "SELECT node_id, argMax(rack, updated_at), argMax(switch, updated_at) "
         f"FROM {store.database}.nodes {where}GROUP BY node_id",

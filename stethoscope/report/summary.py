@@ -62,7 +62,7 @@ def _totals(store: Store, nodes: Sequence[str] | None) -> list[tuple[str, int, i
     where: list[str] = []
     params: dict[str, Any] = {}
     if nodes is not None:
-        where, params["nodes"] = ["has({nodes:Array(String)}, node_id)"], sorted(nodes)
+        where, params["nodes"] = ["node_id IN {nodes:Array(String)}"], sorted(nodes)
     if has_hourly_rollup(store):
         params["ttl"] = raw_ttl_seconds(store)
         where.append("hour >= toStartOfHour(now64(3, 'UTC') - toIntervalSecond({ttl:UInt32}))")
