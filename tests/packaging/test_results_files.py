@@ -544,6 +544,16 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
         "31.7 s wall and 59.0 CPU-seconds, its rules 16.0 s",
     ),
     (
+        "diagnosis_cycle_inventory.json",
+        [("results", 0, "parts", "rules_for_an_inventory", "median_seconds"), ("results", 0, "nodes")],
+        "its rules 1.9 s at 200 nodes",
+    ),
+    (
+        "diagnosis_cycle_2000_inventory.json",
+        [("results", 0, "parts", "rules_for_an_inventory", "median_seconds"), ("results", 0, "nodes")],
+        "8.8 s at 2,000",
+    ),
+    (
         "board_scale.json",
         [("render_s",), ("nodes",), ("days",)],
         "(3.8 s for 2,000 nodes x 7 days, board_scale.json;",
