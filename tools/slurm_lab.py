@@ -203,10 +203,12 @@ class SlurmCluster:
                 self.scontrol("update", f"NodeName={name}", "State=RESUME", timeout=10)
             time.sleep(0.3)
 
-    def clear_reservations(self) -> None:
-        """No reservation left by a test before (a maintenance window silences its nodes' findings)."""
-        for _attempt in range(3):
-            shown = self.scontrol("-o", "show", "reservation", timeout=30)
+    def clear_reservations(self, seconds: float = 60) -> None:
+        """No reservation left by a test before (a maintenance window silences its nodes' findings);
+        checked as undrain_all checks its nodes."""
+        deadline = time.monotonic() + seconds
+        while True:
+            shown = self.scontrol("-o", "show", "reservation", timeout=max(1.0, deadline - time.monotonic()))
             names = [
                 line.split()[0].partition("=")[2]
                 for line in shown.stdout.splitlines()
@@ -214,9 +216,11 @@ class SlurmCluster:
             ]
             if shown.returncode == 0 and not names:
                 return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Slurm kept reservations: {names or shown.stderr.strip()}")
             for name in names:
                 self.scontrol("delete", f"reservationname={name}", timeout=10)
-        raise RuntimeError(f"Slurm kept reservations: {shown.stdout.strip() or shown.stderr.strip()}")
+            time.sleep(0.3)
 
     @staticmethod
     def _out_of_service(shown: str) -> list[str]:

@@ -65,7 +65,7 @@ def smart_trends(store: Store, now_ms: int) -> list[Trend]:
     rows = store.query(
         "SELECT node_id, device, metric_name, groupArray((toUInt32(day), toString(day), last)) FROM ("
         "SELECT node_id, device, metric_name, day, argMaxMerge(last_value) AS last "
-        f"FROM {store.database}.metrics_daily WHERE has({{wear:Array(String)}}, metric_name) "
+        f"FROM {store.database}.metrics_daily WHERE metric_name IN {{wear:Array(String)}} "
         "AND day >= toDate(fromUnixTimestamp64Milli({now:Int64}, 'UTC')) - {days:UInt32} "
         "GROUP BY node_id, device, metric_name, day ORDER BY day) "
         "GROUP BY node_id, device, metric_name ORDER BY node_id, device, metric_name",

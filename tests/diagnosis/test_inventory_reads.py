@@ -17,7 +17,11 @@ from conftest import TOP
 
 AT_MS = 1_767_225_600_000
 NODES = [f"node{i:04d}" for i in range(3)]
-SCANNED = re.compile(r"has\(\{\{?\w+:Array\(String\)\}\}?,\s*node_id\)")
+SCANNED = re.compile(r"has\(\{+\w+:Array\(String\)\}+,\s*node_id\)")  # in a compiled query
+# has() of a query parameter, in the package's source: only these arrays are small (two hours, the
+# names of a few tables)
+ARRAY_SCAN = re.compile(r"has\(\s*\{+\w+\s*:")
+SMALL_ARRAYS = {"stethoscope/report/top.py": 1, "stethoscope/store/client.py": 1}
 
 
 def test_every_shipped_rule_reads_only_the_inventorys_hosts_through_a_set():
@@ -28,11 +32,11 @@ def test_every_shipped_rule_reads_only_the_inventorys_hosts_through_a_set():
         assert parameters["nodes"] == NODES
 
 
-def test_no_read_of_the_package_scans_an_array_of_nodes_on_every_row():
-    scanned = [
-        f"{path.relative_to(TOP)}:{number}"
-        for path in sorted((TOP / "stethoscope").rglob("*.py"))
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
-        if SCANNED.search(line)
-    ]
-    assert scanned == []
+def test_no_read_of_the_package_scans_a_parameters_array_on_every_row_but_the_small_ones():
+    sources = {
+        str(path.relative_to(TOP)): path.read_text(encoding="utf-8")
+        for path in (TOP / "stethoscope").rglob("*.py")
+    }
+    assert "node_id IN {nodes:Array(String)}" in sources["stethoscope/diagnosis/engine.py"]  # scanned
+    scans = {name: len(ARRAY_SCAN.findall(text)) for name, text in sources.items() if ARRAY_SCAN.search(text)}
+    assert scans == SMALL_ARRAYS

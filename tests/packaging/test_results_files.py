@@ -444,8 +444,8 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
             ("runs", {"nodes": 2000, "diagnosis_beside": False}, "process_cpu_percent_of_one_core"),
             ("runs", {"nodes": 2000, "diagnosis_beside": False}, "process_cpu_seconds_per_million_rows"),
         ],
-        "stored every sample of 2,000\n  eight-GPU nodes, 0 rows spooled, at p99 1.4 s from sample "
-        "to queryable (writes 0.22 s at the\n  median), the process at 84 % of one core with its merges "
+        "stored every sample of 2,000 eight-GPU nodes, 0 rows spooled, at\n  p99 1.4 s from sample to "
+        "queryable (writes 0.22 s at the median), the process at 84 % of one core\n  with its merges "
         "(14.1 CPU-s per million rows)",
     ),
     (
@@ -455,7 +455,7 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
             ("runs", {"nodes": 2000, "diagnosis_beside": True}, "spooled_rows"),
             ("runs", {"nodes": 2000, "diagnosis_beside": True}, "sample_to_queryable", "commit", "p99_s"),
         ],
-        "4.7 s each at the median) still\n  every sample and 0 spooled, p99 1.51 s",
+        "4.7 s each at the median) still every sample and 0 spooled, p99 1.51 s",
     ),
     (
         "stream_scale_gpu_parts_26a5d4f.json",
@@ -482,7 +482,7 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
             ("runs", {"nodes": 2000, "diagnosis_beside": True}, "sample_to_queryable", "commit", "p99_s"),
             ("runs", {"nodes": 2000, "diagnosis_beside": False}, "process_cpu_seconds_per_million_rows"),
         ],
-        "p99 2.09 s alone, 12.3 s\n  beside, 23.4 CPU-s per million rows",
+        "p99 2.09 s alone, 12.3 s beside, 23.4 CPU-s per million rows",
     ),
     (
         "stream_scale_gpu_parts_metric_first.json",
@@ -493,12 +493,12 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
             ("runs", {"nodes": 2000, "diagnosis_beside": False}, "process_cpu_percent_of_one_core"),
             ("runs", {"nodes": 2000, "diagnosis_beside": False}, "process_cpu_seconds_per_million_rows"),
         ],
-        "p99 1.34 s alone, 1.39 s beside cycles\n  of 2.6 s, 75 % of a core, 12.6 CPU-s per million rows",
+        "p99 1.34 s alone, 1.39 s beside cycles of 2.6 s, 75 % of a core, 12.6 CPU-s per\n  million rows",
     ),
     (
         "store_latency.json",
         [("nodes",), ("latency_p99_s",)],
-        "2,000 node-part-only nodes with the\n  diagnosis cycle beside it at p99 1.8 s",
+        "2,000 node-part-only nodes with\n  the diagnosis cycle beside it at p99 1.8 s",
     ),
     ("ingest.json", [("rows_per_second_median", "writer")], "525,173\n  rows/s through the writer"),
     (
@@ -554,14 +554,24 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
         "8.8 s at 2,000",
     ),
     (
+        "diagnosis_cycle_inventory.json",
+        [("results", 0, "parts", "rules", "median_seconds")],
+        "against\n  1.8 s and",
+    ),
+    (
+        "diagnosis_cycle_2000_inventory.json",
+        [("results", 0, "parts", "rules", "median_seconds")],
+        "and 6.9 s without one in the same runs",
+    ),
+    (
         "board_scale.json",
         [("render_s",), ("nodes",), ("days",)],
-        "(3.8 s for 2,000 nodes x 7 days, board_scale.json;",
+        "(3.8 s for 2,000 nodes x 7\n  days, board_scale.json;",
     ),
     (
         "board_scale_node_first.json",
         [("render_s",)],
-        "4.0 s\n  sorted node first, board_scale_node_first.json",
+        "about the same sorted node first, 4.0 s, board_scale_node_first.json",
     ),
     (
         "collect_vs_ping_64.json",

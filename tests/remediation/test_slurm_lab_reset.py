@@ -44,4 +44,5 @@ def test_a_reservation_a_test_left_is_gone_before_the_next_test(own_slurm):
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     own_slurm.clear_reservations()
-    assert "left_behind" not in own_slurm.scontrol("-o", "show", "reservation").stdout
+    shown = own_slurm.scontrol("-o", "show", "reservation")
+    assert shown.returncode == 0 and "left_behind" not in shown.stdout, shown
