@@ -182,56 +182,43 @@ class SlurmCluster:
 
     def node(self, name: str) -> dict[str, str]:
         """State and Reason of one node, as `scontrol -o show node` prints them."""
-        line = self.scontrol("-o", "show", "node", name).stdout.strip()
-        head, _sep, reason = line.partition(" Reason=")
-        fields = dict(token.split("=", 1) for token in head.split() if "=" in token)
-        return {"state": fields.get("State", ""), "reason": reason}
+        fields = _fields(self.scontrol("-o", "show", "node", name).stdout.strip())
+        return {"state": fields.get("State", ""), "reason": fields.get("Reason", "")}
 
     def undrain_all(self, seconds: float = 60) -> None:
         """Every node back without DRAIN or DOWN: each test starts from a cluster nobody has drained.
         Checked, not assumed: a slurmctld busy past scontrol's MessageTimeout (a loaded 2-core
         machine) fails the node listing or a RESUME, which left a node drained for the next test."""
-        deadline = time.monotonic() + seconds
-        while True:
-            shown = self.scontrol("-o", "show", "node", timeout=max(1.0, deadline - time.monotonic()))
-            out = [] if shown.returncode else self._out_of_service(shown.stdout)
-            if shown.returncode == 0 and not out:
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"Slurm kept nodes out of service: {out or shown.stderr.strip()}")
-            for name in out:
-                self.scontrol("update", f"NodeName={name}", "State=RESUME", timeout=10)
-            time.sleep(0.3)
+
+        def out_of_service(fields: dict[str, str]) -> bool:
+            return any(flag in fields.get("State", "") for flag in ("DRAIN", "DOWN"))
+
+        self._settle(
+            "node", out_of_service, lambda name: ("update", f"NodeName={name}", "State=RESUME"), seconds
+        )
 
     def clear_reservations(self, seconds: float = 60) -> None:
-        """No reservation left by a test before (a maintenance window silences its nodes' findings);
+        """No reservation left by a test before (a maintenance window silences its nodes' findings),
         checked as undrain_all checks its nodes."""
+        self._settle(
+            "reservation", lambda _fields: True, lambda name: ("delete", f"reservationname={name}"), seconds
+        )
+
+    def _settle(self, kind: str, pending, fix, seconds: float) -> None:
+        """Until `scontrol -o show KIND` answers and lists no entry `pending` holds for, `fix` each
+        (an scontrol command for its name); past `seconds`, RuntimeError naming what is left."""
         deadline = time.monotonic() + seconds
         while True:
-            shown = self.scontrol("-o", "show", "reservation", timeout=max(1.0, deadline - time.monotonic()))
-            names = [
-                line.split()[0].partition("=")[2]
-                for line in shown.stdout.splitlines()
-                if line.startswith("ReservationName=")
-            ]
-            if shown.returncode == 0 and not names:
+            shown = self.scontrol("-o", "show", kind, timeout=max(1.0, deadline - time.monotonic()))
+            entries = [_fields(line) for line in shown.stdout.splitlines()] if shown.returncode == 0 else []
+            left = [fields[_NAME[kind]] for fields in entries if _NAME[kind] in fields and pending(fields)]
+            if shown.returncode == 0 and not left:
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"Slurm kept reservations: {names or shown.stderr.strip()}")
-            for name in names:
-                self.scontrol("delete", f"reservationname={name}", timeout=10)
+                raise RuntimeError(f"Slurm kept {kind}s: {left or shown.stderr.strip()}")
+            for name in left:
+                self.scontrol(*fix(name), timeout=10)
             time.sleep(0.3)
-
-    @staticmethod
-    def _out_of_service(shown: str) -> list[str]:
-        """The nodes whose State carries DRAIN or DOWN, from `scontrol -o show node`."""
-        out = []
-        for line in shown.splitlines():
-            head = line.partition(" Reason=")[0]  # a reason is free text
-            fields = dict(token.split("=", 1) for token in head.split() if "=" in token)
-            if any(flag in fields.get("State", "") for flag in ("DRAIN", "DOWN")):
-                out.append(fields["NodeName"])
-        return out
 
     def stop(self) -> None:
         for pid_file in ("slurmd.pid", "slurmctld.pid", "munged.pid"):
@@ -239,6 +226,16 @@ class SlurmCluster:
             if path.exists():
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(path.read_text().strip()), signal.SIGTERM)
+
+
+_NAME = {"node": "NodeName", "reservation": "ReservationName"}
+
+
+def _fields(line: str) -> dict[str, str]:
+    """The KEY=VALUE fields of one `scontrol -o show` line; Reason, free text, runs to the end."""
+    head, _sep, reason = line.partition(" Reason=")
+    fields = dict(token.split("=", 1) for token in head.split() if "=" in token)
+    return {**fields, "Reason": reason} if reason else fields
 
 
 def main(argv: list[str]) -> int:
