@@ -49,6 +49,7 @@ from stethoscope.diagnosis.model_findings import ModelUse
 from stethoscope.diagnosis.rules import Condition, conditions, load_rules
 from stethoscope.diagnosis.shared_reads import units
 from stethoscope.diagnosis.unknown import Fleet, survey
+from stethoscope.diagnosis.window_reads import WindowRead
 from stethoscope.inventory import Host
 from stethoscope.model import metadata
 from stethoscope.model.findings import run_model
@@ -56,6 +57,7 @@ from stethoscope.model.inference import graphs_for
 from stethoscope.paths import project_root
 from stethoscope.store.batch import MetricColumns
 from stethoscope.store.client import Store
+from stethoscope.store.ttl import raw_ttl_seconds
 from stethoscope.timeutil import now_ms
 from stethoscope_training import episodes
 
@@ -241,13 +243,25 @@ def rules_part(store: Store, rules: list, end_ms: int, repeat: int) -> dict:
     """The rules as the cycle reads them: `evaluate_all`, one reading thread per core (up to 4)."""
     readers = readers_wanted()
     timing = timed(repeat, lambda: evaluate_all(store, rules, end_ms, readers=readers))
-    return {"readers": readers, **timing, **reads(rules)}
+    return {"readers": readers, **timing, **reads(store, rules, end_ms)}
+
+
+def rules_without_window_reads(store: Store, rules: list, end_ms: int, repeat: int) -> dict:
+    """`rules_part` with every rule read by its own query (or its family's), none judged from a
+    window's read (diagnosis/window_reads.py): the engine before 2026-12-08."""
+    readers = readers_wanted()
+    with mock.patch.object(engine, "plain_rule", lambda *_: False):
+        timing = timed(repeat, lambda: evaluate_all(store, rules, end_ms, readers=readers))
+    return {"readers": readers, **timing, "queries": len(units(rules))}
 
 
 def rules_without_families(store: Store, rules: list, end_ms: int, repeat: int) -> dict:
-    """`rules_part` with every rule read on its own (no family shares a query): what families save."""
+    """`rules_without_window_reads` with every rule read on its own (no family shares a query)."""
     readers = readers_wanted()
-    with mock.patch.object(engine, "units", lambda rules: [[rule] for rule in rules]):
+    with (
+        mock.patch.object(engine, "units", lambda rules: [[rule] for rule in rules]),
+        mock.patch.object(engine, "plain_rule", lambda *_: False),
+    ):
         timing = timed(repeat, lambda: evaluate_all(store, rules, end_ms, readers=readers))
     return {"readers": readers, **timing, "queries": len(rules)}
 
@@ -259,9 +273,14 @@ def rules_for_an_inventory(store: Store, rules: list, end_ms: int, repeat: int, 
     return {"readers": readers, **timing, "hosts": len(hosts)}
 
 
-def reads(rules: list) -> dict:
-    """How many queries the cycle makes for the rules: a family of rules sharing its read is one."""
-    return {"queries": len(units(rules))}
+def reads(store: Store, rules: list, end_ms: int) -> dict:
+    """How many queries the cycle makes for the rules (a family of rules sharing its read is one, a
+    window's read another), and how many rules are judged from the windows' reads."""
+    tasks, judged = engine.planned_reads(
+        store.database, rules, end_ms, raw_ttl_seconds(store), None, "rollup"
+    )
+    windows = sum(1 for task in tasks if isinstance(task, WindowRead))
+    return {"queries": len(tasks), "window_reads": windows, "rules_judged_from_window_reads": len(judged)}
 
 
 def rules_one_at_a_time(store: Store, rules: list, end_ms: int, repeat: int, via: str) -> dict:
@@ -368,8 +387,11 @@ def one_size(nodes: int, repeat: int, data: Path | None) -> dict:
             findings[:] = diagnose(store, loaded.rules, end_ms, catalog, fleet=fleet, model=use)
 
         result_cycle = timed(repeat, cycle)
+        with mock.patch.object(engine, "plain_rule", lambda *_: False):  # the reference: before window reads
+            reference_cycle = timed(repeat, cycle)
         parts = {
             "rules": rules_part(store, loaded.rules, end_ms, repeat),
+            "rules_without_window_reads": rules_without_window_reads(store, loaded.rules, end_ms, repeat),
             "rules_without_families": rules_without_families(store, loaded.rules, end_ms, repeat),
             "rules_for_an_inventory": rules_for_an_inventory(store, loaded.rules, end_ms, repeat, hosts),
             "rules_one_at_a_time": rules_one_at_a_time(store, loaded.rules, end_ms, repeat, "rollup"),
@@ -377,6 +399,9 @@ def one_size(nodes: int, repeat: int, data: Path | None) -> dict:
             "unknown": unknown_part(store, catalog, end_ms, fleet, repeat),
             "model": model_part(store, end_ms, repeat),
         }
+        judged = evaluate_all(store, loaded.rules, end_ms).matches
+        with mock.patch.object(engine, "plain_rule", lambda *_: False):
+            same = evaluate_all(store, loaded.rules, end_ms).matches == judged
     by_rule: dict[str, int] = {}
     for finding in findings:
         by_rule[finding["rule_id"]] = by_rule.get(finding["rule_id"], 0) + 1
@@ -389,6 +414,8 @@ def one_size(nodes: int, repeat: int, data: Path | None) -> dict:
         "data_reused_generated_at": None if generated else reused_note(folder),
         "rules": len(loaded.rules),
         "cycle": result_cycle,
+        "cycle_without_window_reads": reference_cycle,
+        "same_matches_without_window_reads": same,
         "parts": parts,
         "findings": len(findings),
         "findings_by_rule": dict(sorted(by_rule.items())),

@@ -1,5 +1,7 @@
 """Rule evaluation in ClickHouse: one query per rule over all nodes (docs/design.md "Rules"); a cycle
-(`evaluate_all`) reads a family of rules that share their read in one (shared_reads.py).
+(`evaluate_all`) reads a family of rules that share their read in one (shared_reads.py), and judges
+the plain rules in Python from one read per window of every metric they name (window_reads.py,
+`QueryBuilder.window_read`), as their own queries would.
 
 A condition becomes a subquery that aggregates a metric per node, device and label set over its
 window and keeps the rows past the threshold; `all` joins its members on the node (and on the
@@ -36,7 +38,7 @@ import math
 import os
 import queue
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -44,8 +46,19 @@ from typing import Any
 from stethoscope.aggregates import INCREASES, REGISTRY
 from stethoscope.catalog import Catalog, default_catalog
 from stethoscope.diagnosis.rules import Condition, Group, Rule
-from stethoscope.diagnosis.shared_reads import LOWER_IS_WORSE, sole_condition, units, worst
+from stethoscope.diagnosis.shared_reads import LOWER_IS_WORSE, device_regex, sole_condition, units, worst
 from stethoscope.diagnosis.spans import spans
+from stethoscope.diagnosis.window_reads import (
+    NotJudged,
+    ReadKey,
+    Series,
+    WindowRead,
+    judge,
+    labels_of,
+    plain_rule,
+    read_key,
+    window_reads,
+)
 from stethoscope.store.client import SchemaMissing, Store, StoreError
 from stethoscope.store.dsn import ConfigError
 from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS, HOURLY_TTL_DAYS
@@ -97,10 +110,6 @@ class Match:
 _MARK = "\x00"  # around the number of a read (QueryBuilder.read) until the statement is made
 
 
-def _regex(pattern: str) -> str:
-    return "^" + "".join(".*" if c == "*" else c if c.isalnum() else "\\" + c for c in pattern) + "$"
-
-
 class QueryBuilder:
     """Builds the SQL of one rule; values travel as query parameters, never spliced in."""
 
@@ -129,6 +138,16 @@ class QueryBuilder:
         self.nodes = nodes is not None
         if nodes is not None:
             self.params["nodes"] = sorted(nodes)
+        self.batch: WindowRead | None = None  # set by window_read: the read is of several metrics
+        self.series = "node_id, device, labels_key"  # the columns a series is known by
+
+    def batched(self, read: WindowRead) -> None:
+        """Read `read`'s metrics together from here on: a series is known by its metric too."""
+        self.batch = read
+        self.params["metrics"] = list(read.metrics)
+        if read.events:
+            self.params["events"] = list(read.events)
+        self.series = "metric_name, node_id, device, labels_key"
 
     def param(self, value: Any, kind: str) -> str:
         key = (kind, type(value).__name__, value)
@@ -165,6 +184,11 @@ class QueryBuilder:
         return REGISTRY[condition.aggregate].sql
 
     def filters(self, condition: Condition) -> list[str]:
+        if self.batch is not None:  # a window's read of several metrics: each condition judges its series
+            where = ["metric_name IN {metrics:Array(String)}"]
+            if self.nodes:
+                where.append("node_id IN {nodes:Array(String)}")
+            return where
         where = [f"metric_name = {self.param(condition.metric, 'String')}"]
         if self.nodes:  # only the inventory's hosts (their peers too, for a fleet baseline): a set, which
             # has() is not (it scans the array on every row: minutes a cycle at 2,000 nodes)
@@ -174,7 +198,7 @@ class QueryBuilder:
         if self.any_labels:
             where.append("(" + " OR ".join(f"({self.labelled(labels)})" for labels in self.any_labels) + ")")
         if condition.device:
-            where.append(f"match(device, {self.param(_regex(condition.device), 'String')})")
+            where.append(f"match(device, {self.param(device_regex(condition.device), 'String')})")
         return where
 
     def labelled(self, labels: tuple[tuple[str, str], ...], column: str = "labels") -> str:
@@ -210,6 +234,46 @@ class QueryBuilder:
             "SELECT node_id, device, labels_key, any(value) AS value, timestamp, '' AS cls "
             f"FROM {self.database}.metrics WHERE {' AND '.join(where)} "
             "GROUP BY node_id, device, labels_key, timestamp"
+        )
+
+    def window_read(self, read: WindowRead) -> str:
+        """(metric_name, node_id, device, labels_key, n, a_<aggregate>..., b_<aggregate>...) of every
+        series of `read`'s metrics over its window (window_reads.py): each aggregate it names, and as
+        bits those its has_bits conditions compare. A series' labels are read from its labels_key
+        (window_reads.labels_of), not from the labels column: a column the less to read."""
+        self.batched(read)
+        seconds = self.param(read.window_seconds, "UInt32")
+        if read.increases:  # a condition's delta or rate: as QueryBuilder.increase reads them
+            condition = read.increase()
+            increase = self.hourly_increase(condition, self.deep(condition))
+            increases = {"delta": "cur", "rate": f"cur / {seconds}"}
+            columns = [f"{increases[name]} AS a_{name}" for name in read.aggregates]
+            columns += [f"{_bits(f'a_{name}')} AS b_{name}" for name in read.bits]
+            return (
+                f"SELECT metric_name, node_id, device, labels_key, n, {', '.join(columns)} FROM ({increase})"
+            )
+        end = "fromUnixTimestamp64Milli({at:Int64}, 'UTC')"
+        where = [
+            *self.filters(Condition("", ">", 0, 0)),
+            f"timestamp <= {end}",
+            f"timestamp > {end} - toIntervalSecond({seconds})",
+        ]
+        series = self.series
+        if self.dedup == "final":
+            rows = (
+                f"SELECT {series}, value, timestamp "
+                f"FROM {self.database}.metrics FINAL WHERE {' AND '.join(where)}"
+            )
+        else:
+            rows = (
+                f"SELECT {series}, any(value) AS value, timestamp FROM {self.database}.metrics "
+                f"WHERE {' AND '.join(where)} GROUP BY {series}, timestamp"
+            )
+        columns = [f"{REGISTRY[name].sql} AS a_{name}" for name in read.aggregates]
+        columns += [f"{_bits(f'a_{name}')} AS b_{name}" for name in read.bits]
+        return (
+            f"SELECT metric_name, node_id, device, labels_key, "
+            f"count() AS n, {', '.join(columns)} FROM ({rows}) GROUP BY {series}"
         )
 
     def daily_source(self, condition: Condition, start: str, end: str) -> str:
@@ -280,8 +344,7 @@ class QueryBuilder:
         one (new, or after a gap), in the raw rows up to 2 days back, then in the daily rollup: a
         series' rows are sorted by time, so the narrow reads touch few granules."""
         filters = self.filters(condition)
-        near = max(condition.window_seconds, NEAR_LOOKBACK_SECONDS)
-        deep = max(near, LOOKBACK_SECONDS)
+        near, deep = max(condition.window_seconds, NEAR_LOOKBACK_SECONDS), self.deep(condition)
         if self.hourly_reads(condition, deep):
             return self.hourly_increase(condition, deep)
         if self.daily(condition):
@@ -333,6 +396,8 @@ class QueryBuilder:
         names, for `joins` to read), from the sample before the window (else `fallback`, where `{fresh}`
         stands for the series' first value, or 0 for events: news)."""
         fresh = "0" if condition.kind == "events" else "s.inside[1]"
+        if self.batch is not None and self.batch.events:  # of the metrics read, those that are events
+            fresh = "if(s.metric_name IN {events:Array(String)}, 0, s.inside[1])"
         base = f"if(s.has_before, s.before, {fallback.format(fresh=fresh)})"
         steps = f"arrayPushFront(s.inside, {base})"
         pairs = f"arrayPopBack({steps}), arrayPopFront({steps})"
@@ -340,11 +405,18 @@ class QueryBuilder:
         if condition.aggregate == "rate":
             increase = f"{increase} / {self.param(condition.window_seconds, 'UInt32')}"
         ctes = ", ".join(f"{name} AS ({sql})" for name, sql in named.items())
+        metric = "s.metric_name AS metric_name, " if self.batch is not None else ""
         return (
             f"WITH {ctes} "
-            "SELECT s.node_id AS node_id, s.device AS device, s.labels_key AS labels_key, '' AS cls, "
+            f"SELECT {metric}s.node_id AS node_id, s.device AS device, s.labels_key AS labels_key, "
+            "'' AS cls, "
             f"{increase} AS cur, s.n AS n FROM samples AS s {joins}"
         )
+
+    @staticmethod
+    def deep(condition: Condition) -> int:
+        """How far before the window an increase looks for the sample it starts from."""
+        return max(condition.window_seconds, NEAR_LOOKBACK_SECONDS, LOOKBACK_SECONDS)
 
     def hourly_reads(self, condition: Condition, deep: int) -> bool:
         """Whether the increase may read whole hours from metrics_hourly: its reach stays within the
@@ -369,7 +441,7 @@ class QueryBuilder:
         at = self.params["at"]
         start = at - condition.window_seconds * 1000
         reach = spans(start - deep * 1000, start, at)
-        db, series = self.database, "node_id, device, labels_key"
+        db, series = self.database, self.series
 
         ms, hours = self.instant, self.between
 
@@ -828,26 +900,37 @@ def _read_all(
     raw_ttl_seconds: int | None,
 ) -> dict[int, tuple[list[Match], RuleFailure | None]]:
     """Each rule's matches and failure, by the rule's id(): `evaluate_all` for the rules it reads,
-    a family of them (shared_reads.py) in one read."""
+    a family of them (shared_reads.py) in one read, the plain rules from one read per window
+    (window_reads.py)."""
     via = _via(store, via)
     ttl = raw_ttl_seconds if raw_ttl_seconds is not None else stored_raw_ttl_seconds(store)
     catalog = default_catalog()  # loaded here once, not by the threads together
-    reads = units(rules)
-    count = min(readers if readers is not None else readers_wanted(), len(reads))
+    tasks, judged = planned_reads(store.database, rules, at_ms, ttl, nodes, via)
+    count = min(readers if readers is not None else readers_wanted(), len(tasks))
+    windows: dict[ReadKey, Mapping[str, list[Series]] | None] = {}  # None: the window's read failed
 
-    def read(handle: Store, unit: list[Rule]) -> dict[int, tuple[list[Match], RuleFailure | None]]:
-        results = _guarded_unit(handle, unit, at_ms, ttl, catalog, nodes, via)
-        return dict(zip(map(id, unit), results, strict=True))
+    def read(handle: Store, task: Task) -> dict[int, tuple[list[Match], RuleFailure | None]]:
+        if isinstance(task, WindowRead):
+            windows[(task.window_seconds, task.increases)] = _window_series(handle, task, at_ms, ttl, nodes)
+            return {}
+        results = _guarded_unit(handle, task, at_ms, ttl, catalog, nodes, via)
+        return dict(zip(map(id, task), results, strict=True))
+
+    def judged_rules() -> dict[int, tuple[list[Match], RuleFailure | None]]:
+        return {
+            id(rule): _judged_plain(store, rule, windows, at_ms, ttl, catalog, nodes, via) for rule in judged
+        }
 
     if count <= 1:
-        return {key: result for unit in reads for key, result in read(store, unit).items()}
+        found = {key: result for task in tasks for key, result in read(store, task).items()}
+        return found | judged_rules()
     idle: queue.SimpleQueue[Store] = queue.SimpleQueue()
     opened: list[Store] = []
 
-    def one(unit: list[Rule]) -> dict[int, tuple[list[Match], RuleFailure | None]]:
+    def one(task: Task) -> dict[int, tuple[list[Match], RuleFailure | None]]:
         handle = idle.get()
         try:
-            return read(handle, unit)
+            return read(handle, task)
         finally:
             idle.put(handle)
 
@@ -858,8 +941,8 @@ def _read_all(
             idle.put(handle)
         with ThreadPoolExecutor(max_workers=count, thread_name_prefix="rules") as pool:
             # the costliest first, so that no long read is left running alone at the end
-            costliest = sorted(range(len(reads)), key=lambda i: -read_reach(reads[i][0].when))
-            futures = {pool.submit(one, reads[i]): i for i in costliest}
+            costliest = sorted(range(len(tasks)), key=lambda i: -_task_reach(tasks[i]))
+            futures = {pool.submit(one, tasks[i]): i for i in costliest}
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             failed = sorted((futures[f], f) for f in done if f.exception() is not None)
             if failed:  # the queries already running end before their handles close
@@ -867,10 +950,90 @@ def _read_all(
                 error = failed[0][1].exception()
                 assert error is not None
                 raise error
-            return {key: result for f in done for key, result in f.result().items()}
+            found = {key: result for f in done for key, result in f.result().items()}
     finally:
         for handle in opened:
             handle.close()
+    return found | judged_rules()
+
+
+Task = list[Rule] | WindowRead  # one query of a cycle: a rule (or a family of rules), or a window's read
+
+
+def planned_reads(
+    database: str,
+    rules: Sequence[Rule],
+    at_ms: int,
+    raw_ttl_seconds: int,
+    nodes: Sequence[str] | None,
+    via: str,
+) -> tuple[list[Task], list[Rule]]:
+    """The queries a cycle makes for `rules`: the rules (and families, shared_reads.py) read by their
+    own query, then a read per window of the rules judged from those reads (window_reads.py); and
+    those rules."""
+    builder = QueryBuilder(database, at_ms, raw_ttl_seconds, nodes, rollup=via == "rollup")
+
+    def hourly(condition: Condition) -> bool:
+        return builder.hourly_reads(condition, builder.deep(condition))
+
+    reads = units(rules)
+    plain = [all(plain_rule(rule, raw_ttl_seconds, hourly) for rule in unit) for unit in reads]
+    judged = [rule for unit, judge_it in zip(reads, plain, strict=True) if judge_it for rule in unit]
+    tasks: list[Task] = [unit for unit, judge_it in zip(reads, plain, strict=True) if not judge_it]
+    return [*tasks, *window_reads(judged)], judged
+
+
+def _task_reach(task: list[Rule] | WindowRead) -> int:
+    return task.window_seconds if isinstance(task, WindowRead) else read_reach(task[0].when)
+
+
+def _window_series(
+    store: Store, read: WindowRead, at_ms: int, raw_ttl_seconds: int, nodes: Sequence[str] | None
+) -> dict[str, list[Series]] | None:
+    """The series of `read`'s metrics, by metric; None where its query failed while the store answers
+    (its rules are then read one by one, each failing on its own), the store's error where it does not."""
+    builder = QueryBuilder(store.database, at_ms, raw_ttl_seconds, nodes)
+    try:
+        rows = store.query(*builder.statement(builder.window_read(read)))
+    except SchemaMissing:
+        raise
+    except StoreError as exc:
+        if not store.answers():
+            raise
+        log.warning("the %d s window's read failed (%s); its rules read one by one", read.window_seconds, exc)
+        return None
+    aggregates, bits = len(read.aggregates), len(read.bits)
+    found: dict[str, list[Series]] = {}
+    for metric, node, device, key, samples, *columns in rows:
+        values = dict(zip(read.aggregates, map(float, columns[:aggregates]), strict=True))
+        masks = dict(zip(read.bits, map(int, columns[aggregates : aggregates + bits]), strict=True))
+        found.setdefault(metric, []).append(Series(node, device, labels_of(key), int(samples), values, masks))
+    return found
+
+
+def _judged_plain(
+    store: Store,
+    rule: Rule,
+    windows: Mapping[ReadKey, Mapping[str, list[Series]] | None],
+    at_ms: int,
+    raw_ttl_seconds: int,
+    catalog: Catalog,
+    nodes: Sequence[str] | None,
+    via: str,
+) -> tuple[list[Match], RuleFailure | None]:
+    """A plain rule's matches, judged from its windows' series; read by its own query where one of
+    its windows was not read or it cannot be judged so (window_reads.NotJudged)."""
+    read = {read_key(condition): windows.get(read_key(condition)) for condition in rule.conditions}
+    if all(series is not None for series in read.values()):
+        kinds = {catalog.enclosing(metric) for metric in rule.metrics}
+        (outer,) = kinds if len(kinds) == 1 else (None,)
+        try:
+            found = judge(rule, read, outer.pattern if outer else None)  # type: ignore[arg-type]
+        except NotJudged as exc:
+            log.debug("rule %s read by its own query: %s", rule.rule_id, exc)
+        else:
+            return _judged(rule, [Match(*match) for match in found])
+    return _guarded(store, rule, at_ms, raw_ttl_seconds, catalog, nodes, via)
 
 
 def _guarded_unit(

@@ -65,3 +65,8 @@ def units(rules: Sequence[Rule]) -> list[list[Rule]]:
 def worst(member: Condition, high: tuple[str, float], low: tuple[str, float]) -> tuple[str, float]:
     """The (device, value) a member reports of a node: its worst series as its operator reads worst."""
     return low if member.operator in LOWER_IS_WORSE else high
+
+
+def device_regex(pattern: str) -> str:
+    """A condition's device pattern (`gpu*`) as the regular expression its series' device matches."""
+    return "^" + "".join(".*" if c == "*" else c if c.isalnum() else "\\" + c for c in pattern) + "$"

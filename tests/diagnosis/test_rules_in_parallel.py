@@ -17,6 +17,7 @@ from stethoscope.diagnosis import engine
 from stethoscope.diagnosis.rules import load_rules
 from stethoscope.paths import project_root
 from stethoscope.store.client import SchemaMissing, Store
+from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS
 from stethoscope.timeutil import now_ms
 
 from conftest import TOP, swept_lab
@@ -26,6 +27,12 @@ def shipped_rules():
     loaded = load_rules(project_root() / "rules", default_catalog())
     assert not loaded.errors
     return sorted(loaded.rules, key=lambda r: r.rule_id)
+
+
+def own_query_rules(rules, at):
+    """Of `rules`, those a cycle reads by their own query (not judged from a window's read)."""
+    _, judged = engine.planned_reads("stethoscope", rules, at, DEFAULT_RAW_TTL_DAYS * 86400, None, "rollup")
+    return [rule for rule in rules if rule not in judged]
 
 
 @pytest.fixture
@@ -100,9 +107,11 @@ def test_a_rule_that_fails_while_the_store_answers_costs_that_rule_only(tmp_path
 
     rules = shipped_rules()
     real_matches = engine.rule_matches
+    at = now_ms()
+    failing = own_query_rules(rules, at)[3]  # a rule read by its own query, not judged from a window's
 
     def one_fails(store, rule, *args):
-        if rule is rules[3]:
+        if rule is failing:
             raise StoreError(
                 f"embedded database x: {rule.rule_id}: Unexpected inf or nan to integer conversion"
             )
@@ -111,11 +120,11 @@ def test_a_rule_that_fails_while_the_store_answers_costs_that_rule_only(tmp_path
     monkeypatch.setattr(engine, "rule_matches", one_fails)
     with Store(f"chdb://{tmp_path / 'db'}") as store:
         store.init_schema()
-        evaluation = engine.evaluate_all(store, rules, now_ms(), readers=readers)
-    assert len(evaluation.matches) == len(rules) and evaluation.matches[3] == []
+        evaluation = engine.evaluate_all(store, rules, at, readers=readers)
+    assert len(evaluation.matches) == len(rules) and evaluation.matches[rules.index(failing)] == []
     (failure,) = evaluation.failures
-    assert failure.rule_id == rules[3].rule_id and "inf or nan" in failure.error
-    assert failure.where == f"{rules[3].file}:{rules[3].line}"
+    assert failure.rule_id == failing.rule_id and "inf or nan" in failure.error
+    assert failure.where == f"{failing.file}:{failing.line}"
 
 
 def test_a_store_that_stops_answering_stops_the_rules_not_started_yet(tmp_path, monkeypatch):
@@ -124,18 +133,20 @@ def test_a_store_that_stops_answering_stops_the_rules_not_started_yet(tmp_path, 
 
     rules = shipped_rules()
     started: list[str] = []
+    failing = own_query_rules(rules, now_ms())[-1]  # read by its own query, the last of those
 
     def slow_or_failing(store, rule, *args):
         started.append(rule.rule_id)
-        if rule is rules[-1]:
+        if rule is failing:
             raise StoreError(f"ClickHouse at http://127.0.0.1:1: {rule.rule_id}: timed out")
         time.sleep(0.05)
         return []
 
     monkeypatch.setattr(engine, "rule_matches", slow_or_failing)
     monkeypatch.setattr(Store, "answers", lambda self: False)  # the server is gone, not the rule wrong
-    # the failing rule is the last in the rules' order and the first to be read (the costliest)
-    monkeypatch.setattr(engine, "read_reach", lambda item: int(item is rules[-1].when))
+    # the failing rule is the last of its kind in the rules' order and the first of them to be read
+    # (the costliest; the windows' reads, on an empty store, go before it)
+    monkeypatch.setattr(engine, "read_reach", lambda item: int(item is failing.when))
     with Store(f"chdb://{tmp_path / 'db'}") as store:
         store.init_schema()
         with pytest.raises(StoreError, match="timed out"):

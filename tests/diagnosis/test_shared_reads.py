@@ -38,7 +38,8 @@ def reads_of(store, monkeypatch, metric):
     real = store.query
 
     def counted(sql, parameters=None):
-        if parameters and metric in parameters.values():
+        named = [] if parameters is None else parameters.values()
+        if any(value == metric or (isinstance(value, list) and metric in value) for value in named):
             reads.append(sql)
         return real(sql, parameters)
 
