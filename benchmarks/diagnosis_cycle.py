@@ -2,8 +2,11 @@
 """One full diagnosis cycle (every shipped rule, plus UNKNOWN) over N nodes x 24 h of 5-second data for
 20 metrics, in embedded ClickHouse. Budget (docs/design.md "Storage"): 200 nodes (about 70 million
 rows) in <= 5 s on a 2-core machine, all parts together: rules <= 3 s, UNKNOWN <= 0.5 s, the learned
-model <= 1.5 s. Reports the cycle, then each part on its own: the rules (as the cycle reads them, one
-thread per core up to 4 on handles of their own; so again with no family of rules sharing a query
+model <= 1.5 s. Reports the cycle, and beside it, their runs alternating, the cycle with every rule
+read by its own query (none judged from a window's read, diagnosis/window_reads.py: the engine
+before 2026-12-08), and whether both give the same matches; then each part on its own: the rules
+(as the cycle reads them, one thread per core up to 4 on handles of their own; so again with none
+judged from a window's read; so again with no family of rules sharing a query either
 (diagnosis/shared_reads.py); so again for an inventory of the N nodes, as `serve --inventory` reads
 them (`nodes`); then one rule after another on one handle, with the
 slowest 5; and so again with every increase read from the raw rows only, the engine before
@@ -17,7 +20,7 @@ and a few faulted nodes (worn SSDs, IB symbol errors, a throttling GPU), so rule
 beside them every other metric (and label set) a shipped rule reads, every 5 minutes as a sweep
 stores it, at a value its rule does not match, so that every rule reads rows, as on a fleet that
 has every part the rules know. `queries` says how many queries the rules took (a family of rules
-sharing its read is one: diagnosis/shared_reads.py).
+sharing its read is one, a window's read another, `window_reads` of them).
 `--data DIR` keeps it there and reuses it on the next run (generating 200 nodes takes minutes); a run
 that reuses it reports no generation time of its own (`generate_seconds` null) and names when the data
 was generated (`data_reused_generated_at`).
@@ -43,6 +46,7 @@ import numpy as np
 from stethoscope import stats
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis import engine
+from stethoscope.diagnosis.cadence import Cadence
 from stethoscope.diagnosis.engine import evaluate, evaluate_all, readers_wanted
 from stethoscope.diagnosis.findings import diagnose
 from stethoscope.diagnosis.model_findings import ModelUse
@@ -63,7 +67,7 @@ from stethoscope_training import episodes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import write_results
-from timing import timed
+from timing import timed, timed_side_by_side
 
 STEP_S = 5
 HOURS = 24
@@ -386,9 +390,11 @@ def one_size(nodes: int, repeat: int, data: Path | None) -> dict:
             use = ModelUse(meta) if meta is not None else None  # the whole cycle: rules, UNKNOWN, model
             findings[:] = diagnose(store, loaded.rules, end_ms, catalog, fleet=fleet, model=use)
 
-        result_cycle = timed(repeat, cycle)
-        with mock.patch.object(engine, "plain_rule", lambda *_: False):  # the reference: before window reads
-            reference_cycle = timed(repeat, cycle)
+        def reference() -> None:  # the cycle before window reads
+            with mock.patch.object(engine, "plain_rule", lambda *_: False):
+                cycle()
+
+        result_cycle, reference_cycle = timed_side_by_side(repeat, cycle, reference)
         parts = {
             "rules": rules_part(store, loaded.rules, end_ms, repeat),
             "rules_without_window_reads": rules_without_window_reads(store, loaded.rules, end_ms, repeat),
@@ -399,9 +405,10 @@ def one_size(nodes: int, repeat: int, data: Path | None) -> dict:
             "unknown": unknown_part(store, catalog, end_ms, fleet, repeat),
             "model": model_part(store, end_ms, repeat),
         }
-        judged = evaluate_all(store, loaded.rules, end_ms).matches
+        fitted = Cadence.learn(store, end_ms).fit_all(loaded.rules)  # as the cycle reads them
+        judged = evaluate_all(store, fitted, end_ms).matches
         with mock.patch.object(engine, "plain_rule", lambda *_: False):
-            same = evaluate_all(store, loaded.rules, end_ms).matches == judged
+            same = evaluate_all(store, fitted, end_ms).matches == judged
     by_rule: dict[str, int] = {}
     for finding in findings:
         by_rule[finding["rule_id"]] = by_rule.get(finding["rule_id"], 0) + 1

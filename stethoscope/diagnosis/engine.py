@@ -237,10 +237,11 @@ class QueryBuilder:
         )
 
     def window_read(self, read: WindowRead) -> str:
-        """(metric_name, node_id, device, labels_key, n, a_<aggregate>..., b_<aggregate>...) of every
-        series of `read`'s metrics over its window (window_reads.py): each aggregate it names, and as
-        bits those its has_bits conditions compare. A series' labels are read from its labels_key
-        (window_reads.labels_of), not from the labels column: a column the less to read."""
+        """(metric_name, node_id, device, labels_key, n, a_<aggregate>..., b_<aggregate>...) of the
+        series of `read`'s metrics over its window (window_reads.py) that pass at least one of its
+        conditions' sample count and comparison (their labels and devices are judged after): each
+        aggregate it names, and as bits those its has_bits conditions compare. A series' labels are
+        read from its labels_key (window_reads.labels_of), not from the labels column."""
         self.batched(read)
         seconds = self.param(read.window_seconds, "UInt32")
         if read.increases:  # a condition's delta or rate: as QueryBuilder.increase reads them
@@ -249,8 +250,9 @@ class QueryBuilder:
             increases = {"delta": "cur", "rate": f"cur / {seconds}"}
             columns = [f"{increases[name]} AS a_{name}" for name in read.aggregates]
             columns += [f"{_bits(f'a_{name}')} AS b_{name}" for name in read.bits]
-            return (
-                f"SELECT metric_name, node_id, device, labels_key, n, {', '.join(columns)} FROM ({increase})"
+            return self.passing(
+                read,
+                f"SELECT metric_name, node_id, device, labels_key, n, {', '.join(columns)} FROM ({increase})",
             )
         end = "fromUnixTimestamp64Milli({at:Int64}, 'UTC')"
         where = [
@@ -271,10 +273,21 @@ class QueryBuilder:
             )
         columns = [f"{REGISTRY[name].sql} AS a_{name}" for name in read.aggregates]
         columns += [f"{_bits(f'a_{name}')} AS b_{name}" for name in read.bits]
-        return (
+        return self.passing(
+            read,
             f"SELECT metric_name, node_id, device, labels_key, "
-            f"count() AS n, {', '.join(columns)} FROM ({rows}) GROUP BY {series}"
+            f"count() AS n, {', '.join(columns)} FROM ({rows}) GROUP BY {series}",
         )
+
+    def passing(self, read: WindowRead, series: str) -> str:
+        """The rows of `series` that pass a condition of `read` on their metric, its labels and device
+        aside: a healthy fleet's series stay in ClickHouse, and a rule is judged from those it needs."""
+        tests = [
+            f"(metric_name = {self.param(c.metric, 'String')} AND n >= {self.param(c.min_samples, 'UInt32')} "
+            f"AND {self.comparison(c, f'a_{c.aggregate}')})"
+            for c in read.conditions
+        ]
+        return f"SELECT * FROM ({series}) WHERE {' OR '.join(tests)}"
 
     def daily_source(self, condition: Condition, start: str, end: str) -> str:
         """`source` past the raw TTL: one row a day from metrics_daily for the days that ended by
@@ -984,30 +997,38 @@ def planned_reads(
 
 
 def _task_reach(task: list[Rule] | WindowRead) -> int:
-    return task.window_seconds if isinstance(task, WindowRead) else read_reach(task[0].when)
+    """Seconds of rows a query reads, roughly: a window's read reads each of its metrics'."""
+    if isinstance(task, WindowRead):
+        return task.window_seconds * len(task.metrics)
+    return read_reach(task[0].when)
 
 
 def _window_series(
     store: Store, read: WindowRead, at_ms: int, raw_ttl_seconds: int, nodes: Sequence[str] | None
 ) -> dict[str, list[Series]] | None:
-    """The series of `read`'s metrics, by metric; None where its query failed while the store answers
-    (its rules are then read one by one, each failing on its own), the store's error where it does not."""
+    """The series of `read`'s metrics, by metric; None where its query failed while the store answers,
+    or its rows could not be read (its rules are then read by their own queries, each failing on its
+    own), the store's error where it does not answer."""
     builder = QueryBuilder(store.database, at_ms, raw_ttl_seconds, nodes)
     try:
         rows = store.query(*builder.statement(builder.window_read(read)))
+        aggregates, bits = len(read.aggregates), len(read.bits)
+        found: dict[str, list[Series]] = {}
+        for metric, node, device, key, samples, *columns in rows:
+            values = dict(zip(read.aggregates, map(float, columns[:aggregates]), strict=True))
+            masks = dict(zip(read.bits, map(int, columns[aggregates : aggregates + bits]), strict=True))
+            found.setdefault(metric, []).append(
+                Series(node, device, labels_of(key), int(samples), values, masks)
+            )
     except SchemaMissing:
         raise
-    except StoreError as exc:
-        if not store.answers():
+    except Exception as exc:
+        if isinstance(exc, StoreError) and not store.answers():
             raise
-        log.warning("the %d s window's read failed (%s); its rules read one by one", read.window_seconds, exc)
+        log.warning(
+            "the %d s window's read failed (%s); its rules read by their own", read.window_seconds, exc
+        )
         return None
-    aggregates, bits = len(read.aggregates), len(read.bits)
-    found: dict[str, list[Series]] = {}
-    for metric, node, device, key, samples, *columns in rows:
-        values = dict(zip(read.aggregates, map(float, columns[:aggregates]), strict=True))
-        masks = dict(zip(read.bits, map(int, columns[aggregates : aggregates + bits]), strict=True))
-        found.setdefault(metric, []).append(Series(node, device, labels_of(key), int(samples), values, masks))
     return found
 
 
@@ -1024,13 +1045,18 @@ def _judged_plain(
     """A plain rule's matches, judged from its windows' series; read by its own query where one of
     its windows was not read or it cannot be judged so (window_reads.NotJudged)."""
     read = {read_key(condition): windows.get(read_key(condition)) for condition in rule.conditions}
-    if all(series is not None for series in read.values()):
-        kinds = {catalog.enclosing(metric) for metric in rule.metrics}
-        (outer,) = kinds if len(kinds) == 1 else (None,)
+    kinds = {catalog.enclosing(metric) for metric in rule.metrics}
+    (outer,) = kinds if len(kinds) == 1 else (None,)
+    enclosing = outer.pattern if outer else None
+    # a catalog pattern with a group of its own syntax (`(?=`, `(?P<`) may mean one thing to RE2 and
+    # another to Python: ClickHouse judges it
+    if all(series is not None for series in read.values()) and "(?" not in (enclosing or ""):
         try:
-            found = judge(rule, read, outer.pattern if outer else None)  # type: ignore[arg-type]
+            found = judge(rule, read, enclosing)  # type: ignore[arg-type]
         except NotJudged as exc:
             log.debug("rule %s read by its own query: %s", rule.rule_id, exc)
+        except Exception as exc:  # this code's fault, not the rule's: its own query answers for it
+            log.warning("rule %s: judging it failed (%s); read by its own query", rule.rule_id, exc)
         else:
             return _judged(rule, [Match(*match) for match in found])
     return _guarded(store, rule, at_ms, raw_ttl_seconds, catalog, nodes, via)

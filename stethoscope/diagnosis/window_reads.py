@@ -29,6 +29,7 @@ from stethoscope.diagnosis.shared_reads import LOWER_IS_WORSE, device_regex
 Key = tuple[str, str]  # (node, the enclosing device's name or the device's own)
 Judged = dict[Key, tuple[str, dict[str, float], float]]  # key -> (device, values, value)
 KeyOf = Callable[[str], str]  # a device's name -> its key's second part
+RE2_LIKE = re.ASCII | re.DOTALL
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class WindowRead:
     bits: tuple[str, ...]
     increases: bool = False
     events: tuple[str, ...] = ()  # of the metrics, those of kind events (their first event is news)
+    conditions: tuple[Condition, ...] = ()  # those it answers for: a series passing none is not read
 
     def increase(self) -> Condition:
         """The condition an increase's read is built for: the window's, of every metric it reads."""
@@ -93,11 +95,16 @@ class WindowRead:
 
 def window_reads(rules: Iterable[Rule]) -> list[WindowRead]:
     """The reads the plain `rules` need, one per window (increases apart), the longest first."""
-    wanted: dict[tuple[int, bool], tuple[set[str], set[str], set[str], set[str]]] = {}
+    wanted: dict[ReadKey, tuple[set[str], set[str], set[str], set[str]]] = {}
+    tests: dict[ReadKey, dict[tuple, Condition]] = {}
     for rule in rules:
         for condition in conditions(rule.when):
             key = read_key(condition)
             metrics, aggregates, bits, events = wanted.setdefault(key, (set(), set(), set(), set()))
+            test = (condition.metric, condition.aggregate, condition.min_samples, condition.operator)
+            tests.setdefault(key, {}).setdefault(
+                (*test, condition.threshold, condition.without_bits), condition
+            )
             metrics.add(condition.metric)
             aggregates.add(condition.aggregate)
             if condition.operator == "has_bits":
@@ -105,8 +112,11 @@ def window_reads(rules: Iterable[Rule]) -> list[WindowRead]:
             if condition.kind == "events":
                 events.add(condition.metric)
     return [
-        WindowRead(window, _sorted(m), _sorted(a), _sorted(b), increases, _sorted(e))
-        for (window, increases), (m, a, b, e) in sorted(wanted.items(), reverse=True)
+        WindowRead(
+            window, _sorted(m), _sorted(a), _sorted(b), increases, _sorted(e), tuple(tests[key].values())
+        )
+        for key, (m, a, b, e) in sorted(wanted.items(), reverse=True)
+        for window, increases in [key]
     ]
 
 
@@ -147,7 +157,7 @@ def judge(
 def _enclosing_key(enclosing: str | None) -> KeyOf:
     if enclosing is None:
         return lambda device: ""
-    pattern = re.compile(f"({enclosing})")
+    pattern = re.compile(f"({enclosing})", RE2_LIKE)
     return lambda device: ((m := pattern.match(device)) and m.group(1)) or device
 
 
@@ -184,20 +194,21 @@ def _node(item: Condition | Group, read: Mapping[ReadKey, SeriesByMetric], key_o
 
 def _leaf(condition: Condition, series: Iterable[Series], key_of: KeyOf) -> Judged:
     lower = condition.operator in LOWER_IS_WORSE
-    device_pattern = re.compile(device_regex(condition.device)) if condition.device else None
+    # as RE2 reads it: `.` matches a newline, `\d` an ASCII digit, `$` only the very end
+    device_pattern = re.compile(device_regex(condition.device), RE2_LIKE) if condition.device else None
     worst: dict[Key, tuple[float, str]] = {}
     for one in series:
         if any(one.labels.get(key, "") != value for key, value in condition.labels):
             continue
-        if device_pattern is not None and not device_pattern.search(one.device):
+        if device_pattern is not None and not device_pattern.fullmatch(one.device):
             continue
         if one.samples < condition.min_samples:
             continue
         x = one.values[condition.aggregate]
-        if math.isnan(x):
-            raise NotJudged(f"{condition.metric}: {condition.aggregate} is not a number on {one.node_id}")
         if not _passes(condition, x, one.bits.get(condition.aggregate, 0)):
             continue
+        if math.isnan(x):  # passes `!=`, as in ClickHouse; which device is worst is ClickHouse's to tell
+            raise NotJudged(f"{condition.metric}: {condition.aggregate} is not a number on {one.node_id}")
         key = (one.node_id, key_of(one.device))
         candidate = (x, one.device)
         kept = worst.get(key)

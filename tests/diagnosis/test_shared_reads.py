@@ -1,8 +1,12 @@
 """Rules that share their read (diagnosis/shared_reads.py): the shipped XID rules, one per `xid` label
 over the same 15 minutes of gpu_xid_errors_total, are read in one query by a cycle and give each
-rule the matches it gives read on its own."""
+rule the matches it gives read on its own; so a family of every operator and label, whether the
+cycle judges it from its window's read (diagnosis/window_reads.py) or reads it by the family's query
+(`judged` False: the query a cycle makes where no window's read answers, e.g. `via="raw"`)."""
 
 from __future__ import annotations
+
+import pytest
 
 from stethoscope.catalog import Catalog
 from stethoscope.diagnosis import engine
@@ -47,7 +51,14 @@ def reads_of(store, monkeypatch, metric):
     return reads
 
 
-def test_the_xid_rules_are_one_read_that_gives_each_rule_its_own_matches(store, monkeypatch):
+def family_query(monkeypatch, judged: bool) -> None:
+    """Unless `judged`, no rule is judged from a window's read: the family's own query reads it."""
+    if not judged:
+        monkeypatch.setattr(engine, "plain_rule", lambda *_: False)
+
+
+@pytest.mark.parametrize("judged", [True, False])
+def test_the_xid_rules_are_one_read_that_gives_each_rule_its_own_matches(store, monkeypatch, judged):
     rules = xid_rules()
     assert len(rules) > 10 and [len(unit) for unit in units(rules)] == [len(rules)]
     # series as the sweep's kernel-log parser makes them: one appears with the first XID of its number
@@ -56,9 +67,10 @@ def test_the_xid_rules_are_one_read_that_gives_each_rule_its_own_matches(store, 
     counts(store, "n2", "gpu5", "48", [1, 1, 1], minutes=10)  # old news
     counts(store, "n3", "gpu1", "13", [4, 9])  # an application's XID: no rule of these names it
     one_by_one = [engine.evaluate(store, rule, AT) for rule in rules]
+    family_query(monkeypatch, judged)
     reads = reads_of(store, monkeypatch, XID)
     evaluation = engine.evaluate_all(store, rules, AT, readers=1)
-    assert len(reads) == 1
+    assert len(reads) == 1 and ("metric_name IN {metrics:Array(String)}" in reads[0]) == judged
     assert evaluation.failures == []
     assert evaluation.matches == one_by_one
     fired = {
@@ -109,16 +121,21 @@ def temperatures(store):
     store.insert_metrics(batch)
 
 
-def test_a_family_of_every_operator_and_label_gives_each_rule_its_own_matches(tmp_path, store, monkeypatch):
+@pytest.mark.parametrize("judged", [True, False])
+def test_a_family_of_every_operator_and_label_gives_each_rule_its_own_matches(
+    tmp_path, store, monkeypatch, judged
+):
     rules = labelled_rules(tmp_path)
     assert [len(unit) for unit in units(rules)] == [len(rules)]
     temperatures(store)
     for at, nodes in ((AT, None), (AT - 90_000, ["n1", "n2"])):  # now, and a past instant of two nodes
         one_by_one = [engine.evaluate(store, rule, at, nodes=nodes) for rule in rules]
+        family_query(monkeypatch, judged)
         reads = reads_of(store, monkeypatch, GAUGE)
         evaluation = engine.evaluate_all(store, rules, at, nodes=nodes, readers=1)
         monkeypatch.undo()
         assert len(reads) == 1 and evaluation.failures == []
+        assert ("metric_name IN {metrics:Array(String)}" in reads[0]) == judged
         assert evaluation.matches == one_by_one
         assert sum(1 for matches in one_by_one if matches) >= 9  # most rules match something
         tied = evaluation.matches[[rule.rule_id for rule in rules].index("r4_b")]  # == 42 on both devices
