@@ -267,3 +267,23 @@ def test_random_fleets_get_from_window_reads_the_matches_each_rules_own_query_gi
         together = engine.evaluate_all(store, rules, AT, nodes=nodes, readers=2)
         assert together.failures == [] and approximately(together.matches) == approximately(one_by_one)
     assert sum(map(bool, one_by_one)) >= 3  # the rules have matches to compare
+
+
+@pytest.mark.parametrize(("cores", "readers", "threads"), [(2, 2, 1), (8, 2, 4), (2, 1, None)])
+def test_a_cycle_shares_the_cores_among_its_readers(tmp_path, store, monkeypatch, cores, readers, threads):
+    """Two readers on two cores: each query one thread (ClickHouse's own on top only contend); one
+    reader: ClickHouse's default."""
+    rules = rules_of(tmp_path, DIFFERENTIAL_RULES)
+    seen: list[str] = []
+    real = Store.query
+
+    def query(self, sql, parameters=None):
+        seen.append(sql)
+        return real(self, sql, parameters)
+
+    monkeypatch.setattr(Store, "query", query)
+    monkeypatch.setattr(engine, "usable_cores", lambda: cores)
+    engine.evaluate_all(store, rules, AT, readers=readers)
+    reads = [sql for sql in seen if f"{store.database}.metrics" in sql]
+    assert reads and all(sql.endswith(f" SETTINGS max_threads = {threads}") == bool(threads) for sql in reads)
+    assert all(("max_threads" in sql) == bool(threads) for sql in reads)
