@@ -3,8 +3,9 @@
 20 metrics, in embedded ClickHouse. Budget (docs/design.md "Storage"): 200 nodes (about 70 million
 rows) in <= 5 s on a 2-core machine, all parts together: rules <= 3 s, UNKNOWN <= 0.5 s, the learned
 model <= 1.5 s. Reports the cycle, and beside it, their runs alternating, the cycle with every rule
-read by its own query (none judged from a window's read, diagnosis/window_reads.py: the engine
-before 2026-12-08), and whether both give the same matches; then each part on its own: the rules
+read by its own query or its family's (none judged from a window's read, diagnosis/window_reads.py,
+as until 2026-12-08; its readers share the cores as the cycle's do since then, SETTINGS
+max_threads), and whether both give the same matches; then each part on its own: the rules
 (as the cycle reads them, one thread per core up to 4 on handles of their own; so again with none
 judged from a window's read; so again with no family of rules sharing a query either
 (diagnosis/shared_reads.py); so again for an inventory of the N nodes, as `serve --inventory` reads
@@ -252,7 +253,8 @@ def rules_part(store: Store, rules: list, end_ms: int, repeat: int) -> dict:
 
 def rules_without_window_reads(store: Store, rules: list, end_ms: int, repeat: int) -> dict:
     """`rules_part` with every rule read by its own query (or its family's), none judged from a
-    window's read (diagnosis/window_reads.py): the engine before 2026-12-08."""
+    window's read (diagnosis/window_reads.py), as until 2026-12-08 (the readers sharing the cores as
+    since then)."""
     readers = readers_wanted()
     with mock.patch.object(engine, "plain_rule", lambda *_: False):
         timing = timed(repeat, lambda: evaluate_all(store, rules, end_ms, readers=readers))
@@ -275,6 +277,18 @@ def rules_for_an_inventory(store: Store, rules: list, end_ms: int, repeat: int, 
     readers = readers_wanted()
     timing = timed(repeat, lambda: evaluate_all(store, rules, end_ms, nodes=hosts, readers=readers))
     return {"readers": readers, **timing, "hosts": len(hosts)}
+
+
+def matched(matches: list[list]) -> list[list]:
+    """Matches with their values to 12 significant digits: an average or a slope a window's read sums
+    in another order differs in its last bits."""
+    return [
+        [
+            (m.node_id, m.device, f"{m.value:.12g}", sorted((k, f"{v:.12g}") for k, v in m.values.items()))
+            for m in found
+        ]
+        for found in matches
+    ]
 
 
 def reads(store: Store, rules: list, end_ms: int) -> dict:
@@ -408,7 +422,7 @@ def one_size(nodes: int, repeat: int, data: Path | None) -> dict:
         fitted = Cadence.learn(store, end_ms).fit_all(loaded.rules)  # as the cycle reads them
         judged = evaluate_all(store, fitted, end_ms).matches
         with mock.patch.object(engine, "plain_rule", lambda *_: False):
-            same = evaluate_all(store, fitted, end_ms).matches == judged
+            same = matched(evaluate_all(store, fitted, end_ms).matches) == matched(judged)
     by_rule: dict[str, int] = {}
     for finding in findings:
         by_rule[finding["rule_id"]] = by_rule.get(finding["rule_id"], 0) + 1

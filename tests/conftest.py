@@ -285,3 +285,19 @@ def replay_sweeps(store, lab_sweeps, times_ms: list[int], skip_nodes=()) -> None
     from lab_sweeps import lay_out
 
     lay_out(store, lab_sweeps, times_ms, skip_nodes)
+
+
+def approximately(matches: list[list]) -> list[list]:
+    """Matches with their values to 12 significant digits: a slope or an average summed in another
+    order (one read of several metrics, or of one) differs in its last bits."""
+
+    def close(value: float) -> float:
+        return float(f"{value:.12g}")
+
+    return [
+        [
+            (m.node_id, m.device, close(m.value), {k: close(v) for k, v in m.values.items()}, m.nodes)
+            for m in found
+        ]
+        for found in matches
+    ]

@@ -61,7 +61,7 @@ from stethoscope.diagnosis.window_reads import (
     window_reads,
 )
 from stethoscope.store.client import SchemaMissing, Store, StoreError
-from stethoscope.store.dsn import ConfigError
+from stethoscope.store.dsn import ConfigError, is_embedded
 from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS, HOURLY_TTL_DAYS
 from stethoscope.store.ttl import raw_ttl_seconds as stored_raw_ttl_seconds
 
@@ -859,6 +859,16 @@ MAX_READERS = 4
 READERS_VARIABLE = "STETHOSCOPE_READERS"
 
 
+def query_threads(dsn: str, cores: int, readers: int) -> int | None:
+    """The threads each query of a cycle read by `readers` connections may use: the embedded store's
+    `cores` shared among them (ClickHouse's own threads on top of one reader a core only contend);
+    None, ClickHouse's default, for one reader, or a server's store, whose cores are not these (and
+    whose `readonly` users refuse a query's SETTINGS)."""
+    if readers <= 1 or not is_embedded(dsn):
+        return None
+    return max(1, cores // readers)
+
+
 def usable_cores() -> int:
     counted = getattr(os, "process_cpu_count", None)  # Python 3.13: the cores this process may use
     if counted is not None:
@@ -902,8 +912,9 @@ def evaluate_all(
     A rule whose query fails while the store still answers is a RuleFailure and the others go on.
     When the store itself fails (it does not answer, or the schema is missing), the rules not
     started yet are not read and its error is raised as `evaluate` would raise it (of several failed
-    by then, the first in `rules`' order). `raw_ttl_seconds`: the store's raw TTL, read from it once
-    if not given."""
+    by then, the first of the cycle's queries). A plain rule whose window's read failed is read by its
+    own query after the others, on the caller's store. `raw_ttl_seconds`: the store's raw TTL, read
+    from it once if not given."""
     if not rules:
         return Evaluation([])
     read = _read_all(store, rules, at_ms, nodes, readers, via, raw_ttl_seconds)
@@ -947,9 +958,7 @@ def _read_all(
     idle: queue.SimpleQueue[Store] = queue.SimpleQueue()
     opened: list[Store] = []
 
-    # the cores shared among the readers: a query's own threads on top of one reader a core only
-    # contend (at 2,000 nodes 8 % less CPU a cycle; benchmarks/diagnosis_cycle.py)
-    threads = max(1, usable_cores() // count)
+    threads = query_threads(store.dsn, usable_cores(), count)
 
     def one(task: Task) -> dict[int, tuple[list[Match], RuleFailure | None]]:
         handle = idle.get()
@@ -1009,7 +1018,7 @@ def planned_reads(
     return [*tasks, *window_reads(judged)], judged
 
 
-def _task_reach(task: list[Rule] | WindowRead) -> int:
+def _task_reach(task: Task) -> int:
     """Seconds of rows a query reads, roughly: a window's read reads each of its metrics'."""
     if isinstance(task, WindowRead):
         return task.window_seconds * len(task.metrics)

@@ -20,7 +20,7 @@ from stethoscope.store.client import SchemaMissing, Store
 from stethoscope.store.schema import DEFAULT_RAW_TTL_DAYS
 from stethoscope.timeutil import now_ms
 
-from conftest import TOP, swept_lab
+from conftest import TOP, approximately, swept_lab
 
 
 def shipped_rules():
@@ -65,7 +65,8 @@ def test_two_readers_give_the_matches_of_one_rule_after_another_on_the_swept_lab
     with Store(tmp_dsn) as store:
         one_by_one = [engine.evaluate(store, rule, at) for rule in rules]
         together = engine.evaluate_all(store, rules, at, readers=2)
-        assert together.matches == one_by_one and together.failures == []
+        # an average or a slope a window's read sums in another order differs in its last bits
+        assert approximately(together.matches) == approximately(one_by_one) and together.failures == []
         assert (
             sum(map(bool, together.matches)) >= 5
         )  # the lab's faults: several rules have matches to compare
@@ -139,7 +140,7 @@ def test_a_store_that_stops_answering_stops_the_rules_not_started_yet(tmp_path, 
         started.append(rule.rule_id)
         if rule is failing:
             raise StoreError(f"ClickHouse at http://127.0.0.1:1: {rule.rule_id}: timed out")
-        time.sleep(0.05)
+        time.sleep(0.2)
         return []
 
     monkeypatch.setattr(engine, "rule_matches", slow_or_failing)

@@ -20,7 +20,7 @@ from stethoscope.store.client import Store, StoreError
 from stethoscope.store.ttl import raw_ttl_seconds
 from stethoscope.timeutil import now_ms
 
-from conftest import swept_lab
+from conftest import approximately, swept_lab
 
 CATALOG = Catalog.load()
 AT = now_ms() - 60_000
@@ -69,7 +69,7 @@ def test_a_cycle_on_the_swept_lab_reads_each_window_once_with_every_rules_own_ma
         queries = counted(store, monkeypatch)
         together = engine.evaluate_all(store, rules, at, readers=1, raw_ttl_seconds=ttl)
         rule_queries = [sql for sql in queries if f"{store.database}." in sql]
-    assert together.failures == [] and together.matches == one_by_one
+    assert together.failures == [] and approximately(together.matches) == approximately(one_by_one)
     # the lab's faults: judged rules with matches to compare
     assert (
         sum(1 for rule, matches in zip(rules, together.matches, strict=True) if matches and rule in judged)
@@ -209,22 +209,6 @@ DIFFERENTIAL_RULES = """
 """
 
 
-def approximately(matches: list[list]) -> list[list]:
-    """Matches with their values to 12 significant digits: a slope or an average summed in another
-    order (one read of several metrics, or of one) differs in its last bits."""
-
-    def close(value: float) -> float:
-        return float(f"{value:.12g}")
-
-    return [
-        [
-            (m.node_id, m.device, close(m.value), {k: close(v) for k, v in m.values.items()}, m.nodes)
-            for m in found
-        ]
-        for found in matches
-    ]
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_random_fleets_get_from_window_reads_the_matches_each_rules_own_query_gives(tmp_path, store, seed):
     """Ties, nested groups naming a metric twice, links under their GPU, has_bits, an empty label
@@ -270,10 +254,18 @@ def test_random_fleets_get_from_window_reads_the_matches_each_rules_own_query_gi
 
 
 @pytest.mark.parametrize(("cores", "readers", "threads"), [(2, 2, 1), (8, 2, 4), (2, 1, None)])
-def test_a_cycle_shares_the_cores_among_its_readers(tmp_path, store, monkeypatch, cores, readers, threads):
+@pytest.mark.parametrize("judged", [True, False])
+def test_a_cycle_shares_the_cores_among_its_readers(
+    tmp_path, store, monkeypatch, cores, readers, threads, judged
+):
     """Two readers on two cores: each query one thread (ClickHouse's own on top only contend); one
-    reader: ClickHouse's default."""
+    reader: ClickHouse's default. Every shape of query takes it: the window reads, and (`judged`
+    False) each rule's own, the XID family's and a correlated rule's."""
     rules = rules_of(tmp_path, DIFFERENTIAL_RULES)
+    if not judged:
+        monkeypatch.setattr(engine, "plain_rule", lambda *_: False)
+        shipped = load_rules(project_root() / "rules", default_catalog()).rules
+        rules += [rule for rule in shipped if rule.rule_id.startswith("gpu_xid_") or rule.correlate_by]
     seen: list[str] = []
     real = Store.query
 
@@ -283,7 +275,15 @@ def test_a_cycle_shares_the_cores_among_its_readers(tmp_path, store, monkeypatch
 
     monkeypatch.setattr(Store, "query", query)
     monkeypatch.setattr(engine, "usable_cores", lambda: cores)
-    engine.evaluate_all(store, rules, AT, readers=readers)
+    evaluation = engine.evaluate_all(store, rules, AT, readers=readers)
+    assert evaluation.failures == [] and engine.QUERY_THREADS.get() is None  # nothing left set here
     reads = [sql for sql in seen if f"{store.database}.metrics" in sql]
-    assert reads and all(sql.endswith(f" SETTINGS max_threads = {threads}") == bool(threads) for sql in reads)
+    assert len(reads) >= (3 if judged else 10)
+    assert all(sql.endswith(f" SETTINGS max_threads = {threads}") == bool(threads) for sql in reads)
     assert all(("max_threads" in sql) == bool(threads) for sql in reads)
+
+
+def test_a_servers_store_keeps_its_own_threads():
+    """A server's cores are not the controller's, and a `readonly` user refuses a query's SETTINGS."""
+    assert engine.query_threads("http://clickhouse:8123", 2, 2) is None
+    assert engine.query_threads("chdb:///var/lib/stethoscope/db", 2, 2) == 1

@@ -538,7 +538,7 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
     (
         "diagnosis_cycle_node_first.json",
         [("results", 0, "cycle", "median_cpu_seconds"), ("results", 0, "cycle", "median_seconds")],
-        "6.1 CPU-seconds and 3.6 s wall",
+        "6.1 CPU-seconds and 3.6 s\n  wall",
     ),
     (
         "diagnosis_cycle_2000.json",
@@ -549,7 +549,7 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
             ("results", 0, "parts", "unknown", "median_seconds"),
             ("results", 0, "parts", "model", "median_seconds"),
         ],
-        "15.0 s wall and 27.2 CPU-seconds, its rules 8.2 s, UNKNOWN\n  3.3 s, the model 1.8 s",
+        "15.0 s wall and 27.2\n  CPU-seconds, its rules 8.2 s, UNKNOWN 3.3 s, the model 1.8 s",
     ),
     (
         "diagnosis_cycle_2000.json",
@@ -558,7 +558,8 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
             ("results", 0, "cycle_without_window_reads", "median_cpu_seconds"),
             ("results", 0, "parts", "rules_without_window_reads", "median_seconds"),
         ],
-        "13.8 s and 25.0 CPU-seconds with every rule read by its own query, its rules 7.5 s",
+        "13.8 s and 25.0 CPU-seconds with\n  every rule read by its own query or its family's, its rules"
+        " 7.5 s",
     ),
     (
         "diagnosis_cycle_2000_node_first.json",
@@ -567,7 +568,7 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
             ("results", 0, "cycle", "median_cpu_seconds"),
             ("results", 0, "parts", "rules", "median_seconds"),
         ],
-        "31.7 s wall and 59.0\n  CPU-seconds, its rules 16.0 s",
+        "31.7 s\n  wall and 59.0 CPU-seconds, its rules 16.0 s",
     ),
     (
         "diagnosis_cycle_inventory.json",
@@ -595,9 +596,23 @@ QUOTES: list[tuple[str, list[tuple], str]] = [
         "(3.7 s for\n  2,000 nodes x 7 days, board_scale.json,",
     ),
     ("board_scale.json", [("collect_s",)], "2.2 s against"),
-    ("board_scale_before_window_reads.json", [("render_s",)], "against 3.9 s run just before it"),
-    ("board_scale_before_window_reads.json", [("collect_s",)], "against 2.9, the pages'"),
-    ("board_scale_node_first.json", [("render_s",)], "sorted node first, 4.0 s beside"),
+    ("board_scale_before_window_reads.json", [("render_s",)], "as 3.9 s run just before it"),
+    ("board_scale_before_window_reads.json", [("collect_s",)], "against 2.9, the pages' writing the\n  rest"),
+    ("board_scale_node_first.json", [("render_s",)], "sorted node first, 4.0 s, board_scale_node_first.json"),
+    ("board_scale_metric_first.json", [("render_s",)], "beside\n  3.8 s metric first"),
+    (
+        "diagnosis_cycle_metric_first.json",
+        [("results", 0, "cycle", "median_cpu_seconds"), ("results", 0, "cycle", "median_seconds")],
+        "diagnosis_cycle_metric_first.json: 4.5 CPU-seconds and 2.6 s wall",
+    ),
+    (
+        "diagnosis_cycle.json",
+        [
+            ("results", 0, "parts", "rules", "queries"),
+            ("results", 0, "parts", "rules_without_window_reads", "queries"),
+        ],
+        "take 35 queries a cycle so, against 79",
+    ),
     (
         "collect_vs_ping_64.json",
         [("seconds_median", "ping"), ("seconds_median", "collect"), ("collect_vs_ping",)],
