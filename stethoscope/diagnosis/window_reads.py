@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,14 @@ Key = tuple[str, str]  # (node, the enclosing device's name or the device's own)
 Judged = dict[Key, tuple[str, dict[str, float], float]]  # key -> (device, values, value)
 KeyOf = Callable[[str], str]  # a device's name -> its key's second part
 RE2_LIKE = re.ASCII | re.DOTALL
+_COMPARED = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
 
 
 @dataclass(frozen=True)
@@ -218,16 +227,8 @@ def _leaf(condition: Condition, series: Iterable[Series], key_of: KeyOf) -> Judg
 
 
 def _passes(condition: Condition, x: float, bits: int) -> bool:
-    operator, threshold = condition.operator, condition.threshold
-    if operator == "has_bits":
+    if condition.operator == "has_bits":
         if condition.without_bits and bits & condition.without_bits:
             return False
-        return bool(bits & int(threshold))
-    return {
-        ">": x > threshold,
-        ">=": x >= threshold,
-        "<": x < threshold,
-        "<=": x <= threshold,
-        "==": x == threshold,
-        "!=": x != threshold,
-    }[operator]
+        return bool(bits & int(condition.threshold))
+    return _COMPARED[condition.operator](x, condition.threshold)
