@@ -39,9 +39,10 @@ import math
 import os
 import queue
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from stethoscope.aggregates import INCREASES, REGISTRY
@@ -691,6 +692,14 @@ def read_reach(item: Condition | Group) -> int:
     return item.window_seconds + item.history_seconds * (item.baseline == "node")
 
 
+def enclosing_pattern(rule: Rule, catalog: Catalog) -> str | None:
+    """The pattern of the device kind enclosing every metric of `rule` (gpu for a GPU's NVLink links
+    and its temperature), whose name keys its matches; None where they differ (one match per node)."""
+    kinds = {catalog.enclosing(metric) for metric in rule.metrics}
+    (outer,) = kinds if len(kinds) == 1 else (None,)
+    return outer.pattern if outer else None
+
+
 def rule_query(
     rule: Rule,
     database: str,
@@ -705,10 +714,8 @@ def rule_query(
     `via="raw"` reads no rollup where the raw rows can answer (the answer is the same: the tests
     compare them)."""
     catalog = catalog or default_catalog()
-    kinds = {catalog.enclosing(metric) for metric in rule.metrics}
-    (outer,) = kinds if len(kinds) == 1 else (None,)
     builder = QueryBuilder(database, at_ms, raw_ttl_seconds, nodes, rollup=via == "rollup")
-    body = builder.node(rule.when, outer.pattern if outer else None)
+    body = builder.node(rule.when, enclosing_pattern(rule, catalog))
     # one match per node (and enclosing device): the first condition's value, every condition's values
     sql = (
         f"SELECT node_id, any(dev) AS device, any(v) AS value, maxMap(values) AS all_values FROM ({body}) "
@@ -949,7 +956,10 @@ def _read_all(
 
     def judged_rules() -> dict[int, tuple[list[Match], RuleFailure | None]]:
         return {
-            id(rule): _judged_plain(store, rule, windows, at_ms, ttl, catalog, nodes, via) for rule in judged
+            id(rule): _judged_plain(
+                rule, windows, catalog, partial(_guarded, store, rule, at_ms, ttl, catalog, nodes, via)
+            )
+            for rule in judged
         }
 
     if count <= 1:
@@ -1055,21 +1065,15 @@ def _window_series(
 
 
 def _judged_plain(
-    store: Store,
     rule: Rule,
     windows: Mapping[ReadKey, Mapping[str, list[Series]] | None],
-    at_ms: int,
-    raw_ttl_seconds: int,
     catalog: Catalog,
-    nodes: Sequence[str] | None,
-    via: str,
+    own_query: Callable[[], tuple[list[Match], RuleFailure | None]],
 ) -> tuple[list[Match], RuleFailure | None]:
-    """A plain rule's matches, judged from its windows' series; read by its own query where one of
-    its windows was not read or it cannot be judged so (window_reads.NotJudged)."""
+    """A plain rule's matches, judged from its windows' series; `own_query`'s where one of its
+    windows was not read or it cannot be judged so (window_reads.NotJudged)."""
     read = {read_key(condition): windows.get(read_key(condition)) for condition in rule.conditions}
-    kinds = {catalog.enclosing(metric) for metric in rule.metrics}
-    (outer,) = kinds if len(kinds) == 1 else (None,)
-    enclosing = outer.pattern if outer else None
+    enclosing = enclosing_pattern(rule, catalog)
     # a catalog pattern with a group of its own syntax (`(?=`, `(?P<`) may mean one thing to RE2 and
     # another to Python: ClickHouse judges it
     if all(series is not None for series in read.values()) and "(?" not in (enclosing or ""):
@@ -1081,7 +1085,7 @@ def _judged_plain(
             log.warning("rule %s: judging it failed (%s); read by its own query", rule.rule_id, exc)
         else:
             return _judged(rule, [Match(*match) for match in found])
-    return _guarded(store, rule, at_ms, raw_ttl_seconds, catalog, nodes, via)
+    return own_query()
 
 
 def _guarded_unit(

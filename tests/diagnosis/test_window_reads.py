@@ -237,7 +237,7 @@ def test_random_fleets_get_from_window_reads_the_matches_each_rules_own_query_gi
                 for link in range(2):
                     rate = float(random.choice([0, 0, 1, 2, 2, 3]))
                     batch.append(node, "nvlink_error_rate_percent", f"gpu{gpu}/link{link}", labels, rate, at)
-            count = 0.0
+            count = float(random.choice([1, 7, 120]))  # a counter starts at its first value
             for minute in reversed(range(random.randint(0, 20))):
                 count += (
                     random.choice([0, 0, 1, 3]) if random.random() > 0.1 else -count
